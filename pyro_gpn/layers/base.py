@@ -1,0 +1,200 @@
+"""What every GPN layer shares: weights, inducing points, lengthscales, noise and propagation.
+
+A GPN layer maps inputs ``X [S, M]`` to activations ``A = X W`` and passes each unit's
+activation through its own activation function ``f_n``, a GP conditioned on virtual
+observations at the inducing points ``V`` (paper, section "Parametric Gaussian Process
+Neurons"). Given the activation, the response is Gaussian with
+
+    E[f_n(a)] = alpha(a)^T beta_n,        Var[f_n(a)] = 1 - alpha(a)^T C_n alpha(a),
+
+``alpha_r(a) = k(a, V_rn)``; the output adds noise ``N(0, sigma_n^2)``. Subclasses differ only
+in where ``beta`` and ``C`` come from: :class:`~pyro_gpn.layers.GPNLayer` fits targets by
+maximum likelihood (``beta = kappa U``, ``C = kappa``), the variational layer keeps a Gaussian
+over the targets (``beta = K^-1 mu_U``, ``C = K^-1 - K^-1 Sigma_U K^-1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor, nn
+from torch.distributions import constraints
+
+from .._validation import check_finite, check_ndim, check_shape, check_tensor
+from ..moments.gaussian import Moments
+from ..moments.propagate import MODES, Mode, is_equidistant, response_moments
+
+__all__ = ["GPNLayerBase", "SHARE_OPTIONS"]
+
+SHARE_OPTIONS = ("none", "layer")
+
+
+class GPNLayerBase(PyroModule):
+    """Weights, inducing points, lengthscales and output noise of a layer of GPN units.
+
+    Args:
+        in_features: ``M``, the number of inputs.
+        out_features: ``N``, the number of GPN units.
+        num_inducing: ``R`` virtual observations per unit (paper: 14).
+        share: ``"none"`` (one activation function per unit) or ``"layer"`` (one activation
+            function for the whole layer: inducing points, targets, their variances, the
+            lengthscale and the noise are shared, shapes with leading dimension 1).
+        learn_inducing: learn the inducing points (paper: fixed).
+        inducing_range: the interval the inducing points are spaced linearly in.
+        lengthscale_init: initial lengthscale ``lambda`` (the authors' code: 0.4).
+        noise_std_init: initial output noise standard deviation ``sigma``.
+        dtype, device: of the parameters.
+
+    Attributes:
+        weight: ``[M, N]``, Glorot-uniform (paper, "Initialization").
+        inducing_points: ``[N | 1, R]`` (a buffer unless ``learn_inducing``).
+        lengthscales: ``[N | 1]``, positive (``PyroParam``).
+        noise_std: ``[N | 1]``, positive (``PyroParam``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_inducing: int = 14,
+        share: str = "none",
+        learn_inducing: bool = False,
+        inducing_range: tuple[float, float] = (-2.0, 2.0),
+        lengthscale_init: float = 0.4,
+        noise_std_init: float = 0.1,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("in_features", in_features),
+            ("out_features", out_features),
+            ("num_inducing", num_inducing),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if share not in SHARE_OPTIONS:
+            raise ValueError(f"share must be one of {SHARE_OPTIONS}, got {share!r}")
+        low, high = inducing_range
+        if not low < high:
+            raise ValueError(f"inducing_range must be increasing, got {inducing_range}")
+        for name, value in (("lengthscale_init", lengthscale_init), ("noise_std_init", noise_std_init)):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        self.in_features = in_features
+        self.out_features = out_features
+        self.num_inducing = num_inducing
+        self.share = share
+        self.learn_inducing = learn_inducing
+        groups = 1 if share == "layer" else out_features
+        self.num_functions = groups
+
+        bound = math.sqrt(6.0 / (in_features + out_features))
+        self.weight = nn.Parameter(
+            torch.empty(in_features, out_features, **factory).uniform_(-bound, bound)
+        )
+        points = torch.linspace(low, high, num_inducing, **factory).expand(groups, -1).clone()
+        if learn_inducing:
+            self.inducing_points = nn.Parameter(points)
+        else:
+            self.register_buffer("inducing_points", points)
+        self._equidistant = None if learn_inducing else is_equidistant(points)
+        self.lengthscales = PyroParam(
+            torch.full((groups,), lengthscale_init, **factory), constraints.positive
+        )
+        self.noise_std = PyroParam(
+            torch.full((groups,), noise_std_init, **factory), constraints.positive
+        )
+
+    # ------------------------------------------------------------------ to override
+    def response_weights(self) -> tuple[Tensor, Tensor]:
+        """``beta [N | 1, R]`` and ``C [N | 1, R, R]`` of the conditional response."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ evaluation
+    def conditional(self, activations: Tensor, noise: bool = True) -> tuple[Tensor, Tensor]:
+        """Mean and variance of each unit's output given its activation, sample by sample.
+
+        ``eq:gpn_parametrized_mu_sigma_y_sn`` restricted to the diagonal over samples (the only
+        part the per-sample training objective needs, ``eq:gpn_parametrized_loss``).
+
+        Args:
+            activations: ``[S, N]`` activations ``a`` (not inputs: ``a = x @ weight``).
+            noise: include the output noise ``sigma^2`` (the output ``X``) or not (the
+                response ``F``).
+
+        Returns:
+            ``mean [S, N]`` and ``var [S, N]``.
+        """
+        check_tensor("activations", activations)
+        check_shape("activations", activations, (None, self.out_features))
+        check_finite("activations", activations)
+        beta, reduction = self.response_weights()
+        ls = self.lengthscales.expand(self.out_features)
+        points = self.inducing_points.expand(self.out_features, -1)
+        diff = activations.unsqueeze(-1) - points  # [S, N, R]
+        alpha = (-0.5 * (diff / ls.unsqueeze(-1)).square()).exp()
+        mean = torch.einsum("snr,nr->sn", alpha, beta.expand(self.out_features, -1))
+        quad = torch.einsum(
+            "snr,nrt,snt->sn", alpha, reduction.expand(self.out_features, -1, -1), alpha
+        )
+        var = (1 - quad).clamp_min(0)
+        if noise:
+            var = var + self.noise_std.square()
+        return mean, var
+
+    def propagate(self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True) -> Moments:
+        """Moments of the layer's outputs given the moments of its inputs.
+
+        Args:
+            inputs: :class:`Moments` of the inputs ``[S, M]``, or a tensor of deterministic
+                inputs. Deterministic inputs give exact output moments (the first layer).
+            mode: ``"mean"`` (all variances taken as zero, the paper's "GPN mean"),
+                ``"meanvar"`` (variances, ``eq:gpn_normal_Sigmatilde``) or ``"cov"`` (full
+                covariance, ``eq:gpn_normal_Sigmatilde_cov``).
+            noise: include the output noise ``sigma^2``.
+
+        Returns:
+            :class:`Moments` ``[S, N]``.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(inputs, Tensor):
+            check_tensor("inputs", inputs)
+            check_ndim("inputs", inputs, 2)
+            check_finite("inputs", inputs)
+            inputs = Moments(inputs, validate=False)
+        if inputs.num_features != self.in_features:
+            raise ValueError(
+                f"inputs must have {self.in_features} features, got {inputs.num_features}"
+            )
+        if mode == "mean":
+            activations = Moments(inputs.mean @ self.weight, validate=False)
+        elif mode == "cov":
+            activations = inputs.linear_full(self.weight)
+        else:
+            activations = inputs.diagonal().linear(self.weight)
+        beta, reduction = self.response_weights()
+        return response_moments(
+            activations,
+            self.inducing_points,
+            self.lengthscales,
+            beta,
+            reduction,
+            self.noise_std.square() if noise else None,
+            mode,
+            equidistant=self._equidistant,
+        )
+
+    def forward(self, inputs: Moments | Tensor, mode: Mode = "meanvar") -> Moments:
+        return self.propagate(inputs, mode)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"num_inducing={self.num_inducing}, share={self.share!r}, "
+            f"learn_inducing={self.learn_inducing}"
+        )

@@ -1,0 +1,36 @@
+"""The math core of pyro_gpn: pure functions on tensors, free of Pyro and of training code.
+
+* :class:`Moments` -- mean and variance (or covariance) of a batch of random vectors;
+* :mod:`~pyro_gpn.moments.expectations` -- psi, Omega, Lambda: expectations of SE kernels
+  under Gaussian activations (``eq:gpn_normal_E_alpha``, ``eq:gpn_normal_omega``,
+  ``eq:gpn_normal_lambda``);
+* :mod:`~pyro_gpn.moments.propagate` -- one GPN layer from activation moments to output moments.
+"""
+
+from .expectations import (
+    expected_cross_kernel_product,
+    expected_kernel,
+    expected_kernel_product,
+)
+from .gaussian import Moments
+from .propagate import (
+    MODES,
+    Mode,
+    gaussian_sum,
+    midpoint_expansion,
+    response_moments,
+    virtual_observation_weights,
+)
+
+__all__ = [
+    "MODES",
+    "Mode",
+    "Moments",
+    "expected_cross_kernel_product",
+    "expected_kernel",
+    "expected_kernel_product",
+    "gaussian_sum",
+    "midpoint_expansion",
+    "response_moments",
+    "virtual_observation_weights",
+]

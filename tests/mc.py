@@ -1,0 +1,43 @@
+"""Monte Carlo helpers shared by the tests: compare closed forms with sample averages."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def assert_mc_mean(samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8):
+    """Assert ``samples.mean(dim)`` agrees with ``expected`` within ``n_se`` standard errors."""
+    n = samples.shape[dim]
+    mean = samples.mean(dim)
+    se = samples.std(dim) / n**0.5
+    err = (mean - expected).abs()
+    bad = err > n_se * se + atol
+    assert not bool(bad.any()), (
+        f"Monte Carlo disagreement: max |err| / se = {(err / (se + atol)).max().item():.2f} "
+        f"(max |err| {err.max().item():.3g})"
+    )
+
+
+def assert_mc_variance(samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8):
+    """Assert the sample variance along ``dim`` agrees with ``expected`` within ``n_se`` SE.
+
+    The standard error of the variance estimate is taken from the fourth central moment.
+    """
+    n = samples.shape[dim]
+    centred = samples - samples.mean(dim, keepdim=True)
+    sq = centred.square()
+    assert_mc_mean(sq * n / (n - 1), expected, dim=dim, n_se=n_se, atol=atol)
+
+
+def assert_mc_covariance(samples: Tensor, expected: Tensor, n_se: float = 5.0, atol: float = 1e-8):
+    """``samples`` ``[K, S, N]``; ``expected`` ``[S, N, N]``: sample covariance within ``n_se`` SE."""
+    n = samples.shape[0]
+    centred = samples - samples.mean(0, keepdim=True)
+    products = centred.unsqueeze(-1) * centred.unsqueeze(-2) * n / (n - 1)
+    assert_mc_mean(products, expected, dim=0, n_se=n_se, atol=atol)
+
+
+def random_covariance(batch: int, size: int, dtype=torch.float64, scale: float = 0.5, generator=None) -> Tensor:
+    a = torch.randn(batch, size, size, dtype=dtype, generator=generator) * scale / size**0.5
+    return a @ a.mT + 0.05 * scale * torch.eye(size, dtype=dtype)

@@ -1,0 +1,185 @@
+"""One-layer moment propagation: closed form vs materialised reference vs Monte Carlo."""
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import pyro_gpn.moments.propagate as propagate
+from pyro_gpn.moments import (
+    Moments,
+    expected_kernel,
+    expected_kernel_product,
+    midpoint_expansion,
+    response_moments,
+    virtual_observation_weights,
+)
+from tests.mc import assert_mc_covariance, assert_mc_mean, assert_mc_variance, random_covariance
+
+DT = torch.float64
+
+
+def _params(seed=0, N=4, R=6, shared=False, equidistant=True):
+    g = torch.Generator().manual_seed(seed)
+    groups = 1 if shared else N
+    if equidistant:
+        points = torch.linspace(-2, 2, R, dtype=DT).expand(groups, R).clone()
+    else:
+        points = torch.sort(torch.rand(groups, R, dtype=DT, generator=g) * 4 - 2, dim=-1).values
+    ls = torch.rand(groups, dtype=DT, generator=g) * 0.5 + 0.4
+    targets = torch.randn(groups, R, dtype=DT, generator=g)
+    variances = torch.rand(groups, R, dtype=DT, generator=g) * 0.3 + 0.05
+    noise_var = torch.rand(groups, dtype=DT, generator=g) * 0.05
+    kappa, beta = virtual_observation_weights(points, targets, variances, ls)
+    return points, ls, beta, kappa, noise_var, targets, variances
+
+
+def _inputs(seed=0, S=3, N=4):
+    g = torch.Generator().manual_seed(seed + 100)
+    return torch.randn(S, N, dtype=DT, generator=g), random_covariance(S, N, generator=g)
+
+
+def test_virtual_observation_weights_solve_the_gp_system():
+    points, ls, beta, kappa, _, targets, variances = _params()
+    diff = points.unsqueeze(-1) - points.unsqueeze(-2)
+    gram = (-0.5 * diff.square() / ls[:, None, None] ** 2).exp() + torch.diag_embed(variances)
+    torch.testing.assert_close(kappa, torch.linalg.inv(gram))
+    torch.testing.assert_close(beta, torch.linalg.solve(gram, targets))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("equidistant", [True, False])
+def test_closed_form_matches_materialised_reference(shared, equidistant):
+    points, ls, beta, kappa, noise_var, *_ = _params(shared=shared, equidistant=equidistant)
+    mean, cov = _inputs()
+    var = torch.diagonal(cov, dim1=-2, dim2=-1)
+    out = response_moments(Moments(mean, var=var), points, ls, beta, kappa, noise_var, "meanvar")
+    n = mean.shape[1]
+    psi = expected_kernel(mean, var, points, ls)
+    ref_mean = (psi * beta.expand(n, -1)).sum(-1)
+    omega = expected_kernel_product(mean, var, points, ls)
+    matrix = kappa - beta.unsqueeze(-1) * beta.unsqueeze(-2)
+    ref_var = 1 - (matrix * omega).sum((-1, -2)) - ref_mean.square() + noise_var
+    torch.testing.assert_close(out.mean, ref_mean)
+    torch.testing.assert_close(out.var, ref_var)
+
+
+def test_equidistant_and_general_midpoint_expansions_agree():
+    points, ls, beta, kappa, *_ = _params(R=7)
+    matrix = kappa - beta.unsqueeze(-1) * beta.unsqueeze(-2)
+    c_eq, w_eq = midpoint_expansion(points, matrix, ls, equidistant=True)
+    c_gen, w_gen = midpoint_expansion(points, matrix, ls, equidistant=False)
+    assert c_eq.shape[-1] == 2 * 7 - 1 and c_gen.shape[-1] == 7 * 8 // 2
+    mean, cov = _inputs()
+    width = ls.square() + 2 * torch.diagonal(cov, dim1=-2, dim2=-1)
+    torch.testing.assert_close(
+        propagate.gaussian_sum(mean, width, c_eq, w_eq),
+        propagate.gaussian_sum(mean, width, c_gen, w_gen),
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_layer_matches_monte_carlo_in_every_mode(shared):
+    """Gaussian activations through the exact conditional: the closed form is exact."""
+    points, ls, beta, kappa, noise_var, *_ = _params(shared=shared, N=3, R=5)
+    mean, cov = _inputs(S=2, N=3)
+    n = mean.shape[1]
+    g = torch.Generator().manual_seed(7)
+    num = 60000
+    chol = torch.linalg.cholesky(cov)
+    a = mean + (chol @ torch.randn(num, *mean.shape, 1, dtype=DT, generator=g)).squeeze(-1)
+    alpha = (-0.5 * ((a.unsqueeze(-1) - points.expand(n, -1)) / ls.expand(n)[:, None]) ** 2).exp()
+    cond_mean = (alpha * beta.expand(n, -1)).sum(-1)
+    cond_var = 1 - torch.einsum("ksnr,nrt,ksnt->ksn", alpha, kappa.expand(n, -1, -1), alpha)
+    x = cond_mean + (cond_var + noise_var).sqrt() * torch.randn(cond_mean.shape, dtype=DT, generator=g)
+
+    acts = Moments(mean, cov=cov)
+    out_cov = response_moments(acts, points, ls, beta, kappa, noise_var, "cov")
+    out_var = response_moments(acts.diagonal(), points, ls, beta, kappa, noise_var, "meanvar")
+    out_mean = response_moments(acts.diagonal(), points, ls, beta, kappa, noise_var, "mean")
+    assert out_mean.is_deterministic
+    assert_mc_mean(x, out_cov.mean)
+    assert_mc_variance(x, out_var.var)
+    assert_mc_covariance(x, out_cov.cov)
+    # the modes are consistent with each other
+    torch.testing.assert_close(out_mean.mean, out_var.mean)
+    torch.testing.assert_close(out_cov.mean, out_var.mean)
+    torch.testing.assert_close(torch.diagonal(out_cov.cov, dim1=-2, dim2=-1), out_var.var)
+
+
+def test_cov_mode_with_diagonal_input_is_diagonal():
+    points, ls, beta, kappa, noise_var, *_ = _params()
+    mean, cov = _inputs()
+    var = torch.diagonal(cov, dim1=-2, dim2=-1)
+    out = response_moments(Moments(mean, var=var), points, ls, beta, kappa, noise_var, "cov")
+    off = ~torch.eye(mean.shape[1], dtype=torch.bool)
+    assert bool((out.cov[:, off] == 0).all())
+
+
+def test_deterministic_activations_are_exact():
+    points, ls, beta, kappa, noise_var, *_ = _params()
+    mean, _ = _inputs()
+    out = response_moments(Moments(mean), points, ls, beta, kappa, noise_var, "meanvar")
+    alpha = (-0.5 * ((mean.unsqueeze(-1) - points) / ls[:, None]) ** 2).exp()
+    torch.testing.assert_close(out.mean, (alpha * beta).sum(-1))
+    expected_var = 1 - torch.einsum("snr,nrt,snt->sn", alpha, kappa, alpha) + noise_var
+    torch.testing.assert_close(out.var, expected_var)
+    full = response_moments(Moments(mean, cov=torch.zeros(3, 4, 4, dtype=DT)), points, ls, beta,
+                            kappa, noise_var, "cov")
+    torch.testing.assert_close(full.cov, torch.diag_embed(expected_var))
+
+
+def test_chunked_covariance_equals_unchunked_with_gradients(monkeypatch):
+    points, ls, beta, kappa, noise_var, *_ = _params()
+    mean, cov = _inputs(S=5)
+
+    def run():
+        m = mean.clone().requires_grad_()
+        c = cov.clone().requires_grad_()
+        b = beta.clone().requires_grad_()
+        out = response_moments(Moments(m, cov=c), points, ls, b, kappa, noise_var, "cov")
+        loss = (out.cov * torch.arange(16, dtype=DT).reshape(4, 4)).sum() + out.mean.sum()
+        loss.backward()
+        return out.cov.detach(), m.grad, c.grad, b.grad
+
+    whole = run()
+    monkeypatch.setattr(propagate, "COV_CHUNK_ELEMENTS", 4 * 4 * 6 * 6 * 2)  # two samples a chunk
+    chunked = run()
+    for w, c in zip(whole, chunked):
+        torch.testing.assert_close(w, c)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+def test_gradcheck_response_moments(mode):
+    points, ls, beta, kappa, noise_var, targets, variances = _params(N=3, R=4, equidistant=False)
+    mean, cov = _inputs(S=2, N=3)
+
+    def fn(m, c, p, l, u, s, nv):
+        c = 0.5 * (c + c.mT)
+        kap, bet = virtual_observation_weights(p, u, s, l)
+        acts = Moments(m, cov=c) if mode == "cov" else Moments(m, var=torch.diagonal(c, dim1=-2, dim2=-1))
+        out = response_moments(acts, p, l, bet, kap, nv, mode)
+        return (out.mean,) if mode == "mean" else (out.mean, out.var if mode == "meanvar" else out.cov)
+
+    args = [t.clone().requires_grad_() for t in (mean, cov, points, ls, targets, variances, noise_var)]
+    assert gradcheck(fn, args)
+
+
+def test_gradcheck_equidistant_fast_path():
+    points, ls, beta, kappa, noise_var, targets, variances = _params(N=3, R=5)
+    mean, cov = _inputs(S=2, N=3)
+    var = torch.diagonal(cov, dim1=-2, dim2=-1).clone()
+
+    def fn(m, v, l, u, s):
+        kap, bet = virtual_observation_weights(points, u, s, l)
+        out = response_moments(Moments(m, var=v), points, l, bet, kap, noise_var, "meanvar",
+                               equidistant=True)
+        return out.mean, out.var
+
+    assert gradcheck(fn, [t.clone().requires_grad_() for t in (mean, var, ls, targets, variances)])
+
+
+def test_bad_mode_raises():
+    points, ls, beta, kappa, noise_var, *_ = _params()
+    mean, _ = _inputs()
+    with pytest.raises(ValueError, match="mode"):
+        response_moments(Moments(mean), points, ls, beta, kappa, noise_var, "full")

@@ -1,0 +1,124 @@
+"""GPNNet: shapes per head and mode, uncertain inputs, objective, validation."""
+
+import math
+
+import pytest
+import torch
+
+from pyro_gpn import GPNNet, Moments
+from tests.mc import assert_mc_mean, assert_mc_variance
+
+DT = torch.float64
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+def test_softmax_head_shapes_and_logit_covariance(mode):
+    torch.manual_seed(0)
+    net = GPNNet([4, 6, 5, 3], mode=mode, head="softmax", dtype=DT)
+    x = torch.rand(7, 4, dtype=DT)
+    logits = net(x)
+    assert logits.mean.shape == (7, 3)
+    features = net.hidden(x)
+    w, b = net.readout.weight.mT, net.readout.bias
+    torch.testing.assert_close(logits.mean, features.mean @ w + b)
+    if mode == "mean":
+        assert logits.is_deterministic and features.is_deterministic
+    else:
+        torch.testing.assert_close(logits.cov, w.mT @ features.covariance @ w)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+def test_gaussian_head_predictive_adds_observation_noise(mode):
+    torch.manual_seed(0)
+    net = GPNNet([2, 5, 2], mode=mode, head="gaussian", dtype=DT)
+    x = torch.rand(4, 2, dtype=DT)
+    response, predictive = net.hidden(x), net(x)
+    torch.testing.assert_close(predictive.mean, response.mean)
+    torch.testing.assert_close(predictive.variance, response.variance + net.noise_std.square())
+
+
+def test_meanvar_and_cov_agree_on_the_mean_of_a_one_layer_net():
+    torch.manual_seed(0)
+    x = torch.rand(5, 3, dtype=DT)
+    nets = {m: GPNNet([3, 4], mode=m, head="gaussian", dtype=DT) for m in ("mean", "meanvar", "cov")}
+    state = nets["mean"].state_dict()
+    for net in nets.values():
+        net.load_state_dict(state)
+    means = [nets[m](x).mean for m in nets]
+    torch.testing.assert_close(means[0], means[1])
+    torch.testing.assert_close(means[1], means[2])
+    torch.testing.assert_close(nets["meanvar"](x).var, torch.diagonal(nets["cov"](x).cov, dim1=-2, dim2=-1))
+
+
+def test_uncertain_inputs_propagate_and_match_monte_carlo():
+    """The model's promise: input variances raise the predictive variance, correctly."""
+    torch.manual_seed(0)
+    net = GPNNet([2, 3], mode="meanvar", head="gaussian", dtype=DT)
+    layer = net.layers[0]
+    x = torch.rand(3, 2, dtype=DT)
+    x_var = torch.full((3, 2), 0.2, dtype=DT)
+    with torch.no_grad():
+        certain, uncertain = net(x), net(x, x_var)
+        assert bool((uncertain.var > certain.var).all())
+        g = torch.Generator().manual_seed(0)
+        xs = x + x_var.sqrt() * torch.randn(60000, 3, 2, dtype=DT, generator=g)
+        mean, var = layer.conditional((xs @ layer.weight).reshape(-1, 3))
+        mean, var = mean.reshape(60000, 3, 3), var.reshape(60000, 3, 3)
+        ys = mean + var.sqrt() * torch.randn(mean.shape, dtype=DT, generator=g)
+    assert_mc_mean(ys, uncertain.mean)
+    assert_mc_variance(ys, uncertain.var)
+
+
+def test_mean_mode_treats_variances_as_zero():
+    torch.manual_seed(0)
+    net = GPNNet([2, 3, 2], mode="mean", head="softmax")
+    x = torch.rand(3, 2)
+    torch.testing.assert_close(net(x).mean, net(x, torch.ones(3, 2)).mean)
+
+
+def test_objective_is_finite_and_differentiable():
+    torch.manual_seed(0)
+    for head, y in (("softmax", torch.tensor([0, 2, 1, 0])), ("gaussian", torch.randn(4, 2))):
+        sizes = [3, 5, 3] if head == "softmax" else [3, 5, 2]
+        net = GPNNet(sizes, head=head)
+        loss = net.loss(torch.rand(4, 3), y) + net.penalty()
+        loss.backward()
+        assert math.isfinite(loss.item())
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_predict():
+    torch.manual_seed(0)
+    net = GPNNet([3, 4, 5], head="softmax")
+    probs = net.predict(torch.rand(6, 3))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(6))
+    assert isinstance(GPNNet([3, 2], head="gaussian").predict(torch.rand(2, 3)), Moments)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda n: n(torch.rand(2, 5)), "x must have 3 features"),
+        (lambda n: n(torch.rand(2)), "x must have 2 dimensions"),
+        (lambda n: n(torch.tensor([[0.0, math.nan, 0.0]])), "x contains NaN"),
+        (lambda n: n(torch.rand(2, 3), -torch.ones(2, 3)), "x_var must be non-negative"),
+        (lambda n: n(torch.rand(2, 3), torch.ones(2, 2)), "x_var must have shape"),
+    ],
+)
+def test_bad_input_raises(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(GPNNet([3, 4, 2]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sizes": [3, 2], "head": "softmax"}, "sizes must be at least 3"),
+        ({"sizes": [3, 0, 2]}, "sizes must be"),
+        ({"sizes": [3, 4, 2], "head": "poisson"}, "head must be one of"),
+        ({"sizes": [3, 4, 2], "mode": "var"}, "mode must be one of"),
+    ],
+)
+def test_bad_construction_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GPNNet(**kwargs)
