@@ -1,4 +1,6 @@
-"""The central-limit GPN network (paper, sections "Central Limit Activations" to "Evaluating the Loss").
+"""The central-limit GPN network.
+
+Paper, sections "Central Limit Activations" to "Evaluating the Loss".
 
 A feed-forward stack of :class:`~pyro_gpn.layers.GPNLayer` that propagates the mean and the
 variance (or full covariance) of every sample's activations from layer to layer in closed form,
@@ -87,8 +89,7 @@ class GPNNet(PyroModule):
         min_len = 3 if head == "softmax" else 2
         if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(
-                f"sizes must be at least {min_len} positive integers for head={head!r}, "
-                f"got {sizes}"
+                f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
             )
         self.sizes = sizes
         self.mode = mode

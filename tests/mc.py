@@ -6,7 +6,9 @@ import torch
 from torch import Tensor
 
 
-def assert_mc_mean(samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8):
+def assert_mc_mean(
+    samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8
+):
     """Assert ``samples.mean(dim)`` agrees with ``expected`` within ``n_se`` standard errors."""
     n = samples.shape[dim]
     mean = samples.mean(dim)
@@ -19,7 +21,9 @@ def assert_mc_mean(samples: Tensor, expected: Tensor, dim: int = 0, n_se: float 
     )
 
 
-def assert_mc_variance(samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8):
+def assert_mc_variance(
+    samples: Tensor, expected: Tensor, dim: int = 0, n_se: float = 5.0, atol: float = 1e-8
+):
     """Assert the sample variance along ``dim`` agrees with ``expected`` within ``n_se`` SE.
 
     The standard error of the variance estimate is taken from the fourth central moment.
@@ -31,13 +35,15 @@ def assert_mc_variance(samples: Tensor, expected: Tensor, dim: int = 0, n_se: fl
 
 
 def assert_mc_covariance(samples: Tensor, expected: Tensor, n_se: float = 5.0, atol: float = 1e-8):
-    """``samples`` ``[K, S, N]``; ``expected`` ``[S, N, N]``: sample covariance within ``n_se`` SE."""
+    """``samples [K, S, N]``, ``expected [S, N, N]``: sample covariance within ``n_se`` SE."""
     n = samples.shape[0]
     centred = samples - samples.mean(0, keepdim=True)
     products = centred.unsqueeze(-1) * centred.unsqueeze(-2) * n / (n - 1)
     assert_mc_mean(products, expected, dim=0, n_se=n_se, atol=atol)
 
 
-def random_covariance(batch: int, size: int, dtype=torch.float64, scale: float = 0.5, generator=None) -> Tensor:
+def random_covariance(
+    batch: int, size: int, dtype=torch.float64, scale: float = 0.5, generator=None
+) -> Tensor:
     a = torch.randn(batch, size, size, dtype=dtype, generator=generator) * scale / size**0.5
     return a @ a.mT + 0.05 * scale * torch.eye(size, dtype=dtype)

@@ -40,14 +40,18 @@ def test_gaussian_head_predictive_adds_observation_noise(mode):
 def test_meanvar_and_cov_agree_on_the_mean_of_a_one_layer_net():
     torch.manual_seed(0)
     x = torch.rand(5, 3, dtype=DT)
-    nets = {m: GPNNet([3, 4], mode=m, head="gaussian", dtype=DT) for m in ("mean", "meanvar", "cov")}
+    nets = {
+        m: GPNNet([3, 4], mode=m, head="gaussian", dtype=DT) for m in ("mean", "meanvar", "cov")
+    }
     state = nets["mean"].state_dict()
     for net in nets.values():
         net.load_state_dict(state)
     means = [nets[m](x).mean for m in nets]
     torch.testing.assert_close(means[0], means[1])
     torch.testing.assert_close(means[1], means[2])
-    torch.testing.assert_close(nets["meanvar"](x).var, torch.diagonal(nets["cov"](x).cov, dim1=-2, dim2=-1))
+    torch.testing.assert_close(
+        nets["meanvar"](x).var, torch.diagonal(nets["cov"](x).cov, dim1=-2, dim2=-1)
+    )
 
 
 def test_uncertain_inputs_propagate_and_match_monte_carlo():

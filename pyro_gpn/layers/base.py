@@ -80,7 +80,10 @@ class GPNLayerBase(PyroModule):
         low, high = inducing_range
         if not low < high:
             raise ValueError(f"inducing_range must be increasing, got {inducing_range}")
-        for name, value in (("lengthscale_init", lengthscale_init), ("noise_std_init", noise_std_init)):
+        for name, value in (
+            ("lengthscale_init", lengthscale_init),
+            ("noise_std_init", noise_std_init),
+        ):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
@@ -114,6 +117,10 @@ class GPNLayerBase(PyroModule):
         """``beta [N | 1, R]`` and ``C [N | 1, R, R]`` of the conditional response."""
         raise NotImplementedError
 
+    def response_mean_weights(self) -> Tensor:
+        """``beta`` alone, for the means-only mode; override when it is cheaper than both."""
+        return self.response_weights()[0]
+
     # ------------------------------------------------------------------ evaluation
     def conditional(self, activations: Tensor, noise: bool = True) -> tuple[Tensor, Tensor]:
         """Mean and variance of each unit's output given its activation, sample by sample.
@@ -146,7 +153,9 @@ class GPNLayerBase(PyroModule):
             var = var + self.noise_std.square()
         return mean, var
 
-    def propagate(self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True) -> Moments:
+    def propagate(
+        self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True
+    ) -> Moments:
         """Moments of the layer's outputs given the moments of its inputs.
 
         Args:
@@ -177,7 +186,10 @@ class GPNLayerBase(PyroModule):
             activations = inputs.linear_full(self.weight)
         else:
             activations = inputs.diagonal().linear(self.weight)
-        beta, reduction = self.response_weights()
+        if mode == "mean":
+            beta, reduction = self.response_mean_weights(), None
+        else:
+            beta, reduction = self.response_weights()
         return response_moments(
             activations,
             self.inducing_points,

@@ -101,13 +101,24 @@ class GPNLayer(GPNLayerBase):
         else:
             self.register_buffer("target_variances", variances)
 
+    def _weights(self, with_kappa: bool) -> tuple[Tensor | None, Tensor]:
+        return virtual_observation_weights(
+            self.inducing_points,
+            self.targets,
+            self.target_variances,
+            self.lengthscales,
+            jitter=self.jitter,
+            with_kappa=with_kappa,
+        )
+
     def response_weights(self) -> tuple[Tensor, Tensor]:
         """``beta = kappa U`` and ``C = kappa`` (``eq:gpn_normal_alpha_kappa``)."""
-        kappa, beta = virtual_observation_weights(
-            self.inducing_points, self.targets, self.target_variances, self.lengthscales,
-            jitter=self.jitter,
-        )
+        kappa, beta = self._weights(with_kappa=True)
         return beta, kappa
+
+    def response_mean_weights(self) -> Tensor:
+        """``beta = (K(V, V) + diag(S))^-1 U`` by one solve, without forming ``kappa``."""
+        return self._weights(with_kappa=False)[1]
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", targets_init={self.targets_init!r}"

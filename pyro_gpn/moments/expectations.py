@@ -51,7 +51,7 @@ def _zero_if_none(var: Tensor | None, like: Tensor) -> Tensor:
 def expected_kernel(
     mean: Tensor, var: Tensor | None, inducing_points: Tensor, lengthscales: Tensor
 ) -> Tensor:
-    """``psi``: the expected kernel ``E[k(a, V_r)]`` for ``a ~ N(mean, var)`` (``eq:gpn_normal_E_alpha``).
+    """``psi = E[k(a, V_r)]`` for ``a ~ N(mean, var)`` (``eq:gpn_normal_E_alpha``).
 
     Args:
         mean: ``[S, N]`` activation means.
@@ -94,7 +94,7 @@ def expected_kernel_product(
 def expected_cross_kernel_product(
     mean: Tensor, cov: Tensor, inducing_points: Tensor, lengthscales: Tensor
 ) -> Tensor:
-    """``Lambda``: ``E[k(a_n, V_rn) k(a_m, V_tm)]`` for ``a ~ N(mean, cov)`` (``eq:gpn_normal_lambda``).
+    """``Lambda = E[k(a_n, V_rn) k(a_m, V_tm)]``, ``a ~ N(mean, cov)`` (``eq:gpn_normal_lambda``).
 
     Uses the corrected formula of the module docstring. On the diagonal ``n == m`` this is the
     joint expectation of two kernels of the *same* activation, i.e. ``Omega``.

@@ -13,13 +13,13 @@ and output ``x = f + N(0, sigma^2)`` has, by the laws of total expectation and v
 
 .. math::
 
-    \tilde\mu = \psi^T \beta                                        \quad (eq:gpn\_normal\_mu)
+    \tilde\mu = \psi^T \beta                                       (eq:gpn_normal_mu)
 
-    \tilde\Sigma_{nn} = 1 - tr[(C - \beta\beta^T)\,\Omega] - \tilde\mu^2 + \sigma^2
-                                                                    \quad (eq:gpn\_normal\_Sigmatilde)
+    \tilde\Sigma_{nn} = 1 - tr[(C - \beta\beta^T)\Omega] - \tilde\mu^2 + \sigma^2
+                                                         (eq:gpn_normal_Sigmatilde)
 
     \tilde\Sigma_{nm} = \sum_{rt} \beta_{rn}\beta_{tm}\Lambda_{rtnm} - \tilde\mu_n\tilde\mu_m
-                                                                    \quad (eq:gpn\_normal\_Sigmatilde\_cov)
+                                                         (eq:gpn_normal_Sigmatilde_cov)
 
 with ``psi``, ``Omega``, ``Lambda`` from :mod:`pyro_gpn.moments.expectations`. The matrix ``C``
 (``variance_reduction``) is ``kappa = (K(V, V) + diag(S))^-1`` for the parametric GPN
@@ -41,6 +41,7 @@ Cost structure (paper, section "Computational and Model Complexity"):
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -73,7 +74,8 @@ def virtual_observation_weights(
     target_variances: Tensor,
     lengthscales: Tensor,
     jitter: float = 0.0,
-) -> tuple[Tensor, Tensor]:
+    with_kappa: bool = True,
+) -> tuple[Tensor | None, Tensor]:
     """GP-regression weights of the virtual observations (``eq:gpn_normal_alpha_kappa``).
 
     Args:
@@ -82,17 +84,21 @@ def virtual_observation_weights(
         target_variances: ``[N | 1, R]`` variances ``S`` (positive).
         lengthscales: ``[N | 1]``.
         jitter: added to the diagonal of ``K(V, V) + diag(S)``.
+        with_kappa: also return ``kappa`` (needed for variances, not for means).
 
     Returns:
-        ``kappa = (K(V, V) + diag(S))^-1`` of shape ``[N | 1, R, R]`` and ``beta = kappa U`` of
-        shape ``[N | 1, R]``, computed through one Cholesky factorisation.
+        ``kappa = (K(V, V) + diag(S))^-1`` of shape ``[N | 1, R, R]`` (or ``None``) and
+        ``beta = kappa U`` of shape ``[N | 1, R]``. ``K(V, V) + diag(S)`` is symmetric positive
+        definite for positive ``S``; the batched ``R x R`` inverse is the cheapest stable way to
+        get both at once for the small ``R`` a GPN uses.
     """
     gram = squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
-    chol = torch.linalg.cholesky(gram)
-    kappa = torch.cholesky_inverse(chol)
-    beta = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)
-    return kappa, beta
+    if not with_kappa:
+        return None, torch.linalg.solve(gram, targets)
+    kappa = torch.linalg.inv(gram)
+    kappa = 0.5 * (kappa + kappa.mT)
+    return kappa, (kappa @ targets.unsqueeze(-1)).squeeze(-1)
 
 
 def is_equidistant(inducing_points: Tensor, rtol: float = 1e-6) -> bool:
@@ -104,6 +110,7 @@ def is_equidistant(inducing_points: Tensor, rtol: float = 1e-6) -> bool:
     return bool(((steps - steps[..., :1]).abs() <= rtol * scale).all() and (steps > 0).all())
 
 
+@functools.lru_cache(maxsize=32)
 def _antidiagonal_sum_matrix(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``[R*R, 2R-1]`` 0/1 matrix mapping entry ``(r, t)`` to anti-diagonal ``r + t``."""
     idx = torch.arange(size, device=device)
@@ -162,6 +169,43 @@ def midpoint_expansion(
     return centers.expand(num_units, -1), weights.expand(num_units, -1)
 
 
+class _GaussianSum(torch.autograd.Function):
+    """Autograd for :func:`gaussian_sum` with a hand-derived backward pass.
+
+    With ``e_k = exp(-(mu - c_k)^2 / w)`` and ``out = sum_k p_k e_k``:
+    ``d out / d mu = -2 / w * sum_k p_k e_k (mu - c_k)``,
+    ``d out / d w = 1 / w^2 * sum_k p_k e_k (mu - c_k)^2``,
+    ``d out / d p_k = e_k`` and ``d out / d c_k = 2 / w * p_k e_k (mu - c_k)``.
+    Compared with recording each elementwise step it makes about half as many passes over the
+    ``[S, N, K]`` tensors and keeps two of them (differences and exponentials) for the backward.
+    """
+
+    @staticmethod
+    def forward(ctx, mean: Tensor, width: Tensor, centers: Tensor, weights: Tensor) -> Tensor:
+        diff = mean.unsqueeze(-1) - centers
+        expo = diff.square().mul_((-1 / width).unsqueeze(-1)).exp_()
+        ctx.save_for_backward(width, weights, diff, expo)
+        return (expo * weights).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        width, weights, diff, expo = ctx.saved_tensors
+        need_mean, need_width, need_centers, need_weights = ctx.needs_input_grad
+        grad_mean = grad_width = grad_centers = grad_weights = None
+        if need_mean or need_width or need_centers:
+            scaled = grad / width
+            weighted = (expo * weights).mul_(diff)  # p_k e_k (mu - c_k)
+            if need_mean:
+                grad_mean = -2 * scaled * weighted.sum(-1)
+            if need_width:
+                grad_width = scaled / width * (weighted * diff).sum(-1)
+            if need_centers:
+                grad_centers = 2 * torch.einsum("sn,snk->nk", scaled, weighted)
+        if need_weights:
+            grad_weights = torch.einsum("sn,snk->nk", grad, expo)
+        return grad_mean, grad_width, grad_centers, grad_weights
+
+
 def gaussian_sum(mean: Tensor, width: Tensor, centers: Tensor, weights: Tensor) -> Tensor:
     """``sum_k weights[n, k] * exp(-(mean[s, n] - centers[n, k])^2 / width[s, n])``.
 
@@ -175,8 +219,7 @@ def gaussian_sum(mean: Tensor, width: Tensor, centers: Tensor, weights: Tensor) 
     Returns:
         ``[S, N]``.
     """
-    diff = mean.unsqueeze(-1) - centers
-    return torch.einsum("snk,nk->sn", (-diff.square() / width.unsqueeze(-1)).exp(), weights)
+    return _GaussianSum.apply(mean, width.expand_as(mean), centers, weights)
 
 
 def _expand_units(tensor: Tensor, num_units: int) -> Tensor:
@@ -193,7 +236,7 @@ def response_moments(
     inducing_points: Tensor,
     lengthscales: Tensor,
     beta: Tensor,
-    variance_reduction: Tensor,
+    variance_reduction: Tensor | None,
     noise_var: Tensor | None = None,
     mode: Mode = "meanvar",
     equidistant: bool | None = None,
@@ -208,7 +251,7 @@ def response_moments(
         lengthscales: ``[N | 1]``.
         beta: ``[N | 1, R]`` weights of the conditional mean ``alpha(a)^T beta``.
         variance_reduction: ``[N | 1, R, R]`` symmetric ``C`` of the conditional variance
-            ``1 - alpha(a)^T C alpha(a)``.
+            ``1 - alpha(a)^T C alpha(a)``; may be ``None`` in ``"mean"`` mode.
         noise_var: ``[N | 1]`` output noise variance ``sigma^2``, or ``None`` for the noise-free
             response ``F``.
         mode: ``"mean"`` (means only: the paper's "GPN mean"), ``"meanvar"`` (means and
@@ -230,16 +273,25 @@ def response_moments(
     width_psi = 2 * (ls2 + var)
     amplitude_psi = (ls2 / (ls2 + var)).sqrt()
     centers = _expand_units(inducing_points, num_units)
-    out_mean = amplitude_psi * gaussian_sum(mean, width_psi, centers, _expand_units(beta, num_units))
+    out_mean = amplitude_psi * gaussian_sum(
+        mean, width_psi, centers, _expand_units(beta, num_units)
+    )
     if mode == "mean":
         return Moments(out_mean, validate=False)
 
+    if variance_reduction is None:
+        raise ValueError(f"variance_reduction is required in mode {mode!r}")
     # eq:gpn_normal_Sigmatilde through the midpoint expansion of tr[(C - beta beta^T) Omega]
     matrix = variance_reduction - beta.unsqueeze(-1) * beta.unsqueeze(-2)
-    mid_centers, mid_weights = midpoint_expansion(inducing_points, matrix, lengthscales, equidistant)
+    mid_centers, mid_weights = midpoint_expansion(
+        inducing_points, matrix, lengthscales, equidistant
+    )
     width_omega = ls2 + 2 * var
     trace = (ls2 / width_omega).sqrt() * gaussian_sum(
-        mean, width_omega, _expand_units(mid_centers, num_units), _expand_units(mid_weights, num_units)
+        mean,
+        width_omega,
+        _expand_units(mid_centers, num_units),
+        _expand_units(mid_weights, num_units),
     )
     out_var = (1 - trace - out_mean.square()).clamp_min(0)
     if noise_var is not None:

@@ -18,7 +18,9 @@ def _layer(m=3, n=4, seed=0, **kwargs):
     with torch.no_grad():  # random, non-default parameters
         layer.lengthscales = torch.rand(layer.num_functions, dtype=DT) * 0.5 + 0.4
         layer.noise_std = torch.rand(layer.num_functions, dtype=DT) * 0.2 + 0.05
-        layer.target_variances = torch.rand(layer.num_functions, layer.num_inducing, dtype=DT) * 0.3 + 0.05
+        layer.target_variances = (
+            torch.rand(layer.num_functions, layer.num_inducing, dtype=DT) * 0.3 + 0.05
+        )
     return layer
 
 
@@ -36,7 +38,7 @@ def test_conditional_is_gp_regression_on_the_virtual_observations():
     for n in range(4):
         v, u, s = layer.inducing_points[n], layer.targets[n], layer.target_variances[n]
         ls, sigma = layer.lengthscales[n], layer.noise_std[n]
-        k = lambda p, q: torch.exp(-((p[:, None] - q[None]) ** 2) / (2 * ls**2))
+        k = lambda p, q, ls=ls: torch.exp(-((p[:, None] - q[None]) ** 2) / (2 * ls**2))
         gram = k(v, v) + torch.diag(s + layer.jitter)
         kav = k(a[:, n], v)
         torch.testing.assert_close(mean[:, n], kav @ torch.linalg.solve(gram, u))
@@ -62,7 +64,9 @@ def test_gaussian_inputs_match_monte_carlo(share):
     layer = _layer(share=share)
     g = torch.Generator().manual_seed(3)
     mean, cov = torch.randn(2, 3, dtype=DT, generator=g), random_covariance(2, 3, generator=g)
-    x = mean + (torch.linalg.cholesky(cov) @ torch.randn(60000, 2, 3, 1, dtype=DT, generator=g)).squeeze(-1)
+    x = mean + (
+        torch.linalg.cholesky(cov) @ torch.randn(60000, 2, 3, 1, dtype=DT, generator=g)
+    ).squeeze(-1)
     y = _sample_outputs(layer, x, g)
     with torch.no_grad():
         full = layer.propagate(Moments(mean, cov=cov), "cov")
@@ -130,12 +134,20 @@ def test_gradcheck_layer_propagation():
     g = torch.Generator().manual_seed(0)
     mean = torch.randn(2, 2, dtype=DT, generator=g, requires_grad=True)
     cov = random_covariance(2, 2, generator=g).requires_grad_()
-    params = [layer.weight, layer.inducing_points, layer.targets, layer.target_variances_unconstrained,
-              layer.lengthscales_unconstrained, layer.noise_std_unconstrained]
+    params = [
+        layer.weight,
+        layer.inducing_points,
+        layer.targets,
+        layer.target_variances_unconstrained,
+        layer.lengthscales_unconstrained,
+        layer.noise_std_unconstrained,
+    ]
 
     def fn(m, c, *_):
         out = layer.propagate(Moments(m, cov=0.5 * (c + c.mT), validate=False), "cov")
-        var_out = layer.propagate(Moments(m, var=torch.diagonal(c, dim1=-2, dim2=-1), validate=False), "meanvar")
+        var_out = layer.propagate(
+            Moments(m, var=torch.diagonal(c, dim1=-2, dim2=-1), validate=False), "meanvar"
+        )
         return out.mean, out.cov, var_out.var
 
     assert gradcheck(fn, [mean, cov, *params])

@@ -20,10 +20,19 @@ DT = torch.float64
         ({"mean": torch.zeros(2, 3), "var": torch.zeros(2, 4)}, "var must have shape"),
         ({"mean": torch.zeros(2, 3), "var": -torch.ones(2, 3)}, "var must be non-negative"),
         ({"mean": torch.zeros(2, 3), "var": torch.full((2, 3), math.nan)}, "var contains NaN"),
-        ({"mean": torch.zeros(1, 2), "cov": torch.tensor([[[1.0, 2.0], [2.0, 1.0]]])}, "cov must be positive semi-definite"),
-        ({"mean": torch.zeros(1, 2), "cov": torch.tensor([[[1.0, 0.5], [0.0, 1.0]]])}, "cov must be symmetric"),
+        (
+            {"mean": torch.zeros(1, 2), "cov": torch.tensor([[[1.0, 2.0], [2.0, 1.0]]])},
+            "cov must be positive semi-definite",
+        ),
+        (
+            {"mean": torch.zeros(1, 2), "cov": torch.tensor([[[1.0, 0.5], [0.0, 1.0]]])},
+            "cov must be symmetric",
+        ),
         ({"mean": torch.zeros(1, 2), "cov": torch.eye(3)[None]}, "cov must have shape"),
-        ({"mean": torch.zeros(1, 2), "var": torch.ones(1, 2), "cov": torch.eye(2)[None]}, "at most one"),
+        (
+            {"mean": torch.zeros(1, 2), "var": torch.ones(1, 2), "cov": torch.eye(2)[None]},
+            "at most one",
+        ),
     ],
 )
 def test_bad_input_raises_naming_the_argument(kwargs, match):
@@ -50,7 +59,9 @@ def test_linear_maps_match_monte_carlo():
     g = torch.Generator().manual_seed(0)
     mean, cov = torch.randn(2, 3, dtype=DT, generator=g), random_covariance(2, 3, generator=g)
     weight, bias = torch.randn(3, 4, dtype=DT, generator=g), torch.randn(4, dtype=DT, generator=g)
-    x = mean + (torch.linalg.cholesky(cov) @ torch.randn(50000, 2, 3, 1, dtype=DT, generator=g)).squeeze(-1)
+    x = mean + (
+        torch.linalg.cholesky(cov) @ torch.randn(50000, 2, 3, 1, dtype=DT, generator=g)
+    ).squeeze(-1)
     y = x @ weight + bias
     full = Moments(mean, cov=cov).linear(weight, bias)
     assert_mc_mean(y, full.mean)

@@ -90,7 +90,9 @@ def test_one_layer_matches_monte_carlo_in_every_mode(shared):
     alpha = (-0.5 * ((a.unsqueeze(-1) - points.expand(n, -1)) / ls.expand(n)[:, None]) ** 2).exp()
     cond_mean = (alpha * beta.expand(n, -1)).sum(-1)
     cond_var = 1 - torch.einsum("ksnr,nrt,ksnt->ksn", alpha, kappa.expand(n, -1, -1), alpha)
-    x = cond_mean + (cond_var + noise_var).sqrt() * torch.randn(cond_mean.shape, dtype=DT, generator=g)
+    x = cond_mean + (cond_var + noise_var).sqrt() * torch.randn(
+        cond_mean.shape, dtype=DT, generator=g
+    )
 
     acts = Moments(mean, cov=cov)
     out_cov = response_moments(acts, points, ls, beta, kappa, noise_var, "cov")
@@ -123,8 +125,9 @@ def test_deterministic_activations_are_exact():
     torch.testing.assert_close(out.mean, (alpha * beta).sum(-1))
     expected_var = 1 - torch.einsum("snr,nrt,snt->sn", alpha, kappa, alpha) + noise_var
     torch.testing.assert_close(out.var, expected_var)
-    full = response_moments(Moments(mean, cov=torch.zeros(3, 4, 4, dtype=DT)), points, ls, beta,
-                            kappa, noise_var, "cov")
+    full = response_moments(
+        Moments(mean, cov=torch.zeros(3, 4, 4, dtype=DT)), points, ls, beta, kappa, noise_var, "cov"
+    )
     torch.testing.assert_close(full.cov, torch.diag_embed(expected_var))
 
 
@@ -156,11 +159,19 @@ def test_gradcheck_response_moments(mode):
     def fn(m, c, p, l, u, s, nv):
         c = 0.5 * (c + c.mT)
         kap, bet = virtual_observation_weights(p, u, s, l)
-        acts = Moments(m, cov=c) if mode == "cov" else Moments(m, var=torch.diagonal(c, dim1=-2, dim2=-1))
+        acts = (
+            Moments(m, cov=c)
+            if mode == "cov"
+            else Moments(m, var=torch.diagonal(c, dim1=-2, dim2=-1))
+        )
         out = response_moments(acts, p, l, bet, kap, nv, mode)
-        return (out.mean,) if mode == "mean" else (out.mean, out.var if mode == "meanvar" else out.cov)
+        return (
+            (out.mean,) if mode == "mean" else (out.mean, out.var if mode == "meanvar" else out.cov)
+        )
 
-    args = [t.clone().requires_grad_() for t in (mean, cov, points, ls, targets, variances, noise_var)]
+    args = [
+        t.clone().requires_grad_() for t in (mean, cov, points, ls, targets, variances, noise_var)
+    ]
     assert gradcheck(fn, args)
 
 
@@ -171,8 +182,9 @@ def test_gradcheck_equidistant_fast_path():
 
     def fn(m, v, l, u, s):
         kap, bet = virtual_observation_weights(points, u, s, l)
-        out = response_moments(Moments(m, var=v), points, l, bet, kap, noise_var, "meanvar",
-                               equidistant=True)
+        out = response_moments(
+            Moments(m, var=v), points, l, bet, kap, noise_var, "meanvar", equidistant=True
+        )
         return out.mean, out.var
 
     assert gradcheck(fn, [t.clone().requires_grad_() for t in (mean, var, ls, targets, variances)])

@@ -1,0 +1,170 @@
+"""MCMC diagnostics with ArviZ: conversion of Pyro runs and the numbers a comparison table needs.
+
+* :func:`to_inference_data` -- a Pyro :class:`~pyro.infer.MCMC` run (plus optional posterior
+  predictive draws) as an ArviZ ``InferenceData`` with the groups ``posterior``,
+  ``sample_stats`` (``diverging``), ``observed_data`` and ``posterior_predictive``.
+* :func:`summarize` -- ``az.summary`` (mean, sd, HDI, MCSE, bulk/tail ESS, rank-normalised
+  split r-hat) with the divergence count attached as ``DataFrame.attrs["num_divergences"]``.
+* :func:`max_rhat`, :func:`min_ess`, :func:`num_divergences` -- scalar summaries.
+
+r-hat is the rank-normalised split-R-hat of Vehtari et al. (2021) and ESS the bulk / tail
+effective sample size, both as ArviZ computes them. Posterior quantities that a symmetry of the
+model leaves unidentified (e.g. the sign of a GPN's weights, or a permutation of hidden units)
+do not mix across chains by design; judge convergence on identified quantities (noise scales,
+predictions) by passing ``var_names``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torch import Tensor
+
+if TYPE_CHECKING:
+    import arviz as az
+    import pandas as pd
+    from pyro.infer import MCMC
+
+__all__ = ["max_rhat", "min_ess", "num_divergences", "summarize", "to_inference_data"]
+
+
+def to_inference_data(
+    mcmc: MCMC,
+    posterior_predictive: Mapping[str, Tensor] | None = None,
+    *,
+    log_likelihood: bool = False,
+    coords: Mapping[str, Sequence] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+) -> az.InferenceData:
+    """Convert a finished Pyro MCMC run to ArviZ ``InferenceData`` (``az.from_pyro``).
+
+    Args:
+        mcmc: a Pyro ``MCMC`` object after ``run``; its model is re-traced once with the run's
+            arguments to collect the observed data.
+        posterior_predictive: optional draws ``{name: [num_chains * num_samples, ...]}`` in the
+            chain-major order of ``mcmc.get_samples()``.
+        log_likelihood: also compute the ``log_likelihood`` group (vectorised re-run of the
+            model; off by default because a joint multivariate-normal likelihood over samples
+            has no pointwise terms for LOO/WAIC).
+        coords, dims: ArviZ coordinates and dimension names.
+
+    Returns:
+        ``InferenceData`` with ``posterior``, ``sample_stats`` (``diverging`` per draw),
+        ``observed_data`` and, when given, ``posterior_predictive``.
+    """
+    import arviz as az
+    from pyro.infer import MCMC
+
+    if not isinstance(mcmc, MCMC):
+        raise ValueError(f"mcmc must be a pyro.infer.MCMC, got {type(mcmc).__name__}")
+    if mcmc.get_samples() is None:
+        raise ValueError("mcmc has no samples: call mcmc.run(...) first")
+    if posterior_predictive is not None:
+        draws = mcmc.num_chains * mcmc.num_samples
+        for name, value in posterior_predictive.items():
+            if value.shape[0] != draws:
+                raise ValueError(
+                    f"posterior_predictive[{name!r}] must have {draws} draws (num_chains x "
+                    f"num_samples) in its first dimension, got shape {tuple(value.shape)}"
+                )
+    return az.from_pyro(
+        mcmc,
+        posterior_predictive=None if posterior_predictive is None else dict(posterior_predictive),
+        log_likelihood=log_likelihood,
+        coords=None if coords is None else dict(coords),
+        dims=None if dims is None else dict(dims),
+    )
+
+
+def summarize(
+    idata: az.InferenceData,
+    var_names: Sequence[str] | None = None,
+    *,
+    group: str = "posterior",
+    hdi_prob: float = 0.9,
+) -> pd.DataFrame:
+    """Per-variable posterior summary: ``az.summary`` with r-hat and bulk / tail ESS.
+
+    Args:
+        idata: the ``InferenceData`` (needs ``chain`` and ``draw`` dimensions in ``group``).
+        var_names: variables to include (default all in ``group``).
+        group: ``"posterior"`` or ``"posterior_predictive"``.
+        hdi_prob: probability mass of the reported highest-density interval.
+
+    Returns:
+        a DataFrame indexed by scalar component (e.g. ``sigma2[0]``) with columns ``mean``,
+        ``sd``, ``hdi_5%``, ``hdi_95%``, ``mcse_mean``, ``mcse_sd``, ``ess_bulk``, ``ess_tail``,
+        ``r_hat``; ``.attrs["num_divergences"]`` holds the run's divergent transitions (``None``
+        without ``sample_stats``).
+    """
+    import arviz as az
+
+    _check_group(idata, group)
+    table = az.summary(
+        idata, var_names=_names(var_names), group=group, hdi_prob=hdi_prob, kind="all"
+    )
+    table.attrs["num_divergences"] = num_divergences(idata) if _has_diverging(idata) else None
+    return table
+
+
+def max_rhat(
+    idata: az.InferenceData, var_names: Sequence[str] | None = None, *, group: str = "posterior"
+) -> float:
+    """The largest rank-normalised split r-hat over all scalar components of ``var_names``."""
+    import arviz as az
+
+    _check_group(idata, group)
+    rhat = az.rhat(_select(idata, var_names, group))
+    return float(max(np.nanmax(v.values) for v in rhat.data_vars.values()))
+
+
+def min_ess(
+    idata: az.InferenceData,
+    var_names: Sequence[str] | None = None,
+    *,
+    kind: str = "bulk",
+    group: str = "posterior",
+) -> float:
+    """The smallest effective sample size (``kind`` ``"bulk"`` or ``"tail"``) of ``var_names``."""
+    import arviz as az
+
+    if kind not in ("bulk", "tail"):
+        raise ValueError(f"kind must be 'bulk' or 'tail', got {kind!r}")
+    _check_group(idata, group)
+    ess = az.ess(_select(idata, var_names, group), method=kind)
+    return float(min(np.nanmin(v.values) for v in ess.data_vars.values()))
+
+
+def num_divergences(idata: az.InferenceData) -> int:
+    """Divergent transitions after warm-up, summed over chains (``sample_stats.diverging``)."""
+    if not _has_diverging(idata):
+        raise ValueError("idata must have a sample_stats group with a 'diverging' variable")
+    return int(idata.sample_stats["diverging"].values.sum())
+
+
+def _has_diverging(idata: az.InferenceData) -> bool:
+    return "sample_stats" in idata.groups() and "diverging" in idata.sample_stats
+
+
+def _check_group(idata: az.InferenceData, group: str) -> None:
+    if group not in idata.groups():
+        raise ValueError(f"group {group!r} is not in idata, which has {list(idata.groups())}")
+
+
+def _names(var_names: Sequence[str] | None) -> list[str] | None:
+    if isinstance(var_names, str):
+        return [var_names]
+    return None if var_names is None else list(var_names)
+
+
+def _select(idata: az.InferenceData, var_names: Sequence[str] | None, group: str):
+    dataset = idata[group]
+    names = _names(var_names)
+    if names is None:
+        return dataset
+    missing = [n for n in names if n not in dataset]
+    if missing:
+        raise ValueError(f"var_names {missing} are not in group {group!r}")
+    return dataset[names]

@@ -1,0 +1,294 @@
+r"""A small, reusable stochastic variational inference loop.
+
+:func:`fit_svi` runs ``num_steps`` steps of Pyro's :class:`~pyro.infer.SVI` on ``model(x, y)`` /
+``guide(x, y)`` and records the loss history and the wall time. It serves every route that is
+trained by minimising a Pyro loss:
+
+* the sampled parametric GPN (:class:`pyro_gpn.models.parametric.ParametricGPN`, empty guide,
+  ``Trace_ELBO``: the loss is the reparameterised estimate of ``eq:gpn_parametrized_loss``);
+* the variational GPN, with a sampled ``Trace_ELBO`` or the deterministic closed-form ELBO passed
+  as ``loss``.
+
+**Mini-batches.** Two conventions are supported, chosen by the model's signature:
+
+* *plate subsampling* (a model and guide that take ``subsample_size``, e.g.
+  :class:`~pyro_gpn.models.parametric.ParametricGPN`): with ``batch_size = B < S`` the loop calls
+  ``model(x, y, subsample_size=B)`` and ``guide(x, y, subsample_size=B)`` with the *full* data;
+  both open their data plate as ``pyro.plate("data", S, subsample_size=subsample_size)`` and index
+  ``x`` and ``y`` with the plate's indices. Pyro draws the batch (the guide's ``data`` plate, if
+  any, is replayed in the model, so both see the same indices);
+* *sliced batches* (a model bound to an object with a ``num_data`` attribute, e.g.
+  :class:`~pyro_gpn.models.variational.VariationalGPN`, the ``pyro.contrib.gp`` convention): the
+  loop draws ``B`` distinct indices and passes ``x[idx], y[idx]``; the model scales its data
+  plate by ``num_data / B`` itself. ``num_data`` must equal ``S``.
+
+Either way every step draws a fresh random batch of ``B`` distinct samples, the sites inside the
+data plate are scaled by ``S / B`` and global sites (a KL term of global latents, a parameter
+penalty) are not, so every step is an unbiased estimate of the full-data loss.
+
+**Safety.** The loss and every gradient are checked before the optimiser touches the
+parameters: a non-finite value raises :class:`FloatingPointError` naming the step and the
+offending parameters, and the parameters keep their last finite values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyro
+import pyro.optim
+import torch
+from pyro import poutine
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.elbo import ELBO
+from pyro.infer.util import zero_grads
+from torch import Tensor
+
+__all__ = ["LOSSES", "SVIResult", "fit_svi"]
+
+LOSSES = ("trace", "trace_meanfield")
+
+#: ``callback(step, loss)`` is called after every step (``step`` counts from 1); returning
+#: ``True`` stops the loop.
+Callback = Callable[[int, float], "bool | None"]
+
+
+@dataclass
+class SVIResult:
+    """What :func:`fit_svi` returns.
+
+    Attributes:
+        losses: the loss of every step (Pyro's estimate of the negative ELBO for the full data
+            set, as returned by the loss; divide by ``num_data`` for a per-sample value).
+        wall_time: seconds spent in the loop.
+        num_data: ``S``, the number of training samples.
+        svi: the :class:`~pyro.infer.SVI` object (its optimiser keeps the Adam moments, so
+            ``svi.step(x, y)`` continues the run).
+        stopped_early: whether the callback stopped the loop.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    num_data: int = 0
+    svi: SVI | None = None
+    stopped_early: bool = False
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.losses)
+
+    @property
+    def final_loss(self) -> float:
+        """The mean of the last ``min(10, num_steps)`` losses (a less noisy final value)."""
+        if not self.losses:
+            raise ValueError("no steps were run")
+        tail = self.losses[-10:]
+        return sum(tail) / len(tail)
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and the like: let the call decide
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _check_num_data(model: Callable, num_data: int) -> None:
+    """Sliced mini-batches need a model that scales its data plate by ``num_data / B``."""
+    owner = getattr(model, "__self__", None)
+    if not hasattr(owner, "num_data"):
+        raise ValueError(
+            "batch_size needs mini-batches, but the model neither takes a subsample_size keyword "
+            "(open pyro.plate('data', S, subsample_size=subsample_size) in model and guide) nor "
+            "is the method of an object with a num_data attribute that scales the data plate"
+        )
+    if owner.num_data != num_data:
+        raise ValueError(
+            f"the model's num_data is {owner.num_data}, but x has {num_data} samples: set "
+            f"num_data={num_data} so that mini-batches are scaled to the full data set"
+        )
+
+
+def _make_loss(loss: str | ELBO | Callable, num_particles: int | None) -> ELBO | Callable:
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, an ELBO or a callable, got {loss!r}")
+        particles = 1 if num_particles is None else num_particles
+        if not isinstance(particles, int) or particles < 1:
+            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        cls = Trace_ELBO if loss == "trace" else TraceMeanField_ELBO
+        return cls(num_particles=particles)
+    if num_particles is not None:
+        raise ValueError(
+            "num_particles applies to a loss given by name; configure the ELBO instead"
+        )
+    if not (isinstance(loss, ELBO) or callable(loss)):
+        raise TypeError(f"loss must be a name, an ELBO or a callable, got {type(loss).__name__}")
+    return loss
+
+
+def _make_optim(
+    optim: pyro.optim.PyroOptim | None, lr: float, clip_norm: float | None
+) -> pyro.optim.PyroOptim:
+    if optim is not None:
+        if not isinstance(optim, pyro.optim.PyroOptim):
+            raise TypeError(f"optim must be a pyro.optim.PyroOptim, got {type(optim).__name__}")
+        return optim
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if clip_norm is None:
+        return pyro.optim.Adam({"lr": lr})
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+    return pyro.optim.ClippedAdam({"lr": lr, "clip_norm": clip_norm})
+
+
+def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
+    """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values."""
+    with poutine.trace(param_only=True) as capture:
+        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
+    sites = capture.trace.nodes.values()
+    named = {site["name"]: site["value"].unconstrained() for site in sites}
+    params = set(named.values())
+    loss = float(loss.detach() if isinstance(loss, Tensor) else loss)
+    if not math.isfinite(loss):
+        zero_grads(params)
+        raise FloatingPointError(
+            f"SVI loss is {loss} at step {step}; parameters were left at their last finite "
+            "values (try a smaller lr, clip_norm, or check the data for outliers)"
+        )
+    bad = [
+        name
+        for name, p in named.items()
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+    ]
+    if bad:
+        zero_grads(params)
+        raise FloatingPointError(
+            f"non-finite gradients at step {step} (loss {loss:.6g}) for parameters {sorted(bad)}; "
+            "parameters were left at their last finite values"
+        )
+    svi.optim(params)
+    zero_grads(params)
+    return loss
+
+
+def fit_svi(
+    model: Callable,
+    guide: Callable,
+    x: Tensor,
+    y: Tensor | None = None,
+    loss: str | ELBO | Callable = "trace",
+    num_steps: int = 1000,
+    lr: float = 1e-2,
+    batch_size: int | None = None,
+    num_particles: int | None = None,
+    seed: int | None = None,
+    progress: bool = True,
+    callback: Callback | None = None,
+    optim: pyro.optim.PyroOptim | None = None,
+    clip_norm: float | None = None,
+    clear_param_store: bool = True,
+    model_kwargs: dict | None = None,
+) -> SVIResult:
+    """Fit ``model`` / ``guide`` to ``(x, y)`` by stochastic variational inference.
+
+    Each step evaluates ``loss`` on ``model(x, y, **model_kwargs)`` and ``guide(x, y,
+    **model_kwargs)`` (on a mini-batch with ``batch_size``, see the module docstring) and takes
+    one optimiser step.
+
+    Args:
+        model, guide: Pyro callables with signature ``(x, y, **kwargs)``; for mini-batches see
+            the module docstring.
+        x: ``[S, ...]`` inputs (``S`` training samples along the first dimension).
+        y: targets or ``None``.
+        loss: ``"trace"`` (:class:`~pyro.infer.Trace_ELBO`), ``"trace_meanfield"``
+            (:class:`~pyro.infer.TraceMeanField_ELBO`), an :class:`~pyro.infer.elbo.ELBO`
+            instance (e.g. the variational GPN's closed-form ELBO) or a callable
+            ``loss(model, guide, *args, **kwargs) -> Tensor``.
+        num_steps: the number of optimiser steps.
+        lr: Adam's learning rate (ignored when ``optim`` is given).
+        batch_size: mini-batch size ``B``; ``None`` or ``B >= S`` uses all samples each step.
+        num_particles: Monte Carlo particles of a loss given by name (default 1; loops over the
+            particles, the models need not be vectorised). Configure an ELBO instance directly.
+        seed: passed to :func:`pyro.set_rng_seed` before the first step (``None``: leave the
+            random state alone).
+        progress: show a ``tqdm`` progress bar with the per-sample loss.
+        callback: ``callback(step, loss)`` after every step; returning ``True`` stops the loop.
+        optim: a :class:`pyro.optim.PyroOptim` to use instead of ``Adam(lr)``.
+        clip_norm: if given (and ``optim`` is not), :class:`pyro.optim.ClippedAdam` with this
+            gradient-norm clip.
+        clear_param_store: call :func:`pyro.clear_param_store` first, so that no parameter of an
+            earlier run with the same name leaks into this one. ``PyroModule`` parameters live
+            in their modules and are unaffected; set ``False`` to continue a run that keeps
+            plain ``pyro.param`` sites.
+        model_kwargs: extra keyword arguments for the model and the guide.
+
+    Returns:
+        :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
+
+    Raises:
+        ValueError: for invalid arguments, or a model that supports neither mini-batch
+            convention (or whose ``num_data`` is not ``S``) when ``batch_size`` asks for
+            mini-batches.
+        FloatingPointError: when a loss or a gradient is not finite (no update is applied).
+    """
+    if not isinstance(num_steps, int) or num_steps < 0:
+        raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
+    if not isinstance(x, Tensor) or x.dim() < 1:
+        raise ValueError("x must be a tensor with the samples along its first dimension")
+    num_data = x.shape[0]
+    if y is not None and (not isinstance(y, Tensor) or y.shape[:1] != x.shape[:1]):
+        raise ValueError(f"y must be a tensor with {num_data} samples along its first dimension")
+    kwargs = dict(model_kwargs or {})
+    slice_size = None
+    if batch_size is not None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size < num_data:
+            if _accepts(model, "subsample_size") and _accepts(guide, "subsample_size"):
+                kwargs["subsample_size"] = batch_size
+            else:
+                _check_num_data(model, num_data)
+                slice_size = batch_size
+    elbo = _make_loss(loss, num_particles)
+    optimizer = _make_optim(optim, lr, clip_norm)
+    if clear_param_store:
+        pyro.clear_param_store()
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    svi = SVI(model, guide, optimizer, loss=elbo)
+    result = SVIResult(num_data=num_data, svi=svi)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps, desc="SVI", leave=False)
+    start = time.perf_counter()
+    try:
+        for step in range(1, num_steps + 1):
+            if slice_size is None:
+                value = _checked_step(svi, step, x, y, **kwargs)
+            else:
+                index = torch.randperm(num_data, device=x.device)[:slice_size]
+                batch_y = None if y is None else y[index]
+                value = _checked_step(svi, step, x[index], batch_y, **kwargs)
+            result.losses.append(value)
+            if bar is not None:
+                bar.update()
+                if step % 10 == 0 or step == num_steps:
+                    bar.set_postfix(loss_per_sample=f"{value / max(num_data, 1):.4g}")
+            if callback is not None and callback(step, value):
+                result.stopped_early = True
+                break
+    finally:
+        result.wall_time = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+    return result

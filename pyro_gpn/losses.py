@@ -1,0 +1,367 @@
+"""Training losses on propagated moments (paper, section "Evaluating the Loss").
+
+A GPN network in the central-limit approximation outputs the mean and (co)variance of its last
+layer for every sample. The losses here turn those :class:`~pyro_gpn.moments.gaussian.Moments`
+into deterministic training objectives:
+
+* :func:`gaussian_expected_nll` -- regression: the expected negative log-likelihood of the targets
+  under Gaussian observation noise, averaged over the distribution of the noise-free responses
+  (``eq:gpn_reg_loss_marginal_final``); it is exact given the moments.
+* :func:`gaussian_predictive_log_likelihood` -- the log density of the targets under the Gaussian
+  predictive distribution, the test log-likelihood usually reported for regression.
+* :func:`unscented_cross_entropy` -- classification: the expected softmax cross-entropy of the
+  class logits, approximated by the unscented transform (``eq:gpn_normal_unscented``).
+* :func:`target_variance_penalty` -- the ad-hoc penalty ``eq:gpn_ls`` that keeps the virtual
+  observation variances of maximum-likelihood GPNs away from zero.
+
+All functions are pure (no Pyro, no parameters), differentiable and vectorised over samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._validation import (
+    check_finite,
+    check_ndim,
+    check_nonnegative,
+    check_positive,
+    check_shape,
+    check_tensor,
+)
+from .moments.gaussian import Moments
+
+__all__ = [
+    "gaussian_expected_nll",
+    "gaussian_predictive_log_likelihood",
+    "target_variance_penalty",
+    "unscented_cross_entropy",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return per_sample.mean()
+    if reduction == "sum":
+        return per_sample.sum()
+    return per_sample
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _check_moments(name: str, moments: Moments) -> None:
+    """Check moments that may have been built with ``validate=False`` (finite, ``var >= 0``)."""
+    if not isinstance(moments, Moments):
+        raise TypeError(f"{name} must be a Moments, got {type(moments).__name__}")
+    check_finite(f"{name}.mean", moments.mean)
+    if moments.var is not None:
+        check_nonnegative(f"{name}.var", moments.var)
+    if moments.cov is not None:
+        check_finite(f"{name}.cov", moments.cov)
+
+
+def _check_target(target: Tensor, like: Tensor) -> None:
+    check_tensor("target", target)
+    check_shape("target", target, tuple(like.shape))
+    check_finite("target", target)
+
+
+def _check_labels(target: Tensor, num_samples: int, num_classes: int) -> None:
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise ValueError(f"target must hold integer class labels, got dtype {target.dtype}")
+    check_shape("target", target, (num_samples,))
+    if num_samples and bool(((target < 0) | (target >= num_classes)).any()):
+        raise ValueError(
+            f"target labels must lie in [0, {num_classes}), got range "
+            f"[{int(target.min())}, {int(target.max())}]"
+        )
+
+
+def _psd_cholesky(cov: Tensor, max_tries: int = 4) -> Tensor:
+    """Lower Cholesky factors of a batch of PSD matrices ``[..., N, N]``, with jitter on failure.
+
+    Matrices that are numerically singular (e.g. a rank-deficient propagated covariance) get
+    ``jitter * I`` added, starting at ``1e-6`` (float32) / ``1e-8`` (float64) times the mean
+    diagonal (or absolutely, for an all-zero matrix) and growing tenfold per try, as in
+    GPyTorch's ``psd_safe_cholesky``. Only the failing matrices are perturbed.
+    """
+    chol, info = torch.linalg.cholesky_ex(cov)
+    if not bool((info > 0).any()):
+        return chol
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    scale = torch.diagonal(cov, dim1=-2, dim2=-1).mean(-1).detach().clamp_min(1.0)
+    jitter = (1e-6 if cov.dtype == torch.float32 else 1e-8) * scale
+    for _ in range(max_tries):
+        # refactorise the whole batch (the passing matrices get zero jitter and the same factor)
+        # so that no failed, NaN-laden factor stays in the autograd graph
+        cov = cov + ((info > 0).to(cov.dtype) * jitter)[..., None, None] * eye
+        chol, info = torch.linalg.cholesky_ex(cov)
+        if not bool((info > 0).any()):
+            return chol
+        jitter = jitter * 10.0
+    raise ValueError("features.cov is not positive semi-definite (Cholesky failed with jitter)")
+
+
+# ---------------------------------------------------------------------------------- regression
+def gaussian_expected_nll(
+    response: Moments,
+    target: Tensor,
+    noise_std: Tensor | float,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Expected Gaussian negative log-likelihood under the response distribution.
+
+    For responses ``F`` with moments ``response`` and observations ``X = F + eps``,
+    ``eps ~ N(0, diag(noise_std^2))``, returns per sample ``s``
+
+    .. math::
+
+        \mathbb{E}_F\big[-\log \mathcal{N}(t_s \mid F_s, \sigma^2)\big]
+        = \sum_n \Big[\log\sigma_n + \tfrac12\log 2\pi
+          + \frac{t_{sn}^2 - 2 t_{sn}\,\mathbb{E}[F_{sn}] + \mathbb{E}[F_{sn}^2]}{2\sigma_n^2}\Big],
+
+    which is ``eq:gpn_reg_loss_marginal_final`` with the constant kept (so that the value is a
+    true expected negative log-likelihood). It is evaluated as
+    ``((t - mean)^2 + var) / (2 sigma^2)``, the same quantity without the cancellation of
+    ``t^2 - 2 t E[F] + E[F^2]``. Only the per-dimension variances enter (the expectation of a
+    sum of squares does not see correlations), so a full ``cov`` is used through its diagonal.
+    By Jensen's inequality the value upper-bounds ``-log E_F[N(t | F, sigma^2)]``
+    (``eq:gpn_parametric_regression_log_loss``).
+
+    Args:
+        response: moments of the noise-free responses ``F``, mean ``[S, N]``.
+        target: ``[S, N]`` observed targets.
+        noise_std: observation noise standard deviation ``sigma``, positive; a tensor of shape
+            ``[N]``, ``[1]`` or ``[]``, or a float.
+        reduction: ``"mean"`` (over samples, default), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Returns:
+        The expected negative log-likelihood, summed over the ``N`` output dimensions and reduced
+        over samples as requested.
+
+    Raises:
+        ValueError: naming the argument, for shape mismatches, non-finite values, a
+            non-positive ``noise_std`` or an unknown ``reduction``.
+    """
+    _check_reduction(reduction)
+    _check_moments("response", response)
+    _check_target(target, response.mean)
+    if not isinstance(noise_std, Tensor):
+        noise_std = torch.as_tensor(noise_std, dtype=response.mean.dtype, device=target.device)
+    check_tensor("noise_std", noise_std)
+    check_ndim("noise_std", noise_std, (0, 1))
+    if noise_std.dim() == 1 and noise_std.shape[0] not in (1, response.num_features):
+        raise ValueError(
+            f"noise_std must have shape [{response.num_features}], [1] or [], "
+            f"got {tuple(noise_std.shape)}"
+        )
+    check_positive("noise_std", noise_std)
+
+    noise_var = noise_std.square()
+    sq_err = (target - response.mean).square() + response.variance
+    per_dim = 0.5 * (_LOG_2PI + noise_var.log() + sq_err / noise_var)
+    return _reduce(per_dim.sum(-1), reduction)
+
+
+def gaussian_predictive_log_likelihood(
+    predictive: Moments, target: Tensor, reduction: str = "mean"
+) -> Tensor:
+    r"""Log density of the targets under the Gaussian predictive distribution.
+
+    Per sample ``s``, ``log N(t_s | mean_s, Sigma_s)``: with ``var`` (or a point mass is
+    rejected) the sum over dimensions of univariate log densities, with ``cov`` the multivariate
+    density. This is the test log-likelihood reported for regression; ``predictive`` must include
+    the observation noise (e.g. the output of a network with a Gaussian head).
+
+    Args:
+        predictive: moments of the predictive distribution, mean ``[S, N]``, with positive
+            variances (``var``) or a positive-definite ``cov``.
+        target: ``[S, N]`` observed targets.
+        reduction: ``"mean"`` (over samples, default), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Raises:
+        ValueError: naming the argument, for shape mismatches, non-finite values, a
+            deterministic or degenerate predictive, or an unknown ``reduction``.
+    """
+    _check_reduction(reduction)
+    _check_moments("predictive", predictive)
+    _check_target(target, predictive.mean)
+    if predictive.is_deterministic:
+        raise ValueError("predictive must carry a variance or covariance, got a point mass")
+    diff = target - predictive.mean
+    if predictive.cov is not None:
+        chol, info = torch.linalg.cholesky_ex(predictive.cov)
+        if bool((info > 0).any()):
+            raise ValueError("predictive.cov must be positive definite")
+        white = torch.linalg.solve_triangular(chol, diff.unsqueeze(-1), upper=False).squeeze(-1)
+        half_logdet = torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+        log_lik = -0.5 * (white.square().sum(-1) + predictive.num_features * _LOG_2PI)
+        log_lik = log_lik - half_logdet
+    else:
+        check_positive("predictive.var", predictive.var)
+        var = predictive.var
+        log_lik = -0.5 * (_LOG_2PI + var.log() + diff.square() / var).sum(-1)
+    return _reduce(log_lik, reduction)
+
+
+# ---------------------------------------------------------------------------------- classification
+def unscented_cross_entropy(
+    features: Moments,
+    target: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    kappa: float | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Expected softmax cross-entropy of Gaussian logits by the unscented transform.
+
+    The logits ``A = X W + b`` are linear in the Gaussian features ``X ~ N(mu, Sigma)``
+    (``eq:gpn_parametrized_loss_classification``: ``X = X^L``, ``W = W^{L+1}``). The
+    expectation :math:`\mathbb{E}_X[-\log \mathrm{softmax}(X W + b)_{t}]` is approximated by the
+    unscented transform (``eq:gpn_normal_unscented``) with ``2N + 1`` sigma points placed in the
+    ``N``-dimensional space of the features, where the Gaussian lives:
+
+    .. math::
+
+        x_0 = \mu, \quad x_{\pm i} = \mu \pm \sqrt{N + \kappa}\, L_{\star i}, \quad
+        \mathscr{W}_0 = \frac{\kappa}{N + \kappa}, \quad
+        \mathscr{W}_{\pm i} = \frac{1}{2 (N + \kappa)},
+
+    with ``L L^T = Sigma`` (``eq:unscented_sigma``, ``eq:unscented_s``). Each point is mapped to
+    logits ``x W + b`` and the cross-entropies are averaged with the weights. Because the logits
+    are linear in ``X``, this is the paper's transform with the sigma points expressed through
+    ``W``, but it never factorises the ``C x C`` logit covariance ``W^T Sigma W``, which is
+    singular whenever ``C > N`` (the paper's ``16x30x15x26`` network has ``N = 15``, ``C = 26``).
+    The sigma points match the mean and covariance of ``X`` and all its odd central moments, so
+    the approximation is exact for cross-entropies that are polynomials of degree three or less
+    in ``X``; the error is of fourth order in the standard deviations.
+
+    ``kappa``: the paper uses ``kappa = 3 - N`` (which matches the fourth moment of a
+    one-dimensional Gaussian), but for ``N > 3`` that makes the centre weight negative and the
+    estimate can fall below the true expectation or even become negative. The default
+    (``None``) is ``kappa = 0``: the centre weight vanishes and the remaining ``2N`` points, at
+    ``+-sqrt(N)`` standard deviations along the columns of ``L``, get weight ``1 / (2N)`` each, so
+    the loss is an average of cross-entropies (hence non-negative). Pass ``kappa=3 - N`` to
+    reproduce the paper. ``N + kappa`` must be positive.
+
+    ``Sigma`` is factorised as ``sqrt(var)`` for diagonal moments and by a Cholesky
+    decomposition (differentiable; jitter added to numerically singular matrices) for full
+    ``cov``. Deterministic features give the ordinary cross-entropy of ``mu W + b``.
+
+    Args:
+        features: moments of ``X``, mean ``[S, N]``.
+        target: ``[S]`` integer class labels in ``[0, C)``.
+        weight: ``[N, C]`` map to the logits; ``None`` takes the features as the logits
+            (``C = N``).
+        bias: ``[C]`` logit offsets, or ``None``.
+        kappa: unscented-transform spread parameter (see above); ``None`` means ``0``.
+        reduction: ``"mean"`` (over samples, default), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Returns:
+        The approximate expected cross-entropy (in nats), reduced over samples.
+
+    Raises:
+        ValueError: naming the argument, for shape mismatches, non-finite values, labels out of
+            range, ``N + kappa <= 0`` or an unknown ``reduction``.
+    """
+    _check_reduction(reduction)
+    _check_moments("features", features)
+    num_features = features.num_features
+    if weight is not None:
+        check_tensor("weight", weight)
+        check_shape("weight", weight, (num_features, None))
+        check_finite("weight", weight)
+        num_classes = weight.shape[1]
+    else:
+        num_classes = num_features
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (num_classes,))
+        check_finite("bias", bias)
+    _check_labels(target, features.num_samples, num_classes)
+    kappa = 0.0 if kappa is None else float(kappa)
+    if not math.isfinite(kappa) or num_features + kappa <= 0:
+        raise ValueError(f"kappa must satisfy N + kappa > 0 (N = {num_features}), got {kappa}")
+
+    def to_logits(x: Tensor) -> Tensor:
+        out = x if weight is None else x @ weight
+        return out if bias is None else out + bias
+
+    centre = to_logits(features.mean)  # [S, C]
+    if features.is_deterministic:
+        return F.cross_entropy(centre, target, reduction=reduction)
+
+    # rows of L^T (columns of L), mapped through W: offsets of the sigma-point logits, [S, N, C]
+    if features.cov is not None:
+        root_t = _psd_cholesky(features.cov).mT
+    else:
+        root_t = torch.diag_embed(features.var.sqrt())
+    offsets = math.sqrt(num_features + kappa) * (root_t if weight is None else root_t @ weight)
+    centre = centre.unsqueeze(1)
+    logits = torch.cat([centre, centre + offsets, centre - offsets], dim=1)  # [S, 2N+1, C]
+
+    index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
+    point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
+    w_centre = kappa / (num_features + kappa)
+    w_side = 0.5 / (num_features + kappa)
+    per_sample = w_centre * point_ce[:, 0] + w_side * point_ce[:, 1:].sum(-1)
+    return _reduce(per_sample, reduction)
+
+
+# ---------------------------------------------------------------------------------- penalty
+def target_variance_penalty(
+    target_variances: Iterable[Tensor], alpha: float = 0.1, beta: float = 1e-3
+) -> Tensor:
+    r"""Penalty on small virtual observation variances (``eq:gpn_ls``).
+
+    .. math::
+
+        \mathscr{L}_S = \sum_{l} \frac{1}{N_l R} \sum_{n, r}
+        \alpha\, \mathrm{sigmoid}\!\Big(\frac{\beta}{|S^l_{rn}|}\Big)
+
+    The logistic function of ``beta / |S|`` rises from ``1/2`` (large ``S``) to ``1`` (``S -> 0``),
+    so the penalty discourages the maximum-likelihood collapse of the variances. Each layer's
+    term is the mean over all entries of its tensor, so a layer that shares one set of virtual
+    observations (``[1, R]``) contributes the same as ``N`` identical units would.
+
+    Args:
+        target_variances: one tensor ``S^l`` per layer (any shape, typically ``[N, R]`` or
+            ``[1, R]``).
+        alpha: penalty scale ``alpha_S`` (paper: 0.1), non-negative.
+        beta: variance scale ``beta_S`` (paper: 1e-3), positive.
+
+    Returns:
+        A scalar tensor (zero for no layers).
+
+    Raises:
+        ValueError: naming the argument, for a negative ``alpha``, a non-positive ``beta``, or
+            an empty or non-finite variance tensor.
+    """
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a non-negative number, got {alpha}")
+    if not (math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta must be a positive number, got {beta}")
+    total: Tensor | None = None
+    for index, variances in enumerate(target_variances):
+        name = f"target_variances[{index}]"
+        check_tensor(name, variances)
+        check_finite(name, variances)
+        if variances.numel() == 0:
+            raise ValueError(f"{name} is empty")
+        term = alpha * torch.sigmoid(beta / variances.abs()).mean()
+        total = term if total is None else total + term
+    return torch.zeros(()) if total is None else total

@@ -1,0 +1,372 @@
+r"""The parametric GPN trained by sampling (paper, "Parametric Gaussian Process Neurons", route 2).
+
+Given the outputs of the layer below, the outputs of a parametric GPN layer are Gaussian
+(``eq:gpn_parametrized_y_given_x``)
+
+.. math::
+
+    X^l_{\star n} \mid X^{l-1} \sim \mathcal{N}\big(\mu^{X^l}_{\star n},
+        \Sigma^{X^l}_{\star\star n}\big),
+
+with ``mu`` and ``Sigma`` the GP posterior given the virtual observations ``(V, U, S)``
+(``eq:gpn_parametrized_mu_sigma_y_sn``, :meth:`pyro_gpn.layers.GPNLayer.conditional`).
+
+**Why sample by sample suffices.** ``mu_sn`` and ``Sigma_ssn`` depend on ``X^{l-1}`` only through
+row ``s``, so the marginal of sample ``s`` is ``p(X^l_s | X^{l-1}) = p(X^l_s | X^{l-1}_s)``, and
+the expected loss over the predictive distribution, a sum over samples, only needs these
+marginals (``eq:gpn_parametrized_loss``):
+
+.. math::
+
+    \mathscr{L}(\theta) = \frac{1}{S} \sum_{s=1}^S
+        \mathbb{E}_{p_\theta(X^L_s \mid X^0_s)}\big[L(X^L_s, T_s)\big].
+
+The off-diagonal ``Sigma_{s s' n}`` never enters. Each sample is pushed through the network by
+drawing ``X^l_s = mu + sqrt(Sigma_ss) eps``, ``eps ~ N(0, I)``, layer after layer: an unbiased,
+reparameterised estimate of ``eq:gpn_parametrized_loss`` whose gradients are unbiased too.
+
+**The Pyro formulation.** ``model`` performs one such stochastic forward pass; the only
+``pyro.sample`` site is the observation ``y``. The hidden outputs are reparameterised draws
+(``dist.Normal(mu, sqrt(Sigma)).rsample()``), not latent sample sites, and the guide is empty. Then
+Pyro's :class:`~pyro.infer.Trace_ELBO` is ``-E[log p(y | hidden draws)]``, exactly the paper's
+objective, with the pathwise gradients of the reparameterisation trick. Declaring the hidden
+outputs as latent sites would be wrong with an empty guide (the model would add their prior log
+densities to the objective, and Pyro warns about sites missing from the guide); a guide that
+re-samples them from the model's own conditionals would make those densities cancel, but it
+doubles the work and only reproduces the same estimator. The draws are recorded as
+``pyro.deterministic`` sites, so :class:`~pyro.infer.Predictive` returns them too.
+
+**What is sampled and what is observed.** For ``L`` GPN layers:
+
+============================  =========  =====================================================
+site                          kind       value
+============================  =========  =====================================================
+``data``                      plate      the samples (``subsample_size`` for mini-batches)
+``X1`` .. ``X{L-1}``          determin.  drawn hidden outputs ``X^l_s ~ N(mu, Sigma + sigma^2)``
+``F{L}`` (gaussian head)      determin.  drawn response ``F^L_s ~ N(mu_F, Sigma_F)`` (noise-free)
+``y`` (gaussian head)         observed   ``N(F^L_s, (sigma^L)^2)``, event ``[N_L]``
+``X{L}`` (softmax head)       determin.  drawn outputs of the last GPN layer (with noise)
+``logits`` (softmax head)     determin.  ``X^L_s W^{L+1} + b``
+``y`` (softmax head)          observed   ``Categorical(logits)``
+``target_variance_penalty``   factor     ``-S * L_S`` (``eq:gpn_ls``), when ``y`` is given
+============================  =========  =====================================================
+
+The gaussian head's default ``likelihood="expected"`` is the paper's regression objective
+``eq:gpn_parametric_regression_log_loss``, ``-E_{F^L}[log N(T | F^L, (sigma^L)^2)]``, which is also
+what :meth:`pyro_gpn.GPNNet.loss` evaluates in closed form. ``likelihood="marginal"`` integrates
+the last layer's response analytically given the sampled ``X^{L-1}``: ``y ~ N(mu_F, Sigma_F +
+(sigma^L)^2)``, i.e. ``-E_{X^{L-1}}[log p(T | X^{L-1})]``, a tighter objective (by Jensen's
+inequality it is never larger) with lower-variance gradients; for a single layer it is the exact
+negative log-likelihood. The softmax head observes the class through the sampled logits
+(``eq:gpn_parametrized_loss_classification``).
+
+**Scaling.** Pyro's ELBO sums over samples (scaled by ``S / B`` under subsampling), so the SVI
+loss is ``S`` times the paper's per-sample mean. The penalty factor is therefore
+``-S * L_S``, and ``loss / S`` is the paper's ``L(theta) + L_S(theta)``.
+
+**Sharing with the closed form.** :class:`ParametricGPN` wraps a :class:`~pyro_gpn.GPNNet` and
+owns no parameters of its own: :meth:`ParametricGPN.from_network` shares an existing network, so a
+network trained with the deterministic central-limit objective can be evaluated by sampling and
+vice versa (``gpn.network(x)``).
+
+Cost: one forward pass per particle, ``O(B sum_l (M_l N_l + N_l R^2))`` per step. The draws are
+not aware of a particle plate, so use ``Trace_ELBO(num_particles=k)`` without
+``vectorize_particles`` (:func:`~pyro_gpn.inference.svi.fit_svi` does); :meth:`predict` vectorises
+by stacking copies of the inputs instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import Predictive
+from pyro.nn import PyroModule, pyro_method
+from torch import Tensor
+
+from .._validation import check_finite, check_ndim, check_shape, check_tensor
+from ..losses import target_variance_penalty
+from ..moments.propagate import Mode
+from ..network import GPNNet
+
+__all__ = ["LIKELIHOODS", "ParametricGPN"]
+
+LIKELIHOODS = ("expected", "marginal")
+
+#: floor on the variances before the square root: keeps the reparameterised draws' gradients
+#: finite where the response variance ``1 - alpha^T kappa alpha`` is clamped at zero
+_MIN_VAR = 1e-12
+
+
+def _normal_draw(mean: Tensor, var: Tensor) -> Tensor:
+    """A reparameterised draw from ``N(mean, var)`` (elementwise)."""
+    return dist.Normal(mean, var.clamp_min(_MIN_VAR).sqrt()).rsample()
+
+
+class ParametricGPN(PyroModule):
+    r"""A parametric GPN network as a Pyro model with sampled, reparameterised hidden outputs.
+
+    The module holds a :class:`~pyro_gpn.GPNNet` (``self.network``) and adds the stochastic route:
+    :meth:`model` (one sampled forward pass, the observation ``y``), an empty :meth:`guide`,
+    and :meth:`predict` (:class:`~pyro.infer.Predictive` samples). Train it with
+    :func:`pyro_gpn.inference.svi.fit_svi` (or ``SVI(gpn.model, gpn.guide, optim,
+    Trace_ELBO())``); the SVI loss is ``S (L(theta) + L_S(theta))``
+    (``eq:gpn_parametrized_loss`` + ``eq:gpn_ls``), see the module docstring.
+
+    Args:
+        sizes: layer widths as for :class:`~pyro_gpn.GPNNet`: ``[M, N_1, ..., N_L]``
+            (``head="gaussian"``) or ``[M, N_1, ..., N_L, C]`` (``head="softmax"``).
+        head: ``"gaussian"`` (regression) or ``"softmax"`` (classification).
+        mode: the network's closed-form propagation mode (used by ``self.network(x)`` only).
+        likelihood: ``"expected"`` (the paper's objective) or ``"marginal"``, for the gaussian
+            head (see the module docstring); the softmax head ignores it.
+        penalty: add the target-variance penalty ``eq:gpn_ls`` (paper: yes, for maximum
+            likelihood) as a ``pyro.factor`` whenever ``y`` is observed (a training term; it is
+            left out when the model generates ``y``).
+        penalty_alpha, penalty_beta: ``alpha_S`` and ``beta_S`` of ``eq:gpn_ls``.
+        **layer_kwargs: passed to every :class:`~pyro_gpn.GPNLayer`.
+
+    Example:
+        >>> gpn = ParametricGPN([1, 4, 1], head="gaussian")
+        >>> x, y = torch.rand(16, 1), torch.rand(16, 1)
+        >>> svi = pyro.infer.SVI(gpn.model, gpn.guide, pyro.optim.Adam({"lr": 1e-2}),
+        ...                      pyro.infer.Trace_ELBO())
+        >>> loss = svi.step(x, y)
+        >>> gpn.predict(x, num_samples=10)["y"].shape
+        torch.Size([10, 16, 1])
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        head: str = "softmax",
+        mode: Mode = "meanvar",
+        *,
+        likelihood: str = "expected",
+        penalty: bool = True,
+        penalty_alpha: float = 0.1,
+        penalty_beta: float = 1e-3,
+        **layer_kwargs,
+    ) -> None:
+        super().__init__()
+        self._attach(
+            GPNNet(sizes, mode=mode, head=head, **layer_kwargs),
+            likelihood,
+            penalty,
+            penalty_alpha,
+            penalty_beta,
+        )
+
+    @classmethod
+    def from_network(
+        cls,
+        network: GPNNet,
+        *,
+        likelihood: str = "expected",
+        penalty: bool = True,
+        penalty_alpha: float = 0.1,
+        penalty_beta: float = 1e-3,
+    ) -> ParametricGPN:
+        """Wrap an existing :class:`~pyro_gpn.GPNNet`, sharing (not copying) its parameters."""
+        if not isinstance(network, GPNNet):
+            raise TypeError(f"network must be a GPNNet, got {type(network).__name__}")
+        gpn = cls.__new__(cls)
+        PyroModule.__init__(gpn)
+        gpn._attach(network, likelihood, penalty, penalty_alpha, penalty_beta)
+        return gpn
+
+    def _attach(
+        self,
+        network: GPNNet,
+        likelihood: str,
+        penalty: bool,
+        penalty_alpha: float,
+        penalty_beta: float,
+    ) -> None:
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+        if not penalty_alpha >= 0:
+            raise ValueError(f"penalty_alpha must be non-negative, got {penalty_alpha}")
+        if not penalty_beta > 0:
+            raise ValueError(f"penalty_beta must be positive, got {penalty_beta}")
+        self.network = network
+        self.likelihood = likelihood
+        self.penalty = bool(penalty)
+        self.penalty_alpha = float(penalty_alpha)
+        self.penalty_beta = float(penalty_beta)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def head(self) -> str:
+        return self.network.head
+
+    @property
+    def sizes(self) -> list[int]:
+        return self.network.sizes
+
+    @property
+    def num_layers(self) -> int:
+        """``L``, the number of GPN layers."""
+        return len(self.network.layers)
+
+    # ------------------------------------------------------------------ checks
+    def _check_inputs(self, x: Tensor, y: Tensor | None) -> None:
+        check_tensor("x", x)
+        check_ndim("x", x, 2)
+        check_finite("x", x)
+        check_shape("x", x, (None, self.sizes[0]))
+        if y is None:
+            return
+        if self.head == "gaussian":
+            check_tensor("y", y)
+            check_shape("y", y, (x.shape[0], self.sizes[-1]))
+            check_finite("y", y)
+            return
+        if not isinstance(y, Tensor):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+            raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+        check_shape("y", y, (x.shape[0],))
+
+    # ------------------------------------------------------------------ the model
+    def sample_features(self, x: Tensor) -> tuple[list[Tensor], Tensor, Tensor]:
+        """One reparameterised pass through the first ``L - 1`` layers and the last conditional.
+
+        Args:
+            x: ``[B, M]`` inputs.
+
+        Returns:
+            ``hidden``: the drawn outputs ``[X^1, ..., X^{L-1}]`` (``[B, N_l]`` each);
+            ``mean``, ``var``: ``[B, N_L]`` moments of the last layer given ``X^{L-1}``:
+            of the noise-free response ``F^L`` for the gaussian head, of the output ``X^L``
+            (noise included) for the softmax head.
+        """
+        layers = self.network.layers
+        hidden: list[Tensor] = []
+        outputs = x
+        for layer in layers[:-1]:
+            outputs = _normal_draw(*layer.conditional(outputs @ layer.weight, noise=True))
+            hidden.append(outputs)
+        last = layers[-1]
+        mean, var = last.conditional(outputs @ last.weight, noise=self.head == "softmax")
+        return hidden, mean, var
+
+    @pyro_method
+    def model(
+        self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None
+    ) -> Tensor:
+        """One stochastic forward pass; observes ``y`` (see the module docstring for the sites).
+
+        Args:
+            x: ``[S, M]`` inputs.
+            y: ``[S, N_L]`` targets (gaussian head), ``[S]`` integer labels (softmax head), or
+                ``None`` to sample them.
+            subsample_size: mini-batch size ``B`` for the ``data`` plate (``None``: all
+                samples); the likelihood is scaled by ``S / B``.
+
+        Returns:
+            The mean of ``y`` for the drawn hidden outputs: ``[B, N_L]`` (``F^L`` or ``mu_F``) or
+            the logits ``[B, C]``.
+        """
+        self._check_inputs(x, y)
+        num_data = x.shape[0]
+        with pyro.plate("data", num_data, subsample_size=subsample_size, dim=-1) as index:
+            x_batch = x[index]
+            y_batch = None if y is None else y[index]
+            hidden, mean, var = self.sample_features(x_batch)
+            for l, outputs in enumerate(hidden, start=1):
+                pyro.deterministic(f"X{l}", outputs, event_dim=1)
+            last = self.num_layers
+            if self.head == "gaussian":
+                noise_var = self.network.noise_std.square().expand(mean.shape)
+                if self.likelihood == "expected":
+                    response = _normal_draw(mean, var)
+                    pyro.deterministic(f"F{last}", response, event_dim=1)
+                    scale = noise_var.sqrt()
+                else:
+                    response, scale = mean, (var + noise_var).sqrt()
+                pyro.sample("y", dist.Normal(response, scale).to_event(1), obs=y_batch)
+                result = response
+            else:
+                outputs = _normal_draw(mean, var)
+                pyro.deterministic(f"X{last}", outputs, event_dim=1)
+                logits = pyro.deterministic("logits", self.network.readout(outputs), event_dim=1)
+                pyro.sample("y", dist.Categorical(logits=logits), obs=y_batch)
+                result = logits
+        if self.penalty and y is not None:
+            pyro.factor("target_variance_penalty", -num_data * self.target_variance_penalty())
+        return result
+
+    @pyro_method
+    def guide(self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None) -> None:
+        """The empty guide: the model has no latent sample sites (all parameters are point
+        estimates and the hidden outputs are reparameterised draws inside the model)."""
+        return None
+
+    def forward(
+        self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None
+    ) -> Tensor:
+        """Same as :meth:`model`."""
+        return self.model(x, y, subsample_size)
+
+    def target_variance_penalty(self) -> Tensor:
+        """``L_S`` of ``eq:gpn_ls`` over the network's layers."""
+        return target_variance_penalty(
+            [layer.target_variances for layer in self.network.layers],
+            alpha=self.penalty_alpha,
+            beta=self.penalty_beta,
+        )
+
+    # ------------------------------------------------------------------ prediction
+    @torch.no_grad()
+    def predict(
+        self,
+        x: Tensor,
+        num_samples: int = 100,
+        parallel: bool = True,
+        max_rows: int = 2**16,
+    ) -> dict[str, Tensor]:
+        """Draws from the predictive distribution by :class:`~pyro.infer.Predictive`.
+
+        Args:
+            x: ``[S, M]`` inputs.
+            num_samples: ``K`` forward passes.
+            parallel: vectorise the ``K`` passes: run the model on stacked copies of ``x``,
+                ``max(1, max_rows // S)`` copies at a time (exact, since samples are independent
+                given the parameters, ``eq:gpn_parametrized_loss``). ``False`` runs the model
+                ``K`` times.
+            max_rows: bound on the rows of one vectorised pass (memory).
+
+        Returns:
+            A dict of ``[K, S, ...]`` tensors: ``"y"`` (outputs ``X^L = F^L + noise``
+            ``[K, S, N_L]``, or sampled labels ``[K, S]``), the recorded draws ``"X1"``, ...,
+            ``"F{L}"`` (gaussian head, ``likelihood="expected"``), ``"logits"`` and ``"probs"``
+            (softmax head: ``softmax(logits)`` per draw, ``[K, S, C]``; average over ``K`` for
+            the predictive class probabilities).
+        """
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
+        self._check_inputs(x, None)
+        if not parallel:
+            samples = Predictive(self.model, num_samples=num_samples)(x)
+        else:
+            num_data = x.shape[0]
+            per_pass = max(1, max_rows // max(num_data, 1))
+            chunks: dict[str, list[Tensor]] = {}
+            for start in range(0, num_samples, per_pass):
+                copies = min(per_pass, num_samples - start)
+                stacked = Predictive(self.model, num_samples=1)(x.repeat(copies, 1))
+                for name, value in stacked.items():
+                    value = value.reshape(copies, num_data, *value.shape[2:])
+                    chunks.setdefault(name, []).append(value)
+            samples = {name: torch.cat(values) for name, values in chunks.items()}
+        if self.head == "softmax":
+            samples["probs"] = samples["logits"].softmax(-1)
+        return samples
+
+    def extra_repr(self) -> str:
+        return f"likelihood={self.likelihood!r}, penalty={self.penalty}"

@@ -1,0 +1,937 @@
+r"""Fused Triton kernels for the closed-form GPN moments, with fused backward kernels.
+
+The paper (section "Implementation") evaluates each moment expression *and its derivatives*
+inside a single GPU kernel, "including the occurring sums": the many small ``[R]`` and ``[R, R]``
+tensors of the virtual observations would otherwise dominate the run time. This module does the
+same with Triton. Per sample ``s`` and unit ``n`` (``a ~ N(mu, v)``, ``c_1 = lambda^2 + v``,
+``c_2 = lambda^2 + 2 v``):
+
+.. math::
+
+    \psi_r = \sqrt{\lambda^2 / c_1}\, \exp\big(-(\mu - V_r)^2 / (2 c_1)\big)
+        \qquad (eq:gpn\_normal\_E\_alpha)
+
+    \Omega_{rt} = \sqrt{\lambda^2 / c_2}\,
+        \exp\big(-(\mu - \tfrac{V_r + V_t}{2})^2 / c_2 - (V_r - V_t)^2 / (4 \lambda^2)\big)
+        \qquad (eq:gpn\_normal\_omega)
+
+    \tilde\mu = \textstyle\sum_r \psi_r \beta_r \qquad (eq:gpn\_normal\_mu)
+
+    \tilde\sigma^2 = \max\big(0,\ 1 - \textstyle\sum_{rt} (C_{rt} - \beta_r\beta_t)\Omega_{rt}
+        - \tilde\mu^2\big) + \sigma_n^2 \qquad (eq:gpn\_normal\_Sigmatilde)
+
+and, for a full activation covariance ``Sig``, off the diagonal (``n != m``)
+
+.. math::
+
+    \tilde\Sigma_{nm} = \textstyle\sum_{rt} \beta_{rn}\beta_{tm}\Lambda_{rtnm}
+        - \tilde\mu_n\tilde\mu_m \qquad (eq:gpn\_normal\_Sigmatilde\_cov)
+
+    \Lambda_{rtnm} = \frac{\lambda_n\lambda_m}{\sqrt{D}}
+        \exp\Big(-\frac{d_n^2 c_m + d_m^2 c_n - 2 d_n d_m \Sigma_{nm}}{2D}\Big)
+        \qquad (eq:gpn\_normal\_lambda, corrected)
+
+with ``d_n = V_rn - mu_n``, ``d_m = V_tm - mu_m``, ``c_n = lambda_n^2 + Sig_nn``,
+``c_m = lambda_m^2 + Sig_mm`` and ``D = c_n c_m - Sig_nm^2``, evaluated as
+``lambda_n^2 lambda_m^2 + lambda_n^2 Sig_mm + lambda_m^2 Sig_nn + (Sig_nn Sig_mm - Sig_nm^2)``,
+which keeps the exactly positive lengthscale terms out of the cancellation. The diagonal of the
+output covariance is ``tilde sigma^2`` of the activation variance ``v = Sig_nn``.
+
+Kernels (all float32; ``R`` is padded to a power of two ``R_p`` and masked, any ``R`` works):
+
+* ``_meanvar_fwd_kernel``: one program per (block of samples, unit); ``psi`` as a
+  ``[BLOCK_S, R_p]`` tile, ``Omega`` as a ``[BLOCK_S, R_p, R_p]`` tile, both contracted in
+  registers. Also stores the unclamped variance (for the gradient of the ``max``).
+* ``_meanvar_bwd_kernel``: one program per (chunk of sample blocks, unit); recomputes ``psi`` and
+  ``Omega`` and writes ``d/d mu`` and ``d/d v`` per sample; the parameter gradients (sums over
+  samples) are accumulated in registers over the chunk and written as per-chunk partial sums
+  ``[P, N, ...]`` that :func:`torch.sum` reduces. No atomics: the result is deterministic.
+* ``_cov_fwd_kernel``: one program per (sample, row ``n``); loops over column blocks of units
+  ``m`` and over ``r``, with ``[BLOCK_M, R_p]`` tiles over ``(m, t)``; ``Lambda`` is contracted
+  with ``beta`` on the fly, so ``[S, N, N, R, R]`` never exists (memory ``O(S N^2)``, the output).
+* ``_cov_bwd_kernel``: one program per (chunk of samples, row ``n``). The covariance is a
+  symmetric function of ``(theta_n, theta_m)`` for ``theta_n = (mu_n, Sig_nn, V_n, lambda_n,
+  beta_n)``, so row ``n`` collects the gradient of unit ``n``'s own variables from both
+  ``Sigma_nm`` and ``Sigma_mn`` (weight ``g_nm + g_mn``) and no two programs write the same
+  gradient entry.
+
+The off-diagonal ``Sig_nm`` enters through its symmetric part ``(Sig_nm + Sig_mn) / 2``, and its
+gradient is symmetric, as for a function defined on symmetric matrices. The output covariance is
+symmetric up to float rounding (row ``n`` and row ``m`` sum in different orders). ``C`` enters
+through its symmetric part too (``sum_rt C_rt Omega_rt`` only sees it), so its gradient,
+``-sum_s G_s Omega_s``, is symmetric.
+
+Backward. With upstream gradients ``g_mean``, ``g_var``, let ``G = g_var 1[pre >= 0]`` (the
+gradient of ``clamp_min(0)``) and ``g = g_mean - 2 G mean`` (the ``-mean^2`` term). Then
+``dL/dpsi_r = g beta_r`` and ``dL/dOmega_rt = -G (C_rt - beta_r beta_t)``, and every input
+gradient follows from the closed-form log-derivatives (``e = mu - (V_r + V_t) / 2``):
+
+* ``psi``: ``d/dmu = -(mu - V_r) / c_1``, ``d/dV_r = (mu - V_r) / c_1``,
+  ``d/dv = ((mu - V_r)^2 / c_1 - 1) / (2 c_1)``,
+  ``d/dlambda = 1/lambda - lambda / c_1 + lambda (mu - V_r)^2 / c_1^2``;
+* ``Omega``: ``d/dmu = -2 e / c_2``, ``d/dv = 2 e^2 / c_2^2 - 1 / c_2``,
+  ``d/dV_r = e / c_2 - (V_r - V_t) / (2 lambda^2)``,
+  ``d/dlambda = 1/lambda - lambda / c_2 + 2 lambda e^2 / c_2^2 + (V_r - V_t)^2 / (2 lambda^3)``;
+* ``Lambda`` (``q`` the quadratic form in its exponent):
+  ``d/dd_n = -(d_n c_m - d_m Sig_nm) / D``, ``d/dc_n = (q c_m / D - c_m - d_m^2) / (2 D)``,
+  ``d/dSig_nm = (Sig_nm + d_n d_m - Sig_nm q / D) / D``, and ``1/lambda_n`` more for
+  ``lambda_n`` (``c_n = lambda_n^2 + Sig_nn``).
+
+The off-diagonal ``-mean_n mean_m`` sends ``-sum_{m != n} (g_nm + g_mn) mean_m`` to ``mean_n``
+(a batched matrix-vector product in PyTorch), which then flows through the mean/variance
+backward kernel together with the diagonal's gradient.
+
+Cost: mean/variance ``O(S N R^2)`` time, ``O(S N)`` memory; covariance ``O(S N^2 R^2)`` time and
+``O(S N^2)`` memory (the output), forward and backward; the backward kernels recompute ``psi``,
+``Omega`` and ``Lambda`` instead of storing them.
+
+Gradients are first order only (``once_differentiable``). Inputs must be float32 and on a CUDA
+device, or on the CPU under ``TRITON_INTERPRET=1``; :func:`pyro_gpn.moments.backend.use_fused`
+decides when these functions are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from .backend import triton_available, triton_interpret
+
+# Triton is imported on the first kernel launch (``_require_triton``), not with this module: the
+# package imports and runs without it, and Triton reads ``TRITON_INTERPRET`` when it is first
+# imported (its own ``tl.sum`` & co. are jitted then), so a test can still switch on the
+# interpreter after importing pyro_gpn. The kernels below resolve ``tl`` when they are jitted.
+triton = None
+tl = None
+
+__all__ = ["fused_response_cov", "fused_response_mean", "fused_response_meanvar"]
+
+# Tile budgets (elements of one ``[BLOCK_S, R_p, R_p]`` resp. ``[BLOCK_M, R_p]`` tile), forward
+# and backward. Chosen so that ``ptxas`` for sm_90 reports no register spills at R = 14 with
+# 4 warps; not tuned on a GPU yet.
+_MEANVAR_TILE = {"fwd": 4096, "bwd": 2048}
+_COV_TILE = {"fwd": 2048, "bwd": 1024}
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels. They are plain functions here and go through ``triton.jit`` on first use
+# (``_jit``), after ``_require_triton`` has imported Triton; with ``from __future__ import
+# annotations`` their ``tl.constexpr`` annotations are strings, which Triton accepts. They call
+# no helper functions, which would need a ``triton.jit`` of their own at import time.
+# ---------------------------------------------------------------------------------------------
+
+
+def _meanvar_fwd_kernel(
+    mu_ptr,  # [S, N]
+    v_ptr,  # [S, N]
+    V_ptr,  # [N | 1, R]
+    lam_ptr,  # [N | 1]
+    beta_ptr,  # [N | 1, R]
+    C_ptr,  # [N | 1, R, R]
+    noise_ptr,  # [N | 1]
+    mean_ptr,  # out [S, N]
+    var_ptr,  # out [S, N]
+    pre_ptr,  # out [S, N], the variance before max(0, .) and noise
+    S,
+    N,
+    R,
+    V_us,  # unit strides: 0 for a parameter shared by the layer
+    lam_us,
+    beta_us,
+    C_us,
+    noise_us,
+    WITH_VAR: tl.constexpr,
+    HAS_NOISE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    n = tl.program_id(1)
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    smask = s < S
+    r = tl.arange(0, BLOCK_R)
+    rmask = r < R
+    x_off = s.to(tl.int64) * N + n
+
+    mu = tl.load(mu_ptr + x_off, mask=smask, other=0.0)
+    v = tl.load(v_ptr + x_off, mask=smask, other=0.0)
+    lam = tl.load(lam_ptr + n * lam_us)
+    lam2 = lam * lam
+    Vr = tl.load(V_ptr + n * V_us + r, mask=rmask, other=0.0)
+    beta = tl.load(beta_ptr + n * beta_us + r, mask=rmask, other=0.0)  # 0 in the padding
+
+    # psi [BLOCK_S, R_p] (eq:gpn_normal_E_alpha) and the mean (eq:gpn_normal_mu)
+    inv_c1 = 1.0 / (lam2 + v)
+    d = mu[:, None] - Vr[None, :]
+    psi = tl.sqrt(lam2 * inv_c1)[:, None] * tl.exp(-0.5 * d * d * inv_c1[:, None])
+    mean = tl.sum(psi * beta[None, :], axis=1)
+    tl.store(mean_ptr + x_off, mean, mask=smask)
+
+    if WITH_VAR:
+        # Q = sym(C) - beta beta^T, zero in the padding
+        rr = r[:, None]
+        tt = r[None, :]
+        cmask = (rr < R) & (tt < R)
+        C_n = C_ptr + n * C_us
+        C = tl.load(C_n + rr * R + tt, mask=cmask, other=0.0)
+        Ct = tl.load(C_n + tt * R + rr, mask=cmask, other=0.0)
+        Q = 0.5 * (C + Ct) - beta[:, None] * beta[None, :]
+        mid = 0.5 * (Vr[:, None] + Vr[None, :])
+        f = Vr[:, None] - Vr[None, :]
+        sep = f * f / (4.0 * lam2)
+        # Omega [BLOCK_S, R_p, R_p] (eq:gpn_normal_omega)
+        inv_c2 = 1.0 / (lam2 + 2.0 * v)
+        e = mu[:, None, None] - mid[None, :, :]
+        omega = tl.sqrt(lam2 * inv_c2)[:, None, None] * tl.exp(
+            -e * e * inv_c2[:, None, None] - sep[None, :, :]
+        )
+        trace = tl.sum(tl.sum(Q[None, :, :] * omega, axis=2), axis=1)
+        # eq:gpn_normal_Sigmatilde
+        pre = 1.0 - trace - mean * mean
+        var = tl.maximum(pre, 0.0)
+        if HAS_NOISE:
+            var += tl.load(noise_ptr + n * noise_us)
+        tl.store(var_ptr + x_off, var, mask=smask)
+        tl.store(pre_ptr + x_off, pre, mask=smask)
+
+
+def _meanvar_bwd_kernel(
+    mu_ptr,  # [S, N]
+    v_ptr,  # [S, N]
+    V_ptr,  # [N | 1, R]
+    lam_ptr,  # [N | 1]
+    beta_ptr,  # [N | 1, R]
+    C_ptr,  # [N | 1, R, R]
+    mean_ptr,  # [S, N] forward output
+    pre_ptr,  # [S, N] forward unclamped variance
+    gmean_ptr,  # [S, N] dL/d mean
+    gvar_ptr,  # [S, N] dL/d var
+    dmu_ptr,  # out [S, N]
+    dv_ptr,  # out [S, N]
+    dV_ptr,  # out [P, N, R] partial sums over the samples of each chunk
+    dlam_ptr,  # out [P, N]
+    dbeta_ptr,  # out [P, N, R]
+    dC_ptr,  # out [P, N, R, R]
+    S,
+    N,
+    R,
+    V_us,
+    lam_us,
+    beta_us,
+    C_us,
+    blocks_per_prog,
+    WITH_VAR: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    n = tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    rmask = r < R
+    lam = tl.load(lam_ptr + n * lam_us)
+    lam2 = lam * lam
+    inv_lam = 1.0 / lam
+    Vr = tl.load(V_ptr + n * V_us + r, mask=rmask, other=0.0)
+    beta = tl.load(beta_ptr + n * beta_us + r, mask=rmask, other=0.0)
+    rr = r[:, None]
+    tt = r[None, :]
+    cmask = (rr < R) & (tt < R)
+    if WITH_VAR:
+        C_n = C_ptr + n * C_us
+        C = tl.load(C_n + rr * R + tt, mask=cmask, other=0.0)
+        Ct = tl.load(C_n + tt * R + rr, mask=cmask, other=0.0)
+        Q = 0.5 * (C + Ct) - beta[:, None] * beta[None, :]
+        mid = 0.5 * (Vr[:, None] + Vr[None, :])
+        f = Vr[:, None] - Vr[None, :]
+        sep = f * f / (4.0 * lam2)
+        f_half = f / (2.0 * lam2)
+
+    acc_dV = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc_dbeta = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc_dlam = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc_dC = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    for i in range(0, blocks_per_prog):
+        s = (chunk * blocks_per_prog + i) * BLOCK_S + tl.arange(0, BLOCK_S)
+        smask = s < S
+        x_off = s.to(tl.int64) * N + n
+        mu = tl.load(mu_ptr + x_off, mask=smask, other=0.0)
+        v = tl.load(v_ptr + x_off, mask=smask, other=0.0)
+        gm = tl.load(gmean_ptr + x_off, mask=smask, other=0.0)
+        if WITH_VAR:
+            mean = tl.load(mean_ptr + x_off, mask=smask, other=0.0)
+            pre = tl.load(pre_ptr + x_off, mask=smask, other=0.0)
+            gv = tl.load(gvar_ptr + x_off, mask=smask, other=0.0)
+            G = tl.where(pre >= 0.0, gv, 0.0)  # d var / d pre = 1[pre >= 0] (as clamp_min)
+            gme = gm - 2.0 * G * mean  # total dL/d mean, including the -mean^2 term
+        else:
+            gme = gm
+
+        # psi terms: wp = dL/dpsi * psi; d log psi / d(mu, v, V, lambda) in closed form
+        inv_c1 = 1.0 / (lam2 + v)
+        d = mu[:, None] - Vr[None, :]
+        dq = d * inv_c1[:, None]
+        psi = tl.sqrt(lam2 * inv_c1)[:, None] * tl.exp(-0.5 * d * dq)
+        wp = gme[:, None] * beta[None, :] * psi
+        dmu = -tl.sum(wp * dq, axis=1)
+        dv = tl.sum(wp * (0.5 * dq * dq - 0.5 * inv_c1[:, None]), axis=1)
+        acc_dV += tl.sum(wp * dq, axis=0)
+        acc_dlam += tl.sum(wp * (inv_lam - lam * inv_c1[:, None] + lam * dq * dq), axis=1)
+        acc_dbeta += tl.sum(gme[:, None] * psi, axis=0)
+
+        if WITH_VAR:
+            # Omega terms: W = dL/dOmega * Omega = -G Q Omega (symmetric in r, t)
+            inv_c2 = 1.0 / (lam2 + 2.0 * v)
+            e = mu[:, None, None] - mid[None, :, :]
+            eq = e * inv_c2[:, None, None]
+            omega = tl.sqrt(lam2 * inv_c2)[:, None, None] * tl.exp(-e * eq - sep[None, :, :])
+            Go = G[:, None, None] * omega
+            W = -Go * Q[None, :, :]
+            dmu += tl.sum(tl.sum(W * (-2.0 * eq), axis=2), axis=1)
+            dv += tl.sum(tl.sum(W * (2.0 * eq * eq - inv_c2[:, None, None]), axis=2), axis=1)
+            dlog_lam = (
+                inv_lam
+                - lam * inv_c2[:, None, None]
+                + 2.0 * lam * eq * eq
+                + 2.0 * inv_lam * sep[None, :, :]
+            )
+            acc_dlam += tl.sum(tl.sum(W * dlog_lam, axis=2), axis=1)
+            # d log Omega_rt / d V_r = e / c2 - (V_r - V_t) / (2 lambda^2); W_rt = W_tr
+            acc_dV += 2.0 * tl.sum(tl.sum(W * (eq - f_half[None, :, :]), axis=0), axis=1)
+            sum_Go = tl.sum(Go, axis=0)
+            acc_dbeta += 2.0 * tl.sum(sum_Go * beta[None, :], axis=1)
+            acc_dC -= sum_Go
+
+        tl.store(dmu_ptr + x_off, dmu, mask=smask)
+        tl.store(dv_ptr + x_off, dv, mask=smask)
+
+    part = chunk * N + n
+    tl.store(dV_ptr + part * R + r, acc_dV, mask=rmask)
+    tl.store(dbeta_ptr + part * R + r, acc_dbeta, mask=rmask)
+    tl.store(dlam_ptr + part, tl.sum(acc_dlam, axis=0))
+    if WITH_VAR:
+        tl.store(dC_ptr + part * R * R + rr * R + tt, acc_dC, mask=cmask)
+
+
+def _cov_fwd_kernel(
+    mu_ptr,  # [S, N]
+    Sig_ptr,  # [S, N, N]
+    V_ptr,  # [N | 1, R]
+    lam_ptr,  # [N | 1]
+    beta_ptr,  # [N | 1, R]
+    mean_ptr,  # [S, N] output mean
+    var_ptr,  # [S, N] output variance (the diagonal)
+    cov_ptr,  # out [S, N, N]
+    N,
+    R,
+    V_us,
+    lam_us,
+    beta_us,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    s = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1)
+    t = tl.arange(0, BLOCK_R)
+    tmask = t < R
+    row = s * N + n
+    sig_base = s * N * N
+    mu_n = tl.load(mu_ptr + row)
+    mean_n = tl.load(mean_ptr + row)
+    var_n = tl.load(var_ptr + row)
+    S_nn = tl.load(Sig_ptr + sig_base + n * (N + 1))
+    lam_n = tl.load(lam_ptr + n * lam_us)
+    ln2 = lam_n * lam_n
+    c_n = ln2 + S_nn
+    for m0 in range(0, N, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        mmask = m < N
+        mu_m = tl.load(mu_ptr + s * N + m, mask=mmask, other=0.0)
+        mean_m = tl.load(mean_ptr + s * N + m, mask=mmask, other=0.0)
+        S_mm = tl.load(Sig_ptr + sig_base + m * (N + 1), mask=mmask, other=0.0)
+        S_nm = tl.load(Sig_ptr + sig_base + n * N + m, mask=mmask, other=0.0)
+        S_mn = tl.load(Sig_ptr + sig_base + m * N + n, mask=mmask, other=0.0)
+        sig = 0.5 * (S_nm + S_mn)
+        lam_m = tl.load(lam_ptr + m * lam_us, mask=mmask, other=1.0)
+        lm2 = lam_m * lam_m
+        c_m = lm2 + S_mm
+        D = ln2 * lm2 + ln2 * S_mm + lm2 * S_nn + (S_nn * S_mm - sig * sig)
+        inv_2D = 0.5 / D
+        scale = lam_n * lam_m / tl.sqrt(D)
+        tile = mmask[:, None] & tmask[None, :]
+        V_m = tl.load(V_ptr + m[:, None] * V_us + t[None, :], mask=tile, other=0.0)
+        beta_m = tl.load(beta_ptr + m[:, None] * beta_us + t[None, :], mask=tile, other=0.0)
+        b = V_m - mu_m[:, None]  # d_m [BLOCK_M, R_p]
+        bb_cn = b * b * c_n
+        two_b_sig = 2.0 * b * sig[:, None]
+        acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for r in range(0, R):
+            a = tl.load(V_ptr + n * V_us + r) - mu_n  # d_n, a scalar
+            beta_rn = tl.load(beta_ptr + n * beta_us + r)
+            quad = a * a * c_m[:, None] + bb_cn - a * two_b_sig
+            lam_rt = tl.exp(-quad * inv_2D[:, None])  # Lambda / scale
+            acc += beta_rn * tl.sum(beta_m * lam_rt, axis=1)
+        out = scale * acc - mean_n * mean_m
+        out = tl.where(m == n, var_n, out)
+        tl.store(cov_ptr + sig_base + n * N + m, out, mask=mmask)
+
+
+def _cov_bwd_kernel(
+    mu_ptr,  # [S, N]
+    Sig_ptr,  # [S, N, N]
+    V_ptr,  # [N | 1, R]
+    lam_ptr,  # [N | 1]
+    beta_ptr,  # [N | 1, R]
+    gcov_ptr,  # [S, N, N] dL/d cov
+    dmu_ptr,  # out [S, N]
+    dSnn_ptr,  # out [S, N] gradient w.r.t. Sig_nn through the off-diagonal entries
+    dSig_ptr,  # out [S, N, N] off-diagonal gradient (zero diagonal)
+    dV_ptr,  # out [P, N, R]
+    dlam_ptr,  # out [P, N]
+    dbeta_ptr,  # out [P, N, R]
+    S,
+    N,
+    R,
+    V_us,
+    lam_us,
+    beta_us,
+    samples_per_prog,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    n = tl.program_id(1)
+    t = tl.arange(0, BLOCK_R)
+    tmask = t < R
+    lam_n = tl.load(lam_ptr + n * lam_us)
+    ln2 = lam_n * lam_n
+    inv_lam_n = 1.0 / lam_n
+    acc_dV = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc_dbeta = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc_dlam = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for i in range(0, samples_per_prog):
+        s = (chunk * samples_per_prog + i).to(tl.int64)
+        if s < S:
+            row = s * N + n
+            sig_base = s * N * N
+            mu_n = tl.load(mu_ptr + row)
+            S_nn = tl.load(Sig_ptr + sig_base + n * (N + 1))
+            c_n = ln2 + S_nn
+            acc_dmu = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc_dcn = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for m0 in range(0, N, BLOCK_M):
+                m = m0 + tl.arange(0, BLOCK_M)
+                mmask = m < N
+                mu_m = tl.load(mu_ptr + s * N + m, mask=mmask, other=0.0)
+                S_mm = tl.load(Sig_ptr + sig_base + m * (N + 1), mask=mmask, other=0.0)
+                S_nm = tl.load(Sig_ptr + sig_base + n * N + m, mask=mmask, other=0.0)
+                S_mn = tl.load(Sig_ptr + sig_base + m * N + n, mask=mmask, other=0.0)
+                g_nm = tl.load(gcov_ptr + sig_base + n * N + m, mask=mmask, other=0.0)
+                g_mn = tl.load(gcov_ptr + sig_base + m * N + n, mask=mmask, other=0.0)
+                # row n owns unit n's gradient from Sigma_nm and Sigma_mn alike
+                Gs = tl.where(mmask & (m != n), g_nm + g_mn, 0.0)
+                sig = 0.5 * (S_nm + S_mn)
+                lam_m = tl.load(lam_ptr + m * lam_us, mask=mmask, other=1.0)
+                lm2 = lam_m * lam_m
+                c_m = lm2 + S_mm
+                D = ln2 * lm2 + ln2 * S_mm + lm2 * S_nn + (S_nn * S_mm - sig * sig)
+                inv_D = 1.0 / D
+                scale = lam_n * lam_m * tl.sqrt(inv_D)
+                tile = mmask[:, None] & tmask[None, :]
+                V_m = tl.load(V_ptr + m[:, None] * V_us + t[None, :], mask=tile, other=0.0)
+                beta_m = tl.load(beta_ptr + m[:, None] * beta_us + t[None, :], mask=tile, other=0.0)
+                b = V_m - mu_m[:, None]
+                cm2 = c_m[:, None]
+                sig2 = sig[:, None]
+                iD2 = inv_D[:, None]
+                acc_dsig = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for r in range(0, R):
+                    a = tl.load(V_ptr + n * V_us + r) - mu_n
+                    beta_rn = tl.load(beta_ptr + n * beta_us + r)
+                    quad = a * a * cm2 + b * b * c_n - 2.0 * a * b * sig2
+                    lam_rt = scale[:, None] * tl.exp(-0.5 * quad * iD2)  # Lambda
+                    bl = beta_m * lam_rt  # beta_tm Lambda_rt
+                    T = beta_rn * bl  # the term of P_nm
+                    WT = Gs[:, None] * T
+                    # d log Lambda / d d_n, / d c_n, / d Sigma_nm
+                    da = -(a * cm2 - b * sig2) * iD2
+                    dcn = 0.5 * iD2 * (quad * cm2 * iD2 - cm2 - b * b)
+                    dsg = iD2 * (sig2 + a * b - sig2 * quad * iD2)
+                    x = tl.sum(WT * da, axis=1)
+                    y = tl.sum(WT * dcn, axis=1)
+                    acc_dmu -= x
+                    acc_dcn += y
+                    acc_dlam += tl.sum(WT, axis=1) * inv_lam_n + 2.0 * lam_n * y
+                    acc_dV = tl.where(t == r, acc_dV + tl.sum(x, axis=0), acc_dV)
+                    dbeta_r = tl.sum(tl.sum(Gs[:, None] * bl, axis=1), axis=0)
+                    acc_dbeta = tl.where(t == r, acc_dbeta + dbeta_r, acc_dbeta)
+                    acc_dsig += tl.sum(T * dsg, axis=1)
+                # Sig_nm enters as (Sig_nm + Sig_mn) / 2 in both Sigma_nm and Sigma_mn
+                tl.store(dSig_ptr + sig_base + n * N + m, 0.5 * Gs * acc_dsig, mask=mmask)
+            tl.store(dmu_ptr + row, tl.sum(acc_dmu, axis=0))
+            tl.store(dSnn_ptr + row, tl.sum(acc_dcn, axis=0))
+
+    part = chunk * N + n
+    tl.store(dV_ptr + part * R + t, acc_dV, mask=tmask)
+    tl.store(dbeta_ptr + part * R + t, acc_dbeta, mask=tmask)
+    tl.store(dlam_ptr + part, tl.sum(acc_dlam, axis=0))
+
+
+_JIT_CACHE: dict[tuple[str, bool], object] = {}
+
+
+def _require_triton() -> None:
+    """Import Triton on first use; raise ``RuntimeError`` if it is missing or in the wrong mode."""
+    global triton, tl
+    if tl is None:
+        if not triton_available():
+            raise RuntimeError("the fused GPN kernels need Triton (pip install 'pyro-gpn[gpu]')")
+        import triton as _triton
+        import triton.language as _tl
+
+        triton, tl = _triton, _tl
+    imported_interpreted = type(tl.sum).__name__ == "InterpretedFunction"
+    if imported_interpreted != triton_interpret():
+        raise RuntimeError(
+            f"TRITON_INTERPRET is {'set' if triton_interpret() else 'unset'} now but was not "
+            "when Triton was first imported; Triton fixes its mode at import, so set it before "
+            "anything imports triton (in the environment or at the top of the test module)"
+        )
+
+
+def _jit(fn_name: str):
+    """The ``triton.jit`` of kernel ``fn_name``, built on first use."""
+    _require_triton()
+    key = (fn_name, triton_interpret())
+    kernel = _JIT_CACHE.get(key)
+    if kernel is None:
+        kernel = _JIT_CACHE[key] = triton.jit(globals()[fn_name])
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configuration and argument preparation
+# ---------------------------------------------------------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _meanvar_block_s(num_samples: int, block_r: int, with_var: bool, direction: str) -> int:
+    per_sample = block_r * block_r if with_var else block_r
+    budget = _MEANVAR_TILE[direction]
+    return max(1, min(128, budget // per_sample, _next_pow2(num_samples)))
+
+
+def _cov_block_m(num_units: int, block_r: int, direction: str) -> int:
+    return max(1, min(_COV_TILE[direction] // block_r, _next_pow2(num_units)))
+
+
+def _target_programs(device: torch.device) -> int:
+    """How many programs the backward kernels aim for (enough to fill the GPU)."""
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # interpreter: few programs, but more than one chunk so the reduction is exercised
+
+
+def _split(num_items: int, num_units: int, device: torch.device) -> tuple[int, int]:
+    """Split ``num_items`` work items over ``P`` chunks: returns ``(P, items_per_chunk)``."""
+    wanted = max(1, min(num_items, _cdiv(_target_programs(device), num_units)))
+    per_chunk = _cdiv(num_items, wanted)
+    return _cdiv(num_items, per_chunk), per_chunk
+
+
+def _check_inputs(**tensors: Tensor | None) -> None:
+    """All tensors float32 and on the device of the first one."""
+    device = next(iter(tensors.values())).device
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 for the fused kernels, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, expected {device} like mu")
+
+
+def _unit_param(
+    name: str, p: Tensor, num_units: int, trailing: tuple[int, ...]
+) -> tuple[Tensor, int]:
+    """Contiguous float32 parameter ``[N | 1, *trailing]`` and its unit stride (0 if shared)."""
+    if (
+        p.dim() != 1 + len(trailing)
+        or p.shape[0] not in (1, num_units)
+        or tuple(p.shape[1:]) != tuple(trailing)
+    ):
+        want = ("N|1", *trailing)
+        raise ValueError(f"{name} must have shape {want} with N={num_units}, got {tuple(p.shape)}")
+    p = p.detach().contiguous()
+    return p, (0 if p.shape[0] == 1 else math.prod(trailing))
+
+
+def _reduce_units(grad: Tensor, like: Tensor) -> Tensor:
+    """Sum per-unit gradients ``[N, ...]`` over the units for a shared parameter ``[1, ...]``."""
+    if like.shape[0] == 1 and grad.shape[0] != 1:
+        grad = grad.sum(0, keepdim=True)
+    return grad.to(like.dtype)
+
+
+class _Params:
+    """The per-unit parameters of one layer, prepared for a kernel launch."""
+
+    def __init__(
+        self,
+        num_units: int,
+        V: Tensor,
+        lam: Tensor,
+        beta: Tensor,
+        C: Tensor | None,
+        noise_var: Tensor | None,
+    ) -> None:
+        if V.dim() != 2:
+            raise ValueError(f"inducing points V must be [N|1, R], got {tuple(V.shape)}")
+        R = V.shape[1]
+        if R < 1:
+            raise ValueError("need at least one inducing point")
+        self.R = R
+        self.block_r = _next_pow2(R)
+        self.V, self.V_us = _unit_param("V", V, num_units, (R,))
+        self.lam, self.lam_us = _unit_param("lam", lam, num_units, ())
+        self.beta, self.beta_us = _unit_param("beta", beta, num_units, (R,))
+        if C is not None:
+            self.C, self.C_us = _unit_param("C", C, num_units, (R, R))
+        else:
+            self.C, self.C_us = self.beta, 0  # never read
+        self.has_noise = noise_var is not None
+        if noise_var is not None:
+            self.noise, self.noise_us = _unit_param("noise_var", noise_var, num_units, ())
+        else:
+            self.noise, self.noise_us = self.lam, 0  # never read
+
+
+def _device_guard(t: Tensor) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+def _meanvar_forward(
+    mu: Tensor, v: Tensor, p: _Params, with_var: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    S, N = mu.shape
+    mean = torch.empty_like(mu)
+    var = torch.empty_like(mu) if with_var else mean
+    pre = torch.empty_like(mu) if with_var else mean
+    if S == 0 or N == 0:
+        return mean, var, pre
+    block_s = _meanvar_block_s(S, p.block_r, with_var, "fwd")
+    grid = (_cdiv(S, block_s), N)
+    with _device_guard(mu):
+        _jit("_meanvar_fwd_kernel")[grid](
+            mu, v, p.V, p.lam, p.beta, p.C, p.noise, mean, var, pre,
+            S, N, p.R, p.V_us, p.lam_us, p.beta_us, p.C_us, p.noise_us,
+            WITH_VAR=with_var, HAS_NOISE=p.has_noise, BLOCK_S=block_s, BLOCK_R=p.block_r,
+        )  # fmt: skip
+    return mean, var, pre
+
+
+def _meanvar_backward(
+    mu: Tensor,
+    v: Tensor,
+    p: _Params,
+    mean: Tensor,
+    pre: Tensor,
+    gmean: Tensor,
+    gvar: Tensor | None,
+    with_var: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients ``(d mu, d v, d V, d lam, d beta, d C)``, parameters per unit (``[N, ...]``)."""
+    S, N = mu.shape
+    R = p.R
+    if S == 0 or N == 0:
+        zero = mu.new_zeros
+        dC = zero(N, R, R) if with_var else None
+        return zero(S, N), zero(S, N), zero(N, R), zero(N), zero(N, R), dC
+    block_s = _meanvar_block_s(S, p.block_r, with_var, "bwd")
+    num_blocks = _cdiv(S, block_s)
+    parts, blocks_per_prog = _split(num_blocks, N, mu.device)
+    dmu = torch.empty_like(mu)
+    dv = torch.empty_like(mu)
+    dV = mu.new_empty(parts, N, R)
+    dlam = mu.new_empty(parts, N)
+    dbeta = mu.new_empty(parts, N, R)
+    dC = mu.new_empty(parts, N, R, R) if with_var else dV
+    gvar = gmean if gvar is None else gvar
+    with _device_guard(mu):
+        _jit("_meanvar_bwd_kernel")[(parts, N)](
+            mu, v, p.V, p.lam, p.beta, p.C, mean, pre, gmean, gvar,
+            dmu, dv, dV, dlam, dbeta, dC,
+            S, N, R, p.V_us, p.lam_us, p.beta_us, p.C_us, blocks_per_prog,
+            WITH_VAR=with_var, BLOCK_S=block_s, BLOCK_R=p.block_r,
+        )  # fmt: skip
+    return dmu, dv, dV.sum(0), dlam.sum(0), dbeta.sum(0), dC.sum(0) if with_var else None
+
+
+def _cov_forward(mu: Tensor, Sig: Tensor, p: _Params, mean: Tensor, var: Tensor) -> Tensor:
+    S, N = mu.shape
+    cov = mu.new_empty(S, N, N)
+    if S == 0 or N == 0:
+        return cov
+    block_m = _cov_block_m(N, p.block_r, "fwd")
+    with _device_guard(mu):
+        _jit("_cov_fwd_kernel")[(S, N)](
+            mu, Sig, p.V, p.lam, p.beta, mean, var, cov,
+            N, p.R, p.V_us, p.lam_us, p.beta_us,
+            BLOCK_M=block_m, BLOCK_R=p.block_r,
+        )  # fmt: skip
+    return cov
+
+
+def _cov_backward(
+    mu: Tensor, Sig: Tensor, p: _Params, gcov: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Off-diagonal gradients ``(d mu, d Sig_nn, d Sig, d V, d lam, d beta)`` (per unit)."""
+    S, N = mu.shape
+    R = p.R
+    if S == 0 or N == 0:
+        zero = mu.new_zeros
+        return zero(S, N), zero(S, N), zero(S, N, N), zero(N, R), zero(N), zero(N, R)
+    block_m = _cov_block_m(N, p.block_r, "bwd")
+    parts, samples_per_prog = _split(S, N, mu.device)
+    dmu = torch.empty_like(mu)
+    dSnn = torch.empty_like(mu)
+    dSig = torch.empty_like(Sig)
+    dV = mu.new_empty(parts, N, R)
+    dlam = mu.new_empty(parts, N)
+    dbeta = mu.new_empty(parts, N, R)
+    with _device_guard(mu):
+        _jit("_cov_bwd_kernel")[(parts, N)](
+            mu, Sig, p.V, p.lam, p.beta, gcov, dmu, dSnn, dSig, dV, dlam, dbeta,
+            S, N, R, p.V_us, p.lam_us, p.beta_us, samples_per_prog,
+            BLOCK_M=block_m, BLOCK_R=p.block_r,
+        )  # fmt: skip
+    return dmu, dSnn, dSig, dV.sum(0), dlam.sum(0), dbeta.sum(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd functions
+# ---------------------------------------------------------------------------------------------
+def _noise_grad(gvar: Tensor, noise_var: Tensor | None) -> Tensor | None:
+    if noise_var is None:
+        return None
+    return _reduce_units(gvar.sum(0), noise_var)
+
+
+class _ResponseMean(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta: Tensor
+    ):
+        mu_c = mu.detach().contiguous()
+        v_c = torch.zeros_like(mu_c) if v is None else v.detach().contiguous()
+        p = _Params(mu.shape[1], V, lam, beta, None, None)
+        mean, _, _ = _meanvar_forward(mu_c, v_c, p, with_var=False)
+        ctx.save_for_backward(mu_c, v_c, V, lam, beta)
+        return mean
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gmean: Tensor):
+        mu, v, V, lam, beta = ctx.saved_tensors
+        p = _Params(mu.shape[1], V, lam, beta, None, None)
+        dmu, dv, dV, dlam, dbeta, _ = _meanvar_backward(
+            mu, v, p, mu, mu, gmean.contiguous(), None, with_var=False
+        )
+        dv = dv if ctx.needs_input_grad[1] else None
+        return dmu, dv, _reduce_units(dV, V), _reduce_units(dlam, lam), _reduce_units(dbeta, beta)
+
+
+class _ResponseMeanVar(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        mu: Tensor,
+        v: Tensor,
+        V: Tensor,
+        lam: Tensor,
+        beta: Tensor,
+        C: Tensor,
+        noise_var: Tensor | None,
+    ):
+        mu_c, v_c = mu.detach().contiguous(), v.detach().contiguous()
+        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
+        mean, var, pre = _meanvar_forward(mu_c, v_c, p, with_var=True)
+        ctx.save_for_backward(mu_c, v_c, mean, pre, V, lam, beta, C, noise_var)
+        return mean, var
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gmean: Tensor, gvar: Tensor):
+        mu, v, mean, pre, V, lam, beta, C, noise_var = ctx.saved_tensors
+        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
+        gvar = gvar.contiguous()
+        dmu, dv, dV, dlam, dbeta, dC = _meanvar_backward(
+            mu, v, p, mean, pre, gmean.contiguous(), gvar, with_var=True
+        )
+        return (
+            dmu,
+            dv,
+            _reduce_units(dV, V),
+            _reduce_units(dlam, lam),
+            _reduce_units(dbeta, beta),
+            _reduce_units(dC, C),
+            _noise_grad(gvar, noise_var),
+        )
+
+
+class _ResponseCov(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        mu: Tensor,
+        Sig: Tensor,
+        V: Tensor,
+        lam: Tensor,
+        beta: Tensor,
+        C: Tensor,
+        noise_var: Tensor | None,
+    ):
+        mu_c, Sig_c = mu.detach().contiguous(), Sig.detach().contiguous()
+        v = torch.diagonal(Sig_c, dim1=-2, dim2=-1).contiguous()
+        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
+        mean, var, pre = _meanvar_forward(mu_c, v, p, with_var=True)
+        cov = _cov_forward(mu_c, Sig_c, p, mean, var)
+        ctx.save_for_backward(mu_c, Sig_c, mean, pre, V, lam, beta, C, noise_var)
+        return mean, cov
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gmean: Tensor, gcov: Tensor):
+        mu, Sig, mean, pre, V, lam, beta, C, noise_var = ctx.saved_tensors
+        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
+        gcov = gcov.contiguous()
+        gdiag = torch.diagonal(gcov, dim1=-2, dim2=-1).contiguous()
+        # the off-diagonal -mean_n mean_m: dL/dmean_n -= sum_{m != n} (g_nm + g_mn) mean_m
+        col = mean.unsqueeze(-1)
+        cross = (torch.bmm(gcov, col) + torch.bmm(gcov.mT, col)).squeeze(-1) - 2 * gdiag * mean
+        v = torch.diagonal(Sig, dim1=-2, dim2=-1).contiguous()
+        dmu, dv, dV, dlam, dbeta, dC = _meanvar_backward(
+            mu, v, p, mean, pre, (gmean - cross).contiguous(), gdiag, with_var=True
+        )
+        dmu_off, dSnn, dSig, dV_off, dlam_off, dbeta_off = _cov_backward(mu, Sig, p, gcov)
+        torch.diagonal(dSig, dim1=-2, dim2=-1).copy_(dv + dSnn)
+        return (
+            dmu + dmu_off,
+            dSig,
+            _reduce_units(dV + dV_off, V),
+            _reduce_units(dlam + dlam_off, lam),
+            _reduce_units(dbeta + dbeta_off, beta),
+            _reduce_units(dC, C),
+            _noise_grad(gdiag, noise_var),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+def _check_activations(mu: Tensor, second: Tensor | None, name: str, full: bool) -> None:
+    if mu.dim() != 2:
+        raise ValueError(f"mu must be [S, N], got shape {tuple(mu.shape)}")
+    if second is None:
+        return
+    want = (*mu.shape, mu.shape[1]) if full else tuple(mu.shape)
+    if tuple(second.shape) != want:
+        raise ValueError(f"{name} must have shape {want}, got {tuple(second.shape)}")
+
+
+def fused_response_mean(
+    mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta: Tensor
+) -> Tensor:
+    """Output means ``sum_r psi_snr beta_nr`` (``eq:gpn_normal_mu``, ``eq:gpn_normal_E_alpha``).
+
+    Args:
+        mu: ``[S, N]`` activation means.
+        v: ``[S, N]`` activation variances (``>= 0``), or ``None`` for deterministic activations.
+        V: ``[N | 1, R]`` inducing points; lam: ``[N | 1]`` lengthscales; beta: ``[N | 1, R]``.
+
+    Returns:
+        ``[S, N]`` float32, differentiable w.r.t. all inputs (one fused backward kernel).
+    """
+    _require_triton()
+    _check_inputs(mu=mu, v=v, V=V, lam=lam, beta=beta)
+    _check_activations(mu, v, "v", full=False)
+    return _ResponseMean.apply(mu, v, V, lam, beta)
+
+
+def fused_response_meanvar(
+    mu: Tensor,
+    v: Tensor,
+    V: Tensor,
+    lam: Tensor,
+    beta: Tensor,
+    C: Tensor,
+    noise_var: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Output means and variances (``eq:gpn_normal_mu``, ``eq:gpn_normal_Sigmatilde``).
+
+    ``mean = sum_r psi_r beta_r`` and
+    ``var = max(0, 1 - sum_rt (C_rt - beta_r beta_t) Omega_rt - mean^2) + noise_var`` with
+    ``psi`` and ``Omega`` of ``eq:gpn_normal_E_alpha`` and ``eq:gpn_normal_omega``. ``C`` enters
+    through its symmetric part. The gradient of the ``max`` is that of ``clamp_min(0)``.
+
+    Args:
+        mu: ``[S, N]`` activation means.
+        v: ``[S, N]`` activation variances (``>= 0``).
+        V: ``[N | 1, R]`` inducing points.
+        lam: ``[N | 1]`` lengthscales (``> 0``).
+        beta: ``[N | 1, R]`` weights of the conditional mean.
+        C: ``[N | 1, R, R]`` variance reduction of the conditional variance ``1 - a^T C a``.
+        noise_var: ``[N | 1]`` output noise variance, or ``None``.
+
+    A leading dimension 1 shares the parameter across the units (its gradient is summed).
+
+    Returns:
+        ``(mean, var)``, each ``[S, N]`` float32, differentiable w.r.t. every input.
+    """
+    _require_triton()
+    _check_inputs(mu=mu, v=v, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var)
+    _check_activations(mu, v, "v", full=False)
+    return _ResponseMeanVar.apply(mu, v, V, lam, beta, C, noise_var)
+
+
+def fused_response_cov(
+    mu: Tensor,
+    Sig: Tensor,
+    V: Tensor,
+    lam: Tensor,
+    beta: Tensor,
+    C: Tensor,
+    noise_var: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Output means and full covariances of a GPN layer (``eq:gpn_normal_Sigmatilde_cov``).
+
+    The diagonal is the variance of :func:`fused_response_meanvar` with ``v = diag(Sig)``; off
+    the diagonal ``cov_nm = sum_rt beta_rn beta_tm Lambda_rtnm - mean_n mean_m`` with the
+    corrected ``Lambda`` of ``eq:gpn_normal_lambda`` (module docstring), contracted on the fly:
+    time ``O(S N^2 R^2)``, memory ``O(S N^2)``.
+
+    Args:
+        mu: ``[S, N]`` activation means.
+        Sig: ``[S, N, N]`` activation covariances (symmetric positive semi-definite; only the
+            symmetric part of the off-diagonal is read).
+        V, lam, beta, C, noise_var: as in :func:`fused_response_meanvar`.
+
+    Returns:
+        ``(mean [S, N], cov [S, N, N])`` float32, differentiable w.r.t. every input; the gradient
+        w.r.t. ``Sig`` is symmetric.
+    """
+    _require_triton()
+    _check_inputs(mu=mu, Sig=Sig, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var)
+    _check_activations(mu, Sig, "Sig", full=True)
+    return _ResponseCov.apply(mu, Sig, V, lam, beta, C, noise_var)

@@ -1,0 +1,227 @@
+"""Plots of learned GPN activation functions (the paper's ``fig:gpn_act_connect4``).
+
+Each GPN unit's activation function is a GP conditioned on its virtual observations: targets
+``U_r`` at the inducing points ``V_r`` with variances ``S_r``. :func:`plot_activation_functions`
+draws, for chosen units of one layer, the conditional mean of the unit's output over a grid of
+activations with a band of two standard deviations (from :meth:`GPNLayerBase.conditional`), and
+the virtual observations as red dots ``(V_r, U_r)`` with error bars ``sqrt(S_r)``.
+:func:`plot_network_activations` does that for every layer of a :class:`~pyro_gpn.GPNNet`, one
+row of panels per layer.
+
+matplotlib is an optional dependency (the ``plots`` extra); it is imported when a function is
+called, so ``import pyro_gpn.plotting`` works without it.
+
+Example::
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from pyro_gpn.plotting import plot_network_activations
+
+    fig = plot_network_activations(net, units_per_layer=3)
+    fig.savefig("activations.png", dpi=120)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from .layers.base import GPNLayerBase
+    from .network import GPNNet
+
+__all__ = ["plot_activation_functions", "plot_network_activations"]
+
+_MEAN_COLORS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
+
+
+def _pyplot():
+    """Import ``matplotlib.pyplot`` with a helpful error when matplotlib is missing."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "plotting needs matplotlib; install it with `pip install pyro-gpn[plots]`"
+        ) from error
+    return plt
+
+
+def _check_units(units: Sequence[int], num_units: int) -> list[int]:
+    units = list(units)
+    if not units:
+        raise ValueError("units must name at least one unit")
+    for unit in units:
+        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < num_units:
+            raise ValueError(f"units must be integers in [0, {num_units}), got {units}")
+    return units
+
+
+@torch.no_grad()
+def activation_curves(
+    layer: GPNLayerBase,
+    units: Sequence[int],
+    grid: tuple[float, float] = (-3.0, 3.0),
+    num_points: int = 200,
+    noise: bool = False,
+) -> dict[str, Any]:
+    """The numbers behind :func:`plot_activation_functions`, as CPU tensors.
+
+    Args:
+        layer: a GPN layer with ``conditional``, ``inducing_points``, ``targets`` and
+            ``target_variances`` (:class:`~pyro_gpn.layers.GPNLayer`).
+        units: indices of the units (``0 <= unit < layer.out_features``).
+        grid: the interval of activations to evaluate.
+        num_points: grid resolution.
+        noise: include the output noise ``sigma^2`` in the variance (the output ``X``) or not
+            (the activation function ``F`` itself).
+
+    Returns:
+        ``{"a": [P], "mean": [P, K], "std": [P, K], "points": [K, R], "targets": [K, R],
+        "target_std": [K, R]}`` for the ``K`` chosen units.
+    """
+    units = _check_units(units, layer.out_features)
+    low, high = grid
+    if not low < high:
+        raise ValueError(f"grid must be an increasing pair, got {grid}")
+    if not isinstance(num_points, int) or num_points < 2:
+        raise ValueError(f"num_points must be an integer >= 2, got {num_points!r}")
+    for name in ("targets", "target_variances"):
+        if not hasattr(layer, name):
+            raise TypeError(f"layer has no {name!r}: only parametric GPN layers can be plotted")
+    weight = layer.weight
+    a = torch.linspace(low, high, num_points, dtype=weight.dtype, device=weight.device)
+    mean, var = layer.conditional(a.unsqueeze(-1).expand(-1, layer.out_features), noise=noise)
+    n = layer.out_features
+    points = layer.inducing_points.expand(n, -1)
+    targets = layer.targets.expand(n, -1)
+    target_std = layer.target_variances.expand(n, -1).sqrt()
+    return {
+        "a": a.cpu(),
+        "mean": mean[:, units].cpu(),
+        "std": var[:, units].sqrt().cpu(),
+        "points": points[units].cpu(),
+        "targets": targets[units].cpu(),
+        "target_std": target_std[units].cpu(),
+    }
+
+
+def plot_activation_functions(
+    layer: GPNLayerBase,
+    units: Sequence[int] = (0, 1, 2),
+    ax: Axes | Sequence[Axes] | None = None,
+    grid: tuple[float, float] = (-3.0, 3.0),
+    noise: bool = False,
+    num_points: int = 200,
+    title: str | None = None,
+) -> list[Axes]:
+    """Plot the learned activation functions of some units of a GPN layer.
+
+    For every unit: the conditional mean ``E[f(a)]`` (line) with a band of ``+-2`` standard
+    deviations, and the virtual observations ``(V_r, U_r)`` as red dots with error bars of one
+    standard deviation ``sqrt(S_r)`` (the paper's ``fig:gpn_act_connect4``).
+
+    Args:
+        layer: a parametric GPN layer (e.g. ``net.layers[0]``).
+        units: the units to draw, one panel each.
+        ax: one axes per unit, or ``None`` to create a row of panels in a new figure.
+        grid: the interval of activations ``a`` on the horizontal axis.
+        noise: band from the variance including the output noise ``sigma^2`` (the unit's output
+            ``X``) instead of the activation function ``F`` alone; the legend says which.
+        num_points: grid resolution.
+        title: prefix for the panel titles (default ``"unit"``).
+
+    Returns:
+        The list of axes drawn on.
+    """
+    plt = _pyplot()
+    curves = activation_curves(layer, units, grid, num_points, noise)
+    units = list(units)
+    if ax is None:
+        _, axes = plt.subplots(1, len(units), figsize=(3.2 * len(units), 2.8), squeeze=False)
+        axes = list(axes[0])
+    else:
+        axes = [ax] if not isinstance(ax, Sequence) else list(ax)
+    if len(axes) != len(units):
+        raise ValueError(f"ax must hold one axes per unit ({len(units)}), got {len(axes)}")
+    band_label = "mean ± 2 std (with output noise)" if noise else "mean ± 2 std (noise-free f)"
+    a = curves["a"].numpy()
+    for k, (unit, axis) in enumerate(zip(units, axes, strict=True)):
+        color = _MEAN_COLORS[k % len(_MEAN_COLORS)]
+        mean = curves["mean"][:, k].numpy()
+        std = curves["std"][:, k].numpy()
+        axis.fill_between(a, mean - 2 * std, mean + 2 * std, color=color, alpha=0.2)
+        axis.plot(a, mean, color=color, label=band_label)
+        axis.errorbar(
+            curves["points"][k].numpy(),
+            curves["targets"][k].numpy(),
+            yerr=curves["target_std"][k].numpy(),
+            fmt="o",
+            color="red",
+            markersize=3,
+            elinewidth=1,
+            capsize=2,
+            label="virtual observations (V, U ± sqrt(S))",
+        )
+        axis.set_title(f"{title or 'unit'} {unit}")
+        axis.set_xlabel("activation a")
+        axis.set_xlim(*grid)
+    axes[0].set_ylabel("f(a)")
+    axes[0].legend(fontsize="x-small", loc="best")
+    return axes
+
+
+def plot_network_activations(
+    net: GPNNet,
+    units_per_layer: int = 3,
+    grid: tuple[float, float] = (-3.0, 3.0),
+    noise: bool = False,
+    num_points: int = 200,
+) -> Figure:
+    """A grid of activation-function panels: one row per GPN layer, ``units_per_layer`` columns.
+
+    Layers with fewer units (or one shared activation function, ``share="layer"``) show as many
+    panels as they have distinct functions; the remaining cells are hidden.
+
+    Args:
+        net: a :class:`~pyro_gpn.GPNNet` (anything with a ``layers`` list of GPN layers).
+        units_per_layer: panels per row, the first units of each layer.
+        grid, noise, num_points: see :func:`plot_activation_functions`.
+
+    Returns:
+        The matplotlib figure.
+    """
+    plt = _pyplot()
+    if isinstance(units_per_layer, bool) or not isinstance(units_per_layer, int):
+        raise ValueError(f"units_per_layer must be a positive integer, got {units_per_layer!r}")
+    if units_per_layer < 1:
+        raise ValueError(f"units_per_layer must be a positive integer, got {units_per_layer}")
+    layers = list(getattr(net, "layers", []))
+    if not layers:
+        raise ValueError("net has no GPN layers to plot")
+    fig, axes = plt.subplots(
+        len(layers),
+        units_per_layer,
+        figsize=(3.2 * units_per_layer, 2.6 * len(layers)),
+        squeeze=False,
+    )
+    for row, layer in enumerate(layers):
+        distinct = getattr(layer, "num_functions", layer.out_features)
+        count = min(units_per_layer, distinct)
+        plot_activation_functions(
+            layer,
+            units=range(count),
+            ax=list(axes[row, :count]),
+            grid=grid,
+            noise=noise,
+            num_points=num_points,
+            title=f"layer {row + 1}, unit",
+        )
+        for axis in axes[row, count:]:
+            axis.set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,239 @@
+"""ClosedFormELBO: equality with Trace_ELBO, Pyro interface, gradients, a fit.
+
+The central claim: for one GPN layer with observed inputs (regression) the closed-form ELBO is
+the exact expectation of Pyro's ``Trace_ELBO`` on ``VariationalGPN.model`` / ``.guide``; the
+tests assert agreement within 4 Monte Carlo standard errors, with enough particles that the
+standard error is a small fraction of the KL term (so that dropping the KL, or a wrong KL
+constant, would fail).
+
+With two layers the closed form replaces the hidden activations by Gaussians
+(``eq:gpn_vi_qal``) and is an approximation: ``test_two_layers_gap_after_training`` (slow)
+reports the measured gap after training and asserts only a loose bound.
+"""
+
+import math
+import time
+
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.optim import Adam
+from torch.func import functional_call
+
+from pyro_gpn.inference.closed_form import ClosedFormELBO, closed_form_elbo
+from pyro_gpn.models.variational import VariationalGPN
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_param_store():
+    pyro.clear_param_store()
+    with pyro.validation_enabled(True):
+        yield
+    pyro.clear_param_store()
+
+
+def _regression_data(n=20, m=2, seed=0, dtype=DT):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, m, dtype=dtype, generator=gen) * 2 - 1
+    y = torch.sin(3 * x[:, :1]) + 0.1 * torch.randn(n, 1, dtype=dtype, generator=gen)
+    return x, y
+
+
+def _net(sizes, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    kwargs.setdefault("targets_scale_init", 0.3)
+    kwargs.setdefault("noise_std_init", 0.3)
+    return VariationalGPN(sizes, dtype=DT, **kwargs)
+
+
+def _trace_elbo_batches(vgpn, x, y, batches=40, particles=500):
+    """Negative-ELBO estimates: ``batches`` independent means of ``particles`` particles."""
+    elbo = Trace_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=1)
+    with torch.no_grad():
+        return torch.tensor([elbo.loss(vgpn.model, vgpn.guide, x, y) for _ in range(batches)])
+
+
+ONE_LAYER = [
+    dict(),
+    dict(whiten=True),
+    dict(q_cov="diag"),
+    dict(q_cov="diag", whiten=True),
+    dict(share="layer"),
+    dict(mode="cov"),
+    dict(num_data=40),
+]
+
+
+@pytest.mark.parametrize("kwargs", ONE_LAYER)
+def test_one_layer_closed_form_equals_trace_elbo_expectation(kwargs):
+    pyro.set_rng_seed(0)
+    vgpn = _net([2, 2], **kwargs)
+    x, y = _regression_data()
+    y = torch.cat([y, -y], dim=1)
+    if "num_data" in kwargs:
+        x, y = x[:10], y[:10]
+    closed = ClosedFormELBO().loss(vgpn.model, vgpn.guide, x, y)
+    estimates = _trace_elbo_batches(vgpn, x, y)
+    mean, se = estimates.mean().item(), estimates.std().item() / math.sqrt(len(estimates))
+    kl = vgpn.kl_divergence().item()
+    assert 4 * se < 0.1 * kl, "the Monte Carlo comparison must resolve the KL term"
+    assert abs(closed - mean) < 4 * se, f"closed {closed:.4f}, MC {mean:.4f} +- {se:.4f}"
+
+
+def test_closed_form_is_kl_minus_scaled_expected_log_likelihood():
+    vgpn = _net([2, 3, 1], num_data=50)
+    x, y = _regression_data(n=10)
+    ell = vgpn.expected_log_likelihood(x, y)
+    expected = vgpn.kl_divergence() - 5.0 * ell.sum()
+    loss = ClosedFormELBO().differentiable_loss(vgpn.model, vgpn.guide, x, y)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(ClosedFormELBO(vgpn).loss(None, None, x, y), expected.item())
+    torch.testing.assert_close(-closed_form_elbo(vgpn, x, y), expected)
+
+
+@pyro.settings.context(module_local_params=True)
+def test_whitened_and_plain_parametrisations_give_the_same_elbo():
+    plain = _net([2, 3, 1], targets_init="random")
+    white = _net([2, 3, 1], whiten=True)
+    white.load_state_dict(plain.state_dict(), strict=False)
+    with torch.no_grad():
+        for lp, lw in zip(plain.layers, white.layers, strict=True):
+            chol = lp.prior_scale_tril()
+            lw.targets_loc.copy_(
+                torch.linalg.solve_triangular(chol, lp.targets_loc[..., None], upper=False)[..., 0]
+            )
+            lw.targets_scale_tril = torch.linalg.solve_triangular(
+                chol, lp.targets_scale_tril, upper=False
+            )
+    x, y = _regression_data()
+    torch.testing.assert_close(closed_form_elbo(white, x, y), closed_form_elbo(plain, x, y))
+
+
+def test_svi_step_updates_every_parameter():
+    vgpn = _net([2, 3, 4], head="softmax")
+    x, _ = _regression_data()
+    y = torch.randint(0, 4, (20,))
+    before = {k: v.detach().clone() for k, v in vgpn.named_parameters()}
+    svi = SVI(vgpn.model, vgpn.guide, Adam({"lr": 0.01}), ClosedFormELBO())
+    loss = svi.step(x, y)
+    assert math.isfinite(loss)
+    store = set(pyro.get_param_store().keys())
+    for name, value in vgpn.named_parameters():
+        assert not torch.equal(value, before[name]), f"{name} was not updated"
+        assert name.removesuffix("_unconstrained") in store
+
+
+def test_elbo_module_for_module_local_params():
+    x, y = _regression_data()
+    with pyro.settings.context(module_local_params=True):
+        vgpn = _net([2, 2, 1])
+        module = ClosedFormELBO()(vgpn.model, vgpn.guide)
+        loss = module(x, y)
+        torch.testing.assert_close(loss, -closed_form_elbo(vgpn, x, y))
+        loss.backward()
+    assert vgpn.layers[0].targets_loc.grad is not None
+
+
+def test_model_must_belong_to_a_variational_gpn():
+    vgpn = _net([2, 1])
+    x, y = _regression_data()
+    with pytest.raises(ValueError, match="VariationalGPN"):
+        ClosedFormELBO().loss(lambda x, y: None, vgpn.guide, x, y)
+    with pytest.raises(ValueError, match="same"):
+        ClosedFormELBO().loss(vgpn.model, _net([2, 1]).guide, x, y)
+    with pytest.raises(ValueError, match="observations"):
+        ClosedFormELBO().loss(vgpn.model, vgpn.guide, x)
+    with pytest.raises(TypeError):
+        ClosedFormELBO(object())
+
+
+class _Loss(torch.nn.Module):
+    def __init__(self, vgpn, x, y):
+        super().__init__()
+        self.vgpn, self.x, self.y = vgpn, x, y
+
+    def forward(self):
+        return -closed_form_elbo(self.vgpn, self.x, self.y)
+
+
+@pytest.mark.parametrize(
+    "sizes, kwargs",
+    [
+        ([2, 2], dict()),
+        ([2, 2, 1], dict(whiten=True)),
+        ([2, 2, 3], dict(head="softmax", q_cov="diag")),
+    ],
+)
+@pyro.settings.context(module_local_params=True)
+def test_gradcheck_closed_form_loss_wrt_variational_parameters(sizes, kwargs):
+    vgpn = _net(sizes, num_inducing=4, **kwargs)
+    x, y = _regression_data(n=4)
+    if vgpn.head == "softmax":
+        y = torch.tensor([0, 2, 1, 2])
+    else:
+        y = y.expand(-1, sizes[-1]).contiguous()
+    loss = _Loss(vgpn, x, y)
+    params = dict(loss.named_parameters())
+    names = [n for n in params if ".targets_" in n]
+    inputs = tuple(params[n].detach().clone().requires_grad_() for n in names)
+    assert len(inputs) == 2 * vgpn.num_layers
+
+    def fn(*values):
+        return functional_call(loss, dict(zip(names, values, strict=True)), ())
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def _sin_data(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=gen) * 2 - 1
+    return x, torch.sin(3 * x) + 0.1 * torch.randn(n, 1, generator=gen)
+
+
+def test_svi_with_closed_form_fits_a_sine():
+    """300 Adam steps (lr 0.02) on 200 noisy samples of sin(3x): measured RMSE 0.039 against
+    the noise-free function (float32, seed 0); asserted below 0.06."""
+    x, y = _sin_data(200, 0)
+    grid = torch.linspace(-1, 1, 101)[:, None]
+    pyro.set_rng_seed(0)
+    vgpn = VariationalGPN([1, 1])
+    svi = SVI(vgpn.model, vgpn.guide, Adam({"lr": 0.02}), ClosedFormELBO())
+    start = time.perf_counter()
+    losses = [svi.step(x, y) for _ in range(300)]
+    elapsed = time.perf_counter() - start
+    with torch.no_grad():
+        pred = vgpn.predictive_moments(grid)
+    rmse = (pred.mean - torch.sin(3 * grid)).square().mean().sqrt().item()
+    assert losses[-1] < losses[0]
+    assert rmse < 0.06, f"RMSE {rmse:.4f} after 300 steps ({elapsed:.1f} s)"
+    noise = vgpn.layers[-1].noise_std.item()
+    assert 0.05 < noise < 0.2  # the data's noise is 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whiten", [False, True])
+def test_two_layers_gap_after_training(whiten):
+    """Two layers: the closed form treats the second layer's activations as Gaussian.
+
+    A ``[1, 3, 1]`` network after 600 closed-form Adam steps (lr 0.02, float64, seed 0) on 200
+    noisy samples of ``sin(3x)``; negative ELBO, closed form vs the mean of 20000 Trace_ELBO
+    particles. Measured (``pytest -m slow -s -k two_layers``): whiten=False 14.441 vs
+    14.333 +- 0.040 (gap 0.108 nats, 2.7 SE: a real, small bias of the Gaussian activations);
+    whiten=True -77.669 vs -77.676 +- 0.039 (gap 0.007 nats, 0.2 SE). Asserted: the gap is
+    below 0.5 nats (on 200 samples).
+    """
+    x, y = _sin_data(200, 0)
+    x, y = x.to(DT), y.to(DT)
+    pyro.set_rng_seed(0)
+    vgpn = VariationalGPN([1, 3, 1], whiten=whiten, dtype=DT)
+    svi = SVI(vgpn.model, vgpn.guide, Adam({"lr": 0.02}), ClosedFormELBO())
+    for _ in range(600):
+        svi.step(x, y)
+    closed = ClosedFormELBO().loss(vgpn.model, vgpn.guide, x, y)
+    estimates = _trace_elbo_batches(vgpn, x, y)
+    mean, se = estimates.mean().item(), estimates.std().item() / math.sqrt(len(estimates))
+    print(f"\nwhiten={whiten}: closed {closed:.3f}, Trace_ELBO {mean:.3f} +- {se:.3f}")
+    assert abs(closed - mean) < 0.5

@@ -1,0 +1,309 @@
+"""Tests of the SVI loop (pyro_gpn.inference.svi)."""
+
+import math
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pyro.optim
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+from pyro.nn import PyroModule, PyroParam, pyro_method
+from torch.distributions import constraints
+
+from pyro_gpn.inference.svi import SVIResult, fit_svi
+from pyro_gpn.models.parametric import ParametricGPN
+
+
+@pytest.fixture(autouse=True)
+def _validation():
+    pyro.clear_param_store()
+    pyro.enable_validation(True)
+    yield
+    pyro.clear_param_store()
+
+
+class Gaussian(PyroModule):
+    """y_s ~ N(loc, scale^2) with a conjugate latent: loc ~ N(0, 10^2), q(loc) = N(m, s^2).
+
+    The exact posterior is known, so SVI's answer can be checked.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.q_loc = torch.nn.Parameter(torch.tensor(0.0))
+        self.q_scale = PyroParam(torch.tensor(1.0), constraints.positive)
+
+    @pyro_method
+    def model(self, x, y, subsample_size=None):
+        loc = pyro.sample("loc", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", x.shape[0], subsample_size=subsample_size) as index:
+            pyro.sample("y", dist.Normal(loc + x[index], 0.5), obs=y[index])
+
+    @pyro_method
+    def guide(self, x, y, subsample_size=None):
+        pyro.sample("loc", dist.Normal(self.q_loc, self.q_scale))
+        with pyro.plate("data", x.shape[0], subsample_size=subsample_size):
+            pass
+
+
+class SlicedGaussian(Gaussian):
+    """The same model in the ``num_data`` convention: ``x`` is a mini-batch, scaled here."""
+
+    def __init__(self, num_data):
+        super().__init__()
+        self.num_data = num_data
+
+    @pyro_method
+    def model(self, x, y):
+        loc = pyro.sample("loc", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", self.num_data, subsample=torch.arange(x.shape[0])):
+            pyro.sample("y", dist.Normal(loc + x, 0.5), obs=y)
+
+    @pyro_method
+    def guide(self, x, y):
+        pyro.sample("loc", dist.Normal(self.q_loc, self.q_scale))
+
+
+def _data(num=200):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(num, generator=g)
+    y = x + 1.5 + 0.5 * torch.randn(num, generator=g)
+    return x, y
+
+
+def _posterior(x, y):
+    precision = 1 / 10.0**2 + x.shape[0] / 0.5**2
+    mean = ((y - x).sum() / 0.5**2) / precision
+    return mean.item(), precision**-0.5
+
+
+class TestFit:
+    def test_recovers_conjugate_posterior(self):
+        x, y = _data()
+        m = Gaussian()
+        result = fit_svi(m.model, m.guide, x, y, num_steps=300, lr=0.1, seed=0, progress=False)
+        assert isinstance(result, SVIResult)
+        assert result.num_steps == 300 and len(result.losses) == 300
+        assert result.num_data == 200 and result.wall_time > 0
+        assert result.final_loss < sum(result.losses[:10]) / 10
+        mean, std = _posterior(x, y)
+        assert m.q_loc.item() == pytest.approx(mean, abs=0.1)
+        # the scale moves from 1 towards the posterior std (0.035); SVI noise keeps it above
+        assert m.q_scale.item() < 0.25
+
+    def test_minibatches_and_no_warnings(self):
+        x, y = _data()
+        m = Gaussian()
+        seen, locs = [], []
+
+        def callback(step, loss):
+            seen.append(step)
+            locs.append(m.q_loc.item())
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = fit_svi(
+                m.model,
+                m.guide,
+                x,
+                y,
+                num_steps=300,
+                lr=0.1,
+                batch_size=20,
+                seed=0,
+                progress=False,
+                callback=callback,
+            )
+        assert seen == list(range(1, 301))
+        assert all(math.isfinite(v) for v in result.losses)
+        mean, _ = _posterior(x, y)
+        # the iterates of a noisy mini-batch run, averaged over the second half
+        assert sum(locs[150:]) / 150 == pytest.approx(mean, abs=0.05)
+
+    def test_sliced_minibatches(self):
+        x, y = _data()
+        m = SlicedGaussian(num_data=200)
+        locs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fit_svi(
+                m.model,
+                m.guide,
+                x,
+                y,
+                num_steps=300,
+                lr=0.1,
+                batch_size=20,
+                seed=0,
+                progress=False,
+                callback=lambda step, loss: locs.append(m.q_loc.item()),
+            )
+        mean, _ = _posterior(x, y)
+        assert sum(locs[150:]) / 150 == pytest.approx(mean, abs=0.05)
+        with pytest.raises(ValueError, match="num_data is 100"):
+            fit_svi(SlicedGaussian(100).model, m.guide, x, y, batch_size=20, progress=False)
+
+    def test_variational_gpn_with_closed_form_elbo(self):
+        """The variational route's deterministic loss and num_data mini-batches run here."""
+        from pyro_gpn.inference.closed_form import ClosedFormELBO
+        from pyro_gpn.models.variational import VariationalGPN
+
+        torch.manual_seed(0)
+        x = torch.linspace(-1, 1, 40).unsqueeze(-1)
+        y = torch.sin(2 * x)
+        vgpn = VariationalGPN([1, 1], head="gaussian", num_data=40)
+        result = fit_svi(
+            vgpn.model,
+            vgpn.guide,
+            x,
+            y,
+            loss=ClosedFormELBO(),
+            num_steps=30,
+            lr=0.05,
+            batch_size=10,
+            seed=0,
+            progress=False,
+        )
+        assert result.final_loss < sum(result.losses[:5]) / 5
+
+    def test_minibatch_loss_is_unbiased(self):
+        """A mini-batch step estimates the full-data loss: the plate scales by S / B."""
+        x, y = _data()
+        m = Gaussian()
+        elbo = Trace_ELBO()
+        pyro.set_rng_seed(0)
+        full = torch.tensor([elbo.loss(m.model, m.guide, x, y) for _ in range(200)])
+        batch = torch.tensor(
+            [elbo.loss(m.model, m.guide, x, y, subsample_size=20) for _ in range(200)]
+        )
+        se = (full.var() / 200 + batch.var() / 200).sqrt()
+        assert abs(full.mean() - batch.mean()) < 4 * se
+
+    def test_seed_reproducible(self):
+        x, y = _data()
+        runs = []
+        for _ in range(2):
+            m = Gaussian()
+            runs.append(
+                fit_svi(
+                    m.model, m.guide, x, y, num_steps=20, batch_size=50, seed=3, progress=False
+                ).losses
+            )
+        assert runs[0] == runs[1]
+
+    def test_callback_stops(self):
+        x, y = _data()
+        m = Gaussian()
+        result = fit_svi(
+            m.model,
+            m.guide,
+            x,
+            y,
+            num_steps=100,
+            progress=False,
+            callback=lambda step, loss: step == 5,
+        )
+        assert result.stopped_early and result.num_steps == 5
+
+    def test_progress_bar_and_loss_options(self, capsys):
+        x, y = _data(50)
+        for loss, kwargs in [
+            ("trace", {"num_particles": 3}),
+            ("trace_meanfield", {}),
+            (Trace_ELBO(num_particles=2), {}),
+            (Trace_ELBO().differentiable_loss, {}),  # a plain callable
+        ]:
+            m = Gaussian()
+            result = fit_svi(
+                m.model, m.guide, x, y, loss=loss, num_steps=3, progress=True, **kwargs
+            )
+            assert result.num_steps == 3
+        m = Gaussian()
+        result = fit_svi(m.model, m.guide, x, y, num_steps=3, clip_norm=1.0, progress=False)
+        assert isinstance(result.svi.optim, pyro.optim.PyroOptim)
+        assert result.svi.optim.pt_optim_constructor.__name__ == "ClippedAdam"
+
+    def test_clears_param_store(self):
+        pyro.param("stale", torch.tensor(1.0))
+        x, y = _data(20)
+        m = Gaussian()
+        fit_svi(m.model, m.guide, x, y, num_steps=1, progress=False)
+        assert "stale" not in pyro.get_param_store()
+        pyro.param("stale", torch.tensor(1.0))
+        fit_svi(m.model, m.guide, x, y, num_steps=1, progress=False, clear_param_store=False)
+        assert "stale" in pyro.get_param_store()
+
+    def test_parametric_gpn_minibatches(self):
+        torch.manual_seed(0)
+        x = torch.rand(60, 2)
+        y = torch.sin(3 * x[:, :1]) + 0.1 * torch.randn(60, 1)
+        gpn = ParametricGPN([2, 3, 1], head="gaussian")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = fit_svi(
+                gpn.model,
+                gpn.guide,
+                x,
+                y,
+                num_steps=60,
+                lr=0.03,
+                batch_size=16,
+                seed=0,
+                progress=False,
+            )
+        assert result.final_loss < sum(result.losses[:10]) / 10
+
+
+class TestErrors:
+    def test_non_finite_loss_leaves_parameters(self):
+        def model(x, y):
+            loc = pyro.param("loc", torch.tensor(0.5))
+            # float32 overflow: a finite observation 1e30 away in units of the scale
+            pyro.sample("y", dist.Normal(loc, 1e-10), obs=torch.tensor(1e30))
+
+        with pytest.raises(FloatingPointError, match="loss is inf at step 1"):
+            fit_svi(model, lambda x, y: None, torch.zeros(3), torch.zeros(3), progress=False)
+        assert pyro.param("loc").item() == 0.5
+
+    def test_non_finite_gradient_names_parameter(self):
+        def model(x, y):
+            good = pyro.param("good", torch.tensor(1.0))
+            bad = pyro.param("bad", torch.tensor(0.0))
+            pyro.factor("f", -(good**2) + bad.sqrt())
+
+        with pytest.raises(FloatingPointError, match=r"gradients at step 1.*\['bad'\]"):
+            fit_svi(
+                model, lambda x, y: None, torch.zeros(3), torch.zeros(3), lr=0.1, progress=False
+            )
+        assert pyro.param("good").item() == 1.0  # no update was applied
+
+    def test_argument_errors(self):
+        x, y = _data(10)
+        m = Gaussian()
+        with pytest.raises(ValueError, match="loss"):
+            fit_svi(m.model, m.guide, x, y, loss="elbo", progress=False)
+        with pytest.raises(ValueError, match="num_particles"):
+            fit_svi(m.model, m.guide, x, y, loss=Trace_ELBO(), num_particles=2, progress=False)
+        with pytest.raises(ValueError, match="num_particles"):
+            fit_svi(m.model, m.guide, x, y, num_particles=0, progress=False)
+        with pytest.raises(ValueError, match="lr"):
+            fit_svi(m.model, m.guide, x, y, lr=-1.0, progress=False)
+        with pytest.raises(ValueError, match="batch_size"):
+            fit_svi(m.model, m.guide, x, y, batch_size=0, progress=False)
+        with pytest.raises(ValueError, match="num_steps"):
+            fit_svi(m.model, m.guide, x, y, num_steps=-1, progress=False)
+        with pytest.raises(ValueError, match="y must"):
+            fit_svi(m.model, m.guide, x, y[:5], progress=False)
+        with pytest.raises(TypeError, match="optim"):
+            fit_svi(m.model, m.guide, x, y, optim=torch.optim.Adam, progress=False)
+
+        def plain(x, y):
+            pyro.sample("y", dist.Normal(0.0, 1.0).expand([x.shape[0]]).to_event(1), obs=y)
+
+        with pytest.raises(ValueError, match="subsample_size"):
+            fit_svi(plain, lambda x, y: None, x, y, batch_size=5, progress=False)
+        # a batch as large as the data needs no subsampling
+        result = fit_svi(plain, lambda x, y: None, x, y, batch_size=10, num_steps=1, progress=False)
+        assert result.num_steps == 1

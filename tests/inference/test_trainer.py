@@ -1,0 +1,295 @@
+"""Tests of pyro_gpn.inference.trainer with small stand-in models."""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyro_gpn.inference.trainer import (
+    BEST_MODEL_NAME,
+    CHECKPOINT_NAME,
+    METRICS_CSV_NAME,
+    METRICS_JSON_NAME,
+    TrainConfig,
+    Trainer,
+    evaluate,
+    seed_everything,
+)
+from pyro_gpn.models.baselines import FixedActivationNet
+from pyro_gpn.moments.gaussian import Moments
+
+
+class SoftmaxRegression(nn.Module):
+    """Linear classifier with dropout: exercises the global RNG, penalty and optimizer state."""
+
+    def __init__(self, m, c, dropout=0.3):
+        super().__init__()
+        self.linear = nn.Linear(m, c)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return Moments(self.linear(self.drop(x)), validate=False)
+
+    def loss(self, x, y):
+        return F.cross_entropy(self(x).mean, y)
+
+    def penalty(self):
+        return 1e-3 * self.linear.weight.square().sum()
+
+
+class ScriptedModel(nn.Module):
+    """Training pulls ``w`` towards 1; the validation loss follows a given script."""
+
+    def __init__(self, val_losses, nan_at_step=None):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.val_losses = list(val_losses)
+        self.snapshots = []  # w at each validation
+        self.steps = 0
+        self.nan_at_step = nan_at_step
+
+    def forward(self, x):
+        return Moments(x[:, :1] * self.w, validate=False)
+
+    def loss(self, x, y):
+        if self.training:
+            self.steps += 1
+            if self.steps == self.nan_at_step:
+                return self.w.sum() * float("nan")
+            return (self.w - 1).square().sum()
+        self.snapshots.append(float(self.w))
+        value = self.val_losses[min(len(self.snapshots), len(self.val_losses)) - 1]
+        return self.w.sum() * 0 + value
+
+    def penalty(self):
+        return self.w.new_zeros(())
+
+
+def _blobs(seed, n_per_class=30):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.tensor([[0.0, 2.0], [2.0, -1.0], [-2.0, -1.0]])
+    x = torch.cat([c + 0.7 * torch.randn(n_per_class, 2, generator=g) for c in centres])
+    y = torch.arange(3).repeat_interleave(n_per_class)
+    return x, y
+
+
+def _config(tmp_path=None, **kwargs):
+    base = dict(batch_size=16, max_epochs=10, patience=2, progress=False)
+    if tmp_path is not None:
+        base["out_dir"] = str(tmp_path)
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+def _dummy_data(n=12):
+    return (torch.zeros(n, 1), torch.zeros(n, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------- schedule
+def test_plateau_schedule_and_stop_at_min_lr(tmp_path):
+    # The validation loss never improves after the first evaluation. With patience 2 the lr is
+    # divided by 10 after every 3 bad evaluations: 1e-3 -> 1e-4 -> 1e-5 -> 1e-6, and 3 more bad
+    # evaluations at 1e-6 end training: 1 + 4 * 3 = 13 epochs.
+    model = ScriptedModel([1.0])
+    result = Trainer(model, _config(tmp_path, max_epochs=100, batch_size=4)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    assert result.stop_reason == "min_lr"
+    assert result.epochs == 13
+    lrs = [row["lr"] for row in result.history]
+    expected = [1e-3] * 4 + [1e-4] * 3 + [1e-5] * 3 + [1e-6] * 3
+    assert lrs == pytest.approx(expected, rel=1e-9)
+    assert result.best_epoch == 1
+
+
+def test_eval_every_and_max_epochs():
+    model = ScriptedModel([5.0, 4.0, 3.0, 2.0])
+    result = Trainer(model, _config(max_epochs=7, eval_every=3, batch_size=4)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    assert result.stop_reason == "max_epochs" and result.epochs == 7
+    evaluated = [row["epoch"] for row in result.history if "val_loss" in row]
+    assert evaluated == [3, 6, 7]  # every 3rd epoch and the last one
+
+
+def test_best_parameters_restored(tmp_path):
+    model = ScriptedModel([3.0, 2.0, 1.0, 2.0, 3.0, 4.0])
+    result = Trainer(model, _config(tmp_path, max_epochs=6, batch_size=4, lr=0.1)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    assert result.best_epoch == 3 and result.best_val_loss == 1.0
+    assert float(model.w.detach()) == model.snapshots[2]
+    assert model.snapshots[2] != model.snapshots[-1]  # training did move w afterwards
+    saved = torch.load(tmp_path / BEST_MODEL_NAME, weights_only=True)
+    assert float(saved["w"]) == model.snapshots[2]
+
+
+def test_non_finite_loss_raises_and_keeps_checkpoint(tmp_path):
+    # 12 samples in batches of 4: 3 steps per epoch, so step 5 is in epoch 2
+    model = ScriptedModel([1.0], nan_at_step=5)
+    trainer = Trainer(model, _config(tmp_path, batch_size=4))
+    with pytest.raises(FloatingPointError, match="epoch 2, step 5"):
+        trainer.fit(_dummy_data(), _dummy_data())
+    checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)
+    assert checkpoint["result"]["epochs"] == 1
+
+
+# ---------------------------------------------------------------------------------- resume
+def _params(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    x, y = _blobs(0)
+    xv, yv = _blobs(1, 10)
+    cfg = dict(max_epochs=9, batch_size=16, lr=0.5, patience=0, seed=3)
+
+    torch.manual_seed(123)
+    straight = SoftmaxRegression(2, 3)
+    full = Trainer(straight, _config(tmp_path / "a", **cfg)).fit((x, y), (xv, yv))
+
+    torch.manual_seed(123)
+    first = SoftmaxRegression(2, 3)
+    Trainer(first, _config(tmp_path / "b", **{**cfg, "max_epochs": 4})).fit((x, y), (xv, yv))
+    # scramble every global generator and start from a different model: the checkpoint must
+    # restore all of it
+    seed_everything(999)
+    resumed_model = SoftmaxRegression(2, 3)
+    resumed = Trainer(resumed_model, _config(tmp_path / "b", **cfg)).fit(
+        (x, y), (xv, yv), resume=True
+    )
+
+    assert resumed.epochs == full.epochs == 9
+    for key, value in _params(straight).items():
+        assert torch.equal(value, resumed_model.state_dict()[key]), key
+    keys = ("train_loss", "val_loss", "val_error", "lr", "step")
+    assert [{k: r.get(k) for k in keys} for r in resumed.history] == [
+        {k: r.get(k) for k in keys} for r in full.history
+    ]
+    assert len({row["lr"] for row in full.history}) > 1  # the schedule was exercised
+    assert (resumed.best_epoch, resumed.best_val_loss) == (full.best_epoch, full.best_val_loss)
+
+    # the same last state too (not only the restored best one), and the same schedule state
+    last_a = torch.load(tmp_path / "a" / CHECKPOINT_NAME, weights_only=True)
+    last_b = torch.load(tmp_path / "b" / CHECKPOINT_NAME, weights_only=True)
+    assert all(torch.equal(last_a["model"][k], last_b["model"][k]) for k in last_a["model"])
+    assert last_a["scheduler"] == last_b["scheduler"]
+    assert torch.equal(last_a["rng"]["shuffle"], last_b["rng"]["shuffle"])
+
+
+def test_resume_of_finished_run_returns_immediately(tmp_path):
+    Trainer(ScriptedModel([1.0]), _config(tmp_path, max_epochs=100, batch_size=4)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    model = ScriptedModel([1.0])
+    result = Trainer(model, _config(tmp_path, max_epochs=100, batch_size=4)).fit(
+        _dummy_data(), _dummy_data(), resume=True
+    )
+    assert result.stop_reason == "min_lr" and result.epochs == 13
+    assert model.steps == 0
+
+
+def test_resume_without_checkpoint_starts_afresh(tmp_path):
+    x, y = _blobs(0)
+    torch.manual_seed(1)
+    a = SoftmaxRegression(2, 3)
+    Trainer(a, _config(tmp_path / "a", max_epochs=3)).fit((x, y), (x, y))
+    torch.manual_seed(1)
+    b = SoftmaxRegression(2, 3)
+    Trainer(b, _config(tmp_path / "b", max_epochs=3)).fit((x, y), (x, y), resume=True)
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+
+
+# ---------------------------------------------------------------------------------- outputs
+def test_metrics_files(tmp_path):
+    x, y = _blobs(0)
+    result = Trainer(SoftmaxRegression(2, 3), _config(tmp_path, max_epochs=4)).fit((x, y), (x, y))
+    with open(tmp_path / METRICS_CSV_NAME) as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    assert {"train_loss", "val_loss", "val_error", "lr", "epoch_time"} <= set(rows[0])
+    assert float(rows[-1]["val_loss"]) == pytest.approx(result.history[-1]["val_loss"])
+    with open(tmp_path / METRICS_JSON_NAME) as handle:
+        assert json.load(handle) == result.history
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_fixed_activation_net_classification_and_regression(tmp_path):
+    torch.manual_seed(0)
+    x, y = _blobs(0)
+    xv, yv = _blobs(1, 20)
+    net = FixedActivationNet([2, 8, 3], dropout=0.1, fast_dropout=True)
+    result = Trainer(net, _config(tmp_path / "c", max_epochs=40, lr=0.02)).fit((x, y), (xv, yv))
+    assert result.history[-1]["val_loss"] < 0.5 * result.history[0]["val_loss"]
+    assert evaluate(net, xv, yv)["error"] < 0.1
+
+    g = torch.Generator().manual_seed(2)
+    xr = torch.rand(120, 1, generator=g) * 4 - 2
+    yr = torch.sin(2 * xr) + 0.1 * torch.randn(120, 1, generator=g)
+    reg = FixedActivationNet([1, 16, 1], head="gaussian")
+    cfg = _config(tmp_path / "r", max_epochs=60, lr=0.02, batch_size=32)
+    result = Trainer(reg, cfg).fit((xr[:100], yr[:100]), (xr[100:], yr[100:]))
+    assert {"val_rmse", "val_log_likelihood"} <= set(result.history[-1])
+    assert result.history[-1]["val_rmse"] < 0.5 * result.history[0]["val_rmse"]
+
+
+# ---------------------------------------------------------------------------------- evaluate
+class FixedPredictor(nn.Module):
+    def __init__(self, var=None):
+        super().__init__()
+        self.var = var
+
+    def forward(self, x):
+        var = None if self.var is None else torch.full_like(x, self.var)
+        return Moments(x, var=var, validate=False)
+
+
+def test_evaluate_metrics():
+    logits = torch.tensor([[2.0, 1.0], [0.0, 3.0], [1.0, 0.5], [0.2, 0.1]])
+    labels = torch.tensor([0, 1, 1, 1])
+    assert evaluate(FixedPredictor(), logits, labels, batch_size=3) == {"error": 0.5}
+
+    mean = torch.tensor([[0.0], [1.0], [2.0]])
+    target = torch.tensor([[0.5], [1.0], [1.0]])
+    metrics = evaluate(FixedPredictor(var=0.25), mean, target, batch_size=2)
+    assert metrics["rmse"] == pytest.approx(math.sqrt((0.25 + 0 + 1) / 3))
+    expected = torch.distributions.Normal(mean, 0.5).log_prob(target).mean()
+    assert metrics["log_likelihood"] == pytest.approx(float(expected))
+
+
+# ---------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_epochs": -1}, "max_epochs"),
+        ({"patience": -1}, "patience"),
+        ({"lr": 0.0}, "lr"),
+        ({"min_lr": 1.0}, "min_lr"),
+        ({"lr_factor": 1.0}, "lr_factor"),
+        ({"task": "ranking"}, "task"),
+        ({"device": "meta"}, "device"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_bad_fit_arguments(tmp_path):
+    trainer = Trainer(ScriptedModel([1.0]), _config())
+    with pytest.raises(ValueError, match="resume"):
+        trainer.fit(_dummy_data(), _dummy_data(), resume=True)
+    with pytest.raises(ValueError, match="train"):
+        trainer.fit((torch.zeros(3, 1), torch.zeros(4)), _dummy_data())
+    with pytest.raises(ValueError, match="val x"):
+        trainer.fit(_dummy_data(), (torch.full((2, 1), float("nan")), torch.zeros(2)))
+    with pytest.raises(TypeError, match="loss"):
+        Trainer(nn.Linear(2, 2))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            Trainer(ScriptedModel([1.0]), _config(device="cuda"))

@@ -1,0 +1,183 @@
+"""VariationalGPN: site structure, model/guide match, prior, scaling, prediction."""
+
+import warnings
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import Predictive, Trace_ELBO
+from pyro.util import check_model_guide_match
+
+from pyro_gpn.models.variational import VariationalGPN
+from tests.mc import assert_mc_mean, assert_mc_variance
+
+DT = torch.float64
+
+CONFIGS = [
+    dict(sizes=[2, 1], head="gaussian"),
+    dict(sizes=[2, 3, 2], head="gaussian", whiten=True),
+    dict(sizes=[2, 3, 2], head="gaussian", q_cov="diag", share="layer"),
+    dict(sizes=[2, 3, 4], head="softmax"),
+    dict(sizes=[2, 3, 2, 4], head="softmax", whiten=True, q_cov="diag", mode="cov"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_param_store():
+    pyro.clear_param_store()
+    with pyro.validation_enabled(True):
+        yield
+    pyro.clear_param_store()
+
+
+def _data(config, batch=7, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = config["sizes"]
+    x = torch.rand(batch, sizes[0], dtype=DT, generator=gen) * 2 - 1
+    if config["head"] == "gaussian":
+        y = torch.randn(batch, sizes[-1], dtype=DT, generator=gen)
+    else:
+        y = torch.randint(0, sizes[-1], (batch,), generator=gen)
+    return x, y
+
+
+def _net(config, **extra):
+    torch.manual_seed(0)
+    return VariationalGPN(**config, num_inducing=5, dtype=DT, **extra)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_trace_elbo_runs_without_site_mismatch(config):
+    vgpn = _net(config)
+    x, y = _data(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = Trace_ELBO().loss(vgpn.model, vgpn.guide, x, y)
+        vectorized = Trace_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+        loss_v = vectorized.loss(vgpn.model, vgpn.guide, x, y)
+    assert torch.isfinite(torch.tensor([loss, loss_v])).all()
+    guide_trace = poutine.trace(vgpn.guide).get_trace(x, y)
+    model_trace = poutine.trace(poutine.replay(vgpn.model, trace=guide_trace)).get_trace(x, y)
+    check_model_guide_match(model_trace, guide_trace, max_plate_nesting=1)
+    latent = {n for n, s in model_trace.iter_stochastic_nodes()}
+    guide_latent = {n for n, s in guide_trace.iter_stochastic_nodes()}
+    assert latent == guide_latent
+    num_layers = vgpn.num_layers
+    assert {f"layer{l}.targets" for l in range(num_layers)} <= latent
+    assert {f"layer{l}.response" for l in range(num_layers)} <= latent
+    assert model_trace.nodes["obs"]["is_observed"]
+    # the local sites have identical densities in model and guide: they cancel in Trace_ELBO
+    model_trace.compute_log_prob()
+    guide_trace.compute_log_prob()
+    for name in latent:
+        if not name.endswith(".targets"):
+            torch.testing.assert_close(
+                model_trace.nodes[name]["log_prob"], guide_trace.nodes[name]["log_prob"]
+            )
+
+
+def test_missing_local_sites_in_the_guide_would_be_detected():
+    """The site-match check is not vacuous: a guide that samples only U is reported."""
+    config = CONFIGS[1]
+    vgpn = _net(config)
+    x, y = _data(config)
+
+    def targets_only_guide(x, y=None):
+        for l, layer in enumerate(vgpn.layers):
+            pyro.sample(f"layer{l}.targets", layer.target_posterior().to_event(1))
+
+    with pytest.warns(UserWarning, match="model but not guide"):
+        Trace_ELBO().loss(vgpn.model, targets_only_guide, x, y)
+
+
+def test_mini_batch_scaling():
+    config = CONFIGS[0]
+    vgpn = _net(config, num_data=70)
+    x, y = _data(config, batch=7)
+    trace = poutine.trace(vgpn.model).get_trace(x, y)
+    assert trace.nodes["obs"]["scale"] == pytest.approx(10.0)
+    assert trace.nodes["layer0.response"]["scale"] == pytest.approx(10.0)
+    assert trace.nodes["layer0.targets"]["scale"] == 1.0
+    with pytest.raises(ValueError, match="num_data"):
+        vgpn.model(torch.rand(71, 2, dtype=DT))
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_prior_predictive_is_the_gp_prior(whiten):
+    """Under the model's prior over U, each response F is N(0, 1) (the unit-amplitude GP)."""
+    vgpn = _net(dict(sizes=[2, 3], head="gaussian", whiten=whiten))
+    x, _ = _data(dict(sizes=[2, 3], head="gaussian"), batch=4)
+    predictive = Predictive(
+        vgpn.model, num_samples=4000, return_sites=["layer0.response"], parallel=True
+    )
+    samples = predictive(x)
+    f = samples["layer0.response"]  # [4000, 4, 3]
+    assert_mc_mean(f, torch.zeros(4, 3, dtype=DT), n_se=4.5)
+    assert_mc_variance(f, torch.ones(4, 3, dtype=DT), n_se=4.5)
+
+
+def test_predict_agrees_with_predictive_moments_for_one_layer():
+    """One layer with observed inputs: the propagated moments are exact."""
+    config = dict(sizes=[2, 2], head="gaussian")
+    vgpn = _net(config, targets_scale_init=0.5)
+    x, _ = _data(config, batch=5)
+    samples = vgpn.predict(x, num_samples=4000)
+    assert samples["obs"].shape == (4000, 5, 2)
+    assert samples["layer0.targets"].shape == (4000, 1, 2, 5)  # plate-aligned
+    moments = vgpn.predictive_moments(x)
+    assert_mc_mean(samples["obs"], moments.mean, n_se=4.5)
+    assert_mc_variance(samples["obs"], moments.var, n_se=4.5)
+
+
+def test_predict_softmax_shapes_and_moments():
+    config = CONFIGS[3]
+    vgpn = _net(config)
+    x, _ = _data(config, batch=5)
+    samples = vgpn.predict(x, num_samples=10)
+    assert samples["obs"].shape == (10, 5)
+    assert samples["layer0.output"].shape == (10, 5, 3)
+    logits = vgpn.predictive_moments(x)
+    assert logits.mean.shape == (5, 4) and logits.cov.shape == (5, 4, 4)
+
+
+def test_parameters_are_registered_with_the_param_store():
+    config = CONFIGS[3]
+    vgpn = _net(config)
+    x, y = _data(config)
+    with poutine.trace(param_only=True) as capture:
+        Trace_ELBO().loss(vgpn.model, vgpn.guide, x, y)
+    names = set(capture.trace.nodes)
+    expected = {
+        "layers.0.weight",
+        "layers.0.lengthscales",
+        "layers.0.noise_std",
+        "layers.0.targets_loc",
+        "layers.0.targets_scale_tril",
+        "readout.weight",
+        "readout.bias",
+    }
+    assert expected <= names
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(sizes=[2]),
+        dict(sizes=[2, 3], head="softmax"),
+        dict(sizes=[2, 3], head="poisson"),
+        dict(sizes=[2, 3], mode="mean"),
+        dict(sizes=[2, 3], num_data=0),
+    ],
+)
+def test_invalid_arguments(kwargs):
+    with pytest.raises(ValueError):
+        VariationalGPN(**kwargs)
+
+
+def test_invalid_data():
+    vgpn = _net(CONFIGS[0])
+    with pytest.raises(ValueError, match="x"):
+        vgpn.model(torch.rand(4, 3, dtype=DT))
+    with pytest.raises(ValueError, match="y"):
+        vgpn.model(torch.rand(4, 2, dtype=DT), torch.rand(4, dtype=DT))

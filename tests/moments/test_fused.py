@@ -1,0 +1,486 @@
+"""Fused Triton kernels (:mod:`pyro_gpn.moments.fused`) against plain-PyTorch references.
+
+Values and gradients of every input are compared with
+
+* a small reference written here straight from the formulas (materialising ``Omega`` and
+  ``Lambda``, in float64), and
+* :func:`pyro_gpn.moments.propagate.response_moments` on the reference backend.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors: the ``interpret``
+fixture sets ``TRITON_INTERPRET=1`` for these tests only (the kernels read it when first
+launched). Shapes in the fast subset are tiny because the interpreter is slow; the broader sweep
+is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from pyro_gpn.moments import backend as backend_mod
+from pyro_gpn.moments.backend import backend, get_backend, triton_available, use_fused
+
+HAS_CUDA = torch.cuda.is_available()
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """CUDA if present, else the CPU under Triton's interpreter (for this test only).
+
+    Triton fixes its mode when first imported; :mod:`pyro_gpn.moments.fused` imports it on the
+    first launch, after this fixture has set ``TRITON_INTERPRET=1``. If some earlier test of the
+    session imported Triton in compiled mode (``torch.compile`` does), the interpreter cannot be
+    switched on any more and the test is skipped: run this module in its own process.
+    """
+    if HAS_CUDA:
+        return torch.device("cuda")
+    triton_mod = sys.modules.get("triton")
+    if triton_mod is not None and os.environ.get("TRITON_INTERPRET") != "1":
+        language = sys.modules.get("triton.language")
+        if language is not None and type(language.sum).__name__ != "InterpretedFunction":
+            pytest.skip("triton was imported in compiled mode before TRITON_INTERPRET was set")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# reference: the formulas, materialised, in float64
+# ---------------------------------------------------------------------------------------------
+def reference_moments(mu, second, V, lam, beta, C, noise_var, full: bool):
+    """``(mean, var)`` or ``(mean, cov)`` from ``eq:gpn_normal_E_alpha`` ... ``_lambda``."""
+    N = mu.shape[1]
+    V, lam, beta, C = V.expand(N, -1), lam.expand(N), beta.expand(N, -1), C.expand(N, -1, -1)
+    Sig = second if full else None
+    v = torch.diagonal(second, dim1=-2, dim2=-1) if full else second
+    lam2 = lam**2
+    # psi [S, N, R], eq:gpn_normal_E_alpha
+    c1 = (lam2 + v)[..., None]
+    psi = (lam2[:, None] / c1).sqrt() * torch.exp(-((mu[..., None] - V) ** 2) / (2 * c1))
+    mean = (psi * beta).sum(-1)
+    # Omega [S, N, R, R], eq:gpn_normal_omega
+    c2 = (lam2 + 2 * v)[..., None, None]
+    mid = (V[:, :, None] + V[:, None, :]) / 2
+    sep = (V[:, :, None] - V[:, None, :]) ** 2 / (4 * lam2[:, None, None])
+    omega = (lam2[:, None, None] / c2).sqrt() * torch.exp(
+        -((mu[..., None, None] - mid) ** 2) / c2 - sep
+    )
+    Q = C - beta[:, :, None] * beta[:, None, :]
+    var = (1 - (Q * omega).sum((-2, -1)) - mean**2).clamp_min(0)
+    if noise_var is not None:
+        var = var + noise_var
+    if not full:
+        return mean, var
+    # Lambda [S, N, N, R, R], corrected eq:gpn_normal_lambda
+    d = V - mu[..., None]  # [S, N, R]
+    c = lam2 + v  # [S, N]
+    D = c[:, :, None] * c[:, None, :] - Sig**2
+    dn, dm = d[:, :, None, :, None], d[:, None, :, None, :]
+    cn, cm = c[:, :, None, None, None], c[:, None, :, None, None]
+    expo = -(dn**2 * cm + dm**2 * cn - 2 * dn * dm * Sig[..., None, None]) / (
+        2 * D[..., None, None]
+    )
+    Lam = (lam[:, None] * lam[None, :] / D.sqrt())[..., None, None] * expo.exp()
+    cross = torch.einsum("snmrt,nr,mt->snm", Lam, beta, beta) - mean[:, :, None] * mean[:, None, :]
+    eye = torch.eye(N, dtype=torch.bool, device=mu.device)
+    return mean, torch.where(eye, torch.diag_embed(var), cross)
+
+
+# ---------------------------------------------------------------------------------------------
+# random problems
+# ---------------------------------------------------------------------------------------------
+def make_problem(
+    S: int,
+    N: int,
+    R: int,
+    *,
+    shared: bool = False,
+    full: bool = False,
+    zero_var: bool = False,
+    noise: bool = True,
+    clamp: bool = False,
+    seed: int = 0,
+):
+    """Random inputs in float64 (CPU): ``(mu, v | Sig, V, lam, beta, C, noise_var)``."""
+    g = torch.Generator().manual_seed(seed)
+    P = 1 if shared else N
+    mu = 1.5 * torch.randn(S, N, generator=g, dtype=torch.float64)
+    V = torch.linspace(-2, 2, R, dtype=torch.float64).repeat(P, 1)
+    V = V + 0.2 * torch.randn(P, R, generator=g, dtype=torch.float64)
+    lam = 0.4 + 0.6 * torch.rand(P, generator=g, dtype=torch.float64)
+    beta = torch.randn(P, R, generator=g, dtype=torch.float64)
+    A = torch.randn(P, R, R, generator=g, dtype=torch.float64) / R
+    C = A @ A.mT + 0.05 * torch.randn(P, R, R, generator=g, dtype=torch.float64)  # not symmetric
+    if clamp:
+        C = C + 4.0 * torch.eye(R, dtype=torch.float64)  # 1 - tr[..] < 0: the variance clamps
+    noise_var = 0.1 + torch.rand(P, generator=g, dtype=torch.float64) if noise else None
+    if full:
+        M = max(1, N - 2)  # rank deficient when M < N, as for W^T diag(var) W
+        W = torch.randn(S, M, N, generator=g, dtype=torch.float64) / M**0.5
+        L = torch.randn(S, N, N, generator=g, dtype=torch.float64) / N
+        second = 0.5 * W.mT @ W + L @ L.mT
+        if zero_var:
+            second = torch.zeros_like(second)
+    else:
+        second = torch.rand(S, N, generator=g, dtype=torch.float64)
+        if zero_var:
+            second = torch.zeros_like(second)
+    return mu, second, V, lam, beta, C, noise_var
+
+
+def _leaves(tensors, dtype, device):
+    return [
+        None if t is None else t.detach().to(device=device, dtype=dtype).requires_grad_(True)
+        for t in tensors
+    ]
+
+
+def _grads(outputs, upstream, inputs):
+    loss = sum((o * u).sum() for o, u in zip(outputs, upstream, strict=True))
+    present = [t for t in inputs if t is not None]
+    grads = iter(torch.autograd.grad(loss, present))
+    return [None if t is None else next(grads) for t in inputs]
+
+
+def assert_close(actual, expected, name: str, rtol: float = 2e-4, atol: float = 2e-5) -> None:
+    """Float32 kernel result vs float64 reference, relative to the reference's magnitude."""
+    expected = expected.detach().to(device="cpu", dtype=torch.float64)
+    actual = actual.detach().to(device="cpu", dtype=torch.float64)
+    scale = max(1.0, expected.abs().max().item())
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale, msg=name)
+
+
+NAMES = ("mu", "v/Sig", "V", "lam", "beta", "C", "noise_var")
+
+
+def check_against_reference(problem, full: bool, device: torch.device, seed: int = 1) -> None:
+    from pyro_gpn.moments.fused import fused_response_cov, fused_response_meanvar
+
+    ref_in = _leaves(problem, torch.float64, "cpu")
+    fus_in = _leaves(problem, torch.float32, device)
+    fn = fused_response_cov if full else fused_response_meanvar
+    out = fn(*fus_in)
+    ref = reference_moments(*ref_in, full=full)
+    g = torch.Generator().manual_seed(seed)
+    upstream = [torch.randn(r.shape, generator=g, dtype=torch.float64) for r in ref]
+    assert out[0].shape == ref[0].shape and out[1].shape == ref[1].shape
+    assert out[0].dtype == torch.float32 and out[1].dtype == torch.float32
+    assert_close(out[0], ref[0], "mean")
+    assert_close(out[1], ref[1], "cov" if full else "var")
+
+    ref_g = _grads(ref, upstream, ref_in)
+    fus_g = _grads(out, [u.to(device=device, dtype=torch.float32) for u in upstream], fus_in)
+    for name, a, e, t in zip(NAMES, fus_g, ref_g, fus_in, strict=True):
+        if t is None:
+            continue
+        assert a.shape == t.shape, name
+        assert torch.isfinite(a).all(), name
+        if full and name == "v/Sig":
+            # the kernel reads the symmetric part of Sig: compare on symmetric matrices
+            torch.testing.assert_close(a, a.mT, rtol=0, atol=1e-6 * max(1.0, a.abs().max()))
+            e = 0.5 * (e + e.mT)
+        assert_close(a, e, f"d/d {name}", rtol=5e-4, atol=5e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# backend switch (no triton needed)
+# ---------------------------------------------------------------------------------------------
+def test_backend_context_nests_and_restores():
+    assert get_backend() == "auto"
+    with backend("reference") as name:
+        assert name == "reference" and get_backend() == "reference"
+        with backend("fused"):
+            assert get_backend() == "fused"
+        assert get_backend() == "reference"
+    assert get_backend() == "auto"
+
+
+def test_backend_restores_on_error():
+    with pytest.raises(KeyError), backend("reference"):
+        raise KeyError
+    assert get_backend() == "auto"
+
+
+def test_backend_rejects_unknown_name():
+    with pytest.raises(ValueError, match="backend must be one of"), backend("cuda"):
+        pass
+
+
+def test_backend_is_thread_local():
+    seen = []
+    with backend("reference"):
+        worker = threading.Thread(target=lambda: seen.append(get_backend()))
+        worker.start()
+        worker.join()
+    assert seen == ["auto"]
+
+
+def test_use_fused_reference_and_auto_on_cpu():
+    x = torch.zeros(2, 3)
+    with backend("reference"):
+        assert not use_fused(x)
+    assert not use_fused(x)  # auto: CPU tensors take the reference path
+    assert not use_fused(x.double())
+
+
+def test_use_fused_without_triton(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(backend_mod, "triton_available", lambda: False)
+    x = torch.zeros(2, 3)
+    assert not use_fused(x)
+    with backend("fused"), pytest.raises(RuntimeError, match="needs Triton"):
+        use_fused(x)
+
+
+@needs_triton
+def test_use_fused_forced(monkeypatch: pytest.MonkeyPatch):
+    x = torch.zeros(2, 3)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with backend("fused"):
+        assert use_fused(x, None, x)
+        assert not use_fused(x.double(), x)  # float64 stays on the reference path
+    if not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with backend("fused"), pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            use_fused(x)
+
+
+def test_package_imports_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+        "from pyro_gpn.moments import backend as b, fused as f\n"
+        "import torch\n"
+        "assert not b.triton_available()\n"
+        "x = torch.zeros(2, 3)\n"
+        "assert not b.use_fused(x)\n"
+        "try:\n"
+        "    f.fused_response_mean(x, None, torch.zeros(1, 4), torch.ones(1), torch.zeros(1, 4))\n"
+        "except RuntimeError as err:\n"
+        "    assert 'Triton' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('expected RuntimeError')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# fused kernels: fast subset
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize(
+    "S, N, R, shared, zero_var",
+    [(5, 3, 5, False, False), (37, 2, 14, True, False), (1, 3, 17, False, True)],
+)
+def test_meanvar_matches_reference(device, S, N, R, shared, zero_var):
+    problem = make_problem(S, N, R, shared=shared, zero_var=zero_var, seed=S + N + R)
+    check_against_reference(problem, full=False, device=device)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_meanvar_clamped_variance_and_no_noise(device):
+    problem = make_problem(6, 3, 4, clamp=True, seed=3)
+    check_against_reference(problem, full=False, device=device)
+    problem = make_problem(6, 3, 4, noise=False, seed=4)
+    check_against_reference(problem, full=False, device=device)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("S, N, R, shared", [(3, 3, 5, False), (2, 4, 3, True)])
+def test_cov_matches_reference(device, S, N, R, shared):
+    problem = make_problem(S, N, R, shared=shared, full=True, seed=10 * S + N)
+    check_against_reference(problem, full=True, device=device)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_mean_matches_reference(device):
+    from pyro_gpn.moments.fused import fused_response_mean
+
+    mu, v, V, lam, beta, C, _ = make_problem(7, 3, 6, seed=5)
+    for var in (v, None):
+        ref_in = _leaves((mu, var, V, lam, beta), torch.float64, "cpu")
+        fus_in = _leaves((mu, var, V, lam, beta), torch.float32, device)
+        ref_v = torch.zeros_like(ref_in[0]) if var is None else ref_in[1]
+        ref = reference_moments(ref_in[0], ref_v, *ref_in[2:], C, None, full=False)[0]
+        out = fused_response_mean(*fus_in)
+        assert_close(out, ref, "mean")
+        up = torch.randn(ref.shape, dtype=torch.float64)
+        ref_g = _grads([ref], [up], ref_in)
+        fus_g = _grads([out], [up.to(device=device, dtype=torch.float32)], fus_in)
+        for name, a, e in zip(("mu", "v", "V", "lam", "beta"), fus_g, ref_g, strict=True):
+            if e is not None:
+                assert_close(a, e, f"d/d {name}", rtol=5e-4, atol=5e-5)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_cov_diagonal_input_is_diagonal_output(device):
+    """With a diagonal Sig, the units are independent: cov is diag(var) of the meanvar path."""
+    from pyro_gpn.moments.fused import fused_response_cov, fused_response_meanvar
+
+    mu, v, V, lam, beta, C, noise = (
+        None if t is None else t.float().to(device) for t in make_problem(4, 3, 5, seed=6)
+    )
+    Sig = torch.diag_embed(v)
+    mean, cov = fused_response_cov(mu, Sig, V, lam, beta, C, noise)
+    mean2, var2 = fused_response_meanvar(mu, v, V, lam, beta, C, noise)
+    torch.testing.assert_close(mean, mean2)
+    torch.testing.assert_close(cov, torch.diag_embed(var2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_fused_rejects_bad_input(device):
+    from pyro_gpn.moments.fused import fused_response_meanvar
+
+    mu, v, V, lam, beta, C, noise = (t.to(device) for t in make_problem(2, 3, 4, seed=7))
+    with pytest.raises(TypeError, match="float32"):
+        fused_response_meanvar(mu, v, V, lam, beta, C, noise)  # float64
+    mu, v, V, lam, beta, C, noise = (t.float() for t in (mu, v, V, lam, beta, C, noise))
+    with pytest.raises(ValueError, match="beta"):
+        fused_response_meanvar(mu, v, V, lam, beta[:, :3], C, noise)
+    with pytest.raises(ValueError, match="v must have shape"):
+        fused_response_meanvar(mu, v[:1], V, lam, beta, C, noise)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("mode", ["meanvar", "cov"])
+def test_matches_response_moments(device, mode):
+    """Same values and gradients as the library's reference path (response_moments)."""
+    propagate = pytest.importorskip("pyro_gpn.moments.propagate")
+    if not hasattr(propagate, "response_moments"):
+        pytest.skip("response_moments not available")
+    from pyro_gpn.moments.fused import fused_response_cov, fused_response_meanvar
+    from pyro_gpn.moments.gaussian import Moments
+
+    full = mode == "cov"
+    problem = make_problem(3, 4, 6, full=full, seed=8)
+    ref_in = _leaves(problem, torch.float64, "cpu")
+    fus_in = _leaves(problem, torch.float32, device)
+    mu, second, V, lam, beta, C, noise = ref_in
+    C_sym = 0.5 * (C + C.mT)  # response_moments expects a symmetric C
+    acts = Moments(mu, cov=second) if full else Moments(mu, var=second)
+    with backend("reference"):
+        out_ref = propagate.response_moments(acts, V, lam, beta, C_sym, noise, mode=mode)
+    ref = (out_ref.mean, out_ref.cov if full else out_ref.var)
+    out = (fused_response_cov if full else fused_response_meanvar)(*fus_in)
+    assert_close(out[0], ref[0], "mean")
+    assert_close(out[1], ref[1], mode)
+    g = torch.Generator().manual_seed(9)
+    upstream = [torch.randn(r.shape, generator=g, dtype=torch.float64) for r in ref]
+    ref_g = _grads(ref, upstream, ref_in)
+    fus_g = _grads(out, [u.to(device=device, dtype=torch.float32) for u in upstream], fus_in)
+    for name, a, e in zip(NAMES, fus_g, ref_g, strict=True):
+        assert_close(a, e, f"d/d {name}", rtol=5e-4, atol=5e-5)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("programs", [1, 1000])
+def test_backward_partial_sums(device, monkeypatch: pytest.MonkeyPatch, programs):
+    """One program looping over all sample blocks, or one partial sum per block: same grads."""
+    from pyro_gpn.moments import fused
+
+    monkeypatch.setattr(fused, "_target_programs", lambda _device: programs)
+    check_against_reference(make_problem(40, 2, 14, seed=12), full=False, device=device)
+    check_against_reference(make_problem(5, 3, 4, full=True, seed=13), full=True, device=device)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_empty_batch(device):
+    from pyro_gpn.moments.fused import fused_response_cov, fused_response_meanvar
+
+    mu, v, V, lam, beta, C, noise = _leaves(make_problem(0, 3, 4), torch.float32, device)
+    mean, var = fused_response_meanvar(mu, v, V, lam, beta, C, noise)
+    assert mean.shape == var.shape == (0, 3)
+    (mean.sum() + var.sum()).backward()
+    assert V.grad.abs().sum() == 0 and noise.grad.abs().sum() == 0
+    Sig = torch.zeros(0, 3, 3, device=device, requires_grad=True)
+    mean, cov = fused_response_cov(mu, Sig, V, lam, beta, C, noise)
+    assert cov.shape == (0, 3, 3)
+    (mean.sum() + cov.sum()).backward()
+
+
+def _compile_all_for_sm90() -> None:
+    """Compile every kernel for sm_90 with Triton's real compiler (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pyro_gpn.moments import fused
+
+    cases = [
+        ("_meanvar_fwd_kernel", {"WITH_VAR": True, "HAS_NOISE": True, "BLOCK_S": 16}),
+        ("_meanvar_fwd_kernel", {"WITH_VAR": False, "HAS_NOISE": False, "BLOCK_S": 128}),
+        ("_meanvar_bwd_kernel", {"WITH_VAR": True, "BLOCK_S": 8}),
+        ("_meanvar_bwd_kernel", {"WITH_VAR": False, "BLOCK_S": 128}),
+        ("_cov_fwd_kernel", {"BLOCK_M": 128}),
+        ("_cov_bwd_kernel", {"BLOCK_M": 64}),
+    ]
+    for name, consts in cases:
+        kernel = fused._jit(name)
+        consts = {**consts, "BLOCK_R": 16}
+        signature = {
+            arg: "constexpr" if arg in consts else "*fp32" if arg.endswith("_ptr") else "i32"
+            for arg in kernel.arg_names
+        }
+        source = ASTSource(kernel, signature, constexprs=consts)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm.get("cubin"), name
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+@needs_triton
+def test_kernels_compile_for_gpu():
+    """The interpreter accepts more than the compiler: compile each kernel for an H100."""
+    spec = importlib.util.find_spec("triton")  # not imported here: see `device`
+    if not (pathlib.Path(spec.origin).parent / "backends" / "nvidia").is_dir():
+        pytest.skip("triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "from tests.moments.test_fused import _compile_all_for_sm90 as f; f()"
+    root = pathlib.Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# fused kernels: broader sweep
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("R", [1, 5, 8, 14, 17])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("S, N", [(1, 1), (1, 5), (19, 3), (70, 7)])
+def test_meanvar_sweep(device, S, N, R, shared):
+    for zero_var in (False, True):
+        problem = make_problem(S, N, R, shared=shared, zero_var=zero_var, seed=S * N + R)
+        check_against_reference(problem, full=False, device=device)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("R", [1, 5, 14, 17])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("S, N", [(1, 2), (5, 3), (9, 7)])
+def test_cov_sweep(device, S, N, R, shared):
+    problem = make_problem(S, N, R, shared=shared, full=True, seed=S * N + R)
+    check_against_reference(problem, full=True, device=device)
+    problem = make_problem(S, N, R, shared=shared, full=True, zero_var=True, seed=S + N + R)
+    check_against_reference(problem, full=True, device=device)
