@@ -49,7 +49,6 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from ..kernels import squared_exponential
-from .expectations import expected_cross_kernel_product
 from .gaussian import Moments
 
 __all__ = [
@@ -312,25 +311,46 @@ def response_moments(
 def _cross_second_moment_chunk(
     mean: Tensor, cov: Tensor, inducing_points: Tensor, lengthscales: Tensor, beta: Tensor
 ) -> Tensor:
-    lam = expected_cross_kernel_product(mean, cov, inducing_points, lengthscales)
-    beta = _expand_units(beta, mean.shape[-1])
-    return torch.einsum("snmrt,nr,mt->snm", lam, beta, beta)
+    """``sum_rt beta_rn beta_tm Lambda_rtnm`` for the unit pairs ``n < m``, ``[S, N (N - 1) / 2]``.
+
+    ``Lambda`` (``eq:gpn_normal_lambda``, corrected) factorises into per-unit Gaussians and one
+    coupling term, ``Lambda_rt = s * g_r * h_t * exp(rho d_r d_t)`` with ``rho = Sigma_nm / D``,
+    so only the coupling is ``R x R`` per pair; it is contracted with the per-unit factors by a
+    batched matrix product.
+    """
+    num_units = mean.shape[-1]
+    rows, cols = torch.triu_indices(num_units, num_units, offset=1, device=mean.device)
+    ls = lengthscales.expand(num_units)
+    beta = beta.expand(num_units, -1)
+    width = ls.square() + torch.diagonal(cov, dim1=-2, dim2=-1)  # c_n = lambda_n^2 + Sigma_nn
+    c_n, c_m, cross = width[:, rows], width[:, cols], cov[:, rows, cols]  # [S, P]
+    det = c_n * c_m - cross.square()
+    dist = inducing_points.expand(num_units, -1) - mean.unsqueeze(-1)  # d_rn = V_rn - mu_n
+    d_n, d_m = dist[:, rows], dist[:, cols]  # [S, P, R]
+    half_inv = 0.5 / det
+    left = beta[rows] * (-d_n.square() * (c_m * half_inv).unsqueeze(-1)).exp()
+    right = beta[cols] * (-d_m.square() * (c_n * half_inv).unsqueeze(-1)).exp()
+    rho = (cross / det).unsqueeze(-1)
+    coupling = ((rho * d_n).unsqueeze(-1) * d_m.unsqueeze(-2)).exp_()  # [S, P, R, R]
+    quad = (left * (coupling @ right.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    return ls[rows] * ls[cols] / det.sqrt() * quad
 
 
 def _cross_second_moment(
     mean: Tensor, cov: Tensor, inducing_points: Tensor, lengthscales: Tensor, beta: Tensor
 ) -> Tensor:
-    """``E[mu_n(a) mu_m(a)] = sum_rt beta_rn beta_tm Lambda_rtnm``, ``[S, N, N]``.
+    """``E[mu_n(a) mu_m(a)] = sum_rt beta_rn beta_tm Lambda_rtnm`` off the diagonal, ``[S, N, N]``.
 
     Evaluated in chunks of samples with at most :data:`COV_CHUNK_ELEMENTS` entries of
     ``Lambda`` each; under autograd each chunk is checkpointed, so the backward pass recomputes
     it instead of storing it.
     """
     num_samples, num_units = mean.shape
-    per_sample = num_units * num_units * inducing_points.shape[-1] ** 2
+    per_sample = max(1, num_units * (num_units - 1) // 2) * inducing_points.shape[-1] ** 2
     chunk = max(1, COV_CHUNK_ELEMENTS // per_sample)
     if chunk >= num_samples:
-        return _cross_second_moment_chunk(mean, cov, inducing_points, lengthscales, beta)
+        pairs = _cross_second_moment_chunk(mean, cov, inducing_points, lengthscales, beta)
+        return _pairs_to_matrix(pairs, num_units)
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (mean, cov, inducing_points, lengthscales, beta)
     )
@@ -350,4 +370,13 @@ def _cross_second_moment(
             )
         else:
             parts.append(_cross_second_moment_chunk(*args, inducing_points, lengthscales, beta))
-    return torch.cat(parts)
+    return _pairs_to_matrix(torch.cat(parts), num_units)
+
+
+def _pairs_to_matrix(pairs: Tensor, num_units: int) -> Tensor:
+    """Scatter ``[S, N (N - 1) / 2]`` values of the pairs ``n < m`` into symmetric ``[S, N, N]``
+    matrices with a zero diagonal."""
+    rows, cols = torch.triu_indices(num_units, num_units, offset=1, device=pairs.device)
+    out = pairs.new_zeros(pairs.shape[0], num_units, num_units)
+    out[:, rows, cols] = pairs
+    return out + out.mT

@@ -7,6 +7,7 @@ from torch.autograd import gradcheck
 import pyro_gpn.moments.propagate as propagate
 from pyro_gpn.moments import (
     Moments,
+    expected_cross_kernel_product,
     expected_kernel,
     expected_kernel_product,
     midpoint_expansion,
@@ -145,7 +146,8 @@ def test_chunked_covariance_equals_unchunked_with_gradients(monkeypatch):
         return out.cov.detach(), m.grad, c.grad, b.grad
 
     whole = run()
-    monkeypatch.setattr(propagate, "COV_CHUNK_ELEMENTS", 4 * 4 * 6 * 6 * 2)  # two samples a chunk
+    pairs = 4 * 3 // 2
+    monkeypatch.setattr(propagate, "COV_CHUNK_ELEMENTS", pairs * 6 * 6 * 2)  # two samples a chunk
     chunked = run()
     for w, c in zip(whole, chunked):
         torch.testing.assert_close(w, c)
@@ -195,3 +197,17 @@ def test_bad_mode_raises():
     mean, _ = _inputs()
     with pytest.raises(ValueError, match="mode"):
         response_moments(Moments(mean), points, ls, beta, kappa, noise_var, "full")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_covariance_matches_materialised_lambda(shared):
+    points, ls, beta, kappa, noise_var, *_ = _params(shared=shared, equidistant=False)
+    mean, cov = _inputs()
+    out = response_moments(Moments(mean, cov=cov), points, ls, beta, kappa, noise_var, "cov")
+    n = mean.shape[1]
+    lam = expected_cross_kernel_product(mean, cov, points, ls)
+    b = beta.expand(n, -1)
+    expected = torch.einsum("snmrt,nr,mt->snm", lam, b, b)
+    expected = expected - out.mean.unsqueeze(-1) * out.mean.unsqueeze(-2)
+    off = ~torch.eye(n, dtype=torch.bool)
+    torch.testing.assert_close(out.cov[:, off], expected[:, off])
