@@ -1,6 +1,7 @@
-"""GPN layers: the parametric layer and the shared base class."""
+"""GPN layers: the shared base, the parametric layer and its variational twin."""
 
 from .base import SHARE_OPTIONS, GPNLayerBase
 from .parametric import TARGET_INITS, GPNLayer
+from .variational import VariationalGPNLayer
 
-__all__ = ["SHARE_OPTIONS", "TARGET_INITS", "GPNLayer", "GPNLayerBase"]
+__all__ = ["SHARE_OPTIONS", "TARGET_INITS", "GPNLayer", "GPNLayerBase", "VariationalGPNLayer"]

@@ -310,9 +310,10 @@ class VariationalGPN(PyroModule):
         """Monte Carlo posterior predictive by :class:`pyro.infer.Predictive` (no gradients).
 
         ``parallel`` draws all ``num_samples`` in one vectorised pass (the model broadcasts over
-        a particle dimension); ``False`` loops. Returns every site (``layer{l}.targets``, ``layer{l}.response``, ``layer{l}.output``,
-        ``obs``), each with a leading ``num_samples`` dimension; the targets keep the data plate's
-        singleton dimension, ``[num_samples, 1, N | 1, R]``.
+        a particle dimension); ``False`` loops. Returns every site (``layer{l}.targets``,
+        ``layer{l}.response``, ``layer{l}.output``, ``obs``), each with a leading
+        ``num_samples`` dimension; the targets keep the data plate's singleton dimension,
+        ``[num_samples, 1, N | 1, R]``.
         """
         sites = ["obs"]
         for l in range(self.num_layers):

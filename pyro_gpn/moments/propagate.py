@@ -49,6 +49,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from ..kernels import squared_exponential
+from .backend import use_fused
 from .gaussian import Moments
 
 __all__ = [
@@ -264,11 +265,17 @@ def response_moments(
         functions are independent GPs).
     """
     _check_mode(mode)
+    if mode != "mean" and variance_reduction is None:
+        raise ValueError(f"variance_reduction is required in mode {mode!r}")
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()
 
     # eq:gpn_normal_mu with psi from eq:gpn_normal_E_alpha
+    if use_fused(mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var):
+        return _fused_response_moments(
+            activations, inducing_points, lengthscales, beta, variance_reduction, noise_var, mode
+        )
     width_psi = 2 * (ls2 + var)
     amplitude_psi = (ls2 / (ls2 + var)).sqrt()
     centers = _expand_units(inducing_points, num_units)
@@ -278,8 +285,6 @@ def response_moments(
     if mode == "mean":
         return Moments(out_mean, validate=False)
 
-    if variance_reduction is None:
-        raise ValueError(f"variance_reduction is required in mode {mode!r}")
     # eq:gpn_normal_Sigmatilde through the midpoint expansion of tr[(C - beta beta^T) Omega]
     matrix = variance_reduction - beta.unsqueeze(-1) * beta.unsqueeze(-2)
     mid_centers, mid_weights = midpoint_expansion(
@@ -306,6 +311,48 @@ def response_moments(
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
     out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
     return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+
+
+def _fused_response_moments(
+    activations: Moments,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor | None,
+    noise_var: Tensor | None,
+    mode: Mode,
+) -> Moments:
+    """:func:`response_moments` through the Triton kernels of :mod:`pyro_gpn.moments.fused`."""
+    from .fused import fused_response_cov, fused_response_mean, fused_response_meanvar
+
+    mean, var = activations.mean, activations.var
+    if mode == "mean":
+        var = None if activations.is_deterministic else activations.variance
+        out = fused_response_mean(mean, var, inducing_points, lengthscales, beta)
+        return Moments(out, validate=False)
+    if mode == "cov" and activations.cov is not None:
+        out_mean, out_cov = fused_response_cov(
+            mean,
+            activations.cov,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            noise_var,
+        )
+        return Moments(out_mean, cov=out_cov, validate=False)
+    out_mean, out_var = fused_response_meanvar(
+        mean,
+        activations.variance,
+        inducing_points,
+        lengthscales,
+        beta,
+        variance_reduction,
+        noise_var,
+    )
+    if mode == "cov":
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+    return Moments(out_mean, var=out_var, validate=False)
 
 
 def _cross_second_moment_chunk(
