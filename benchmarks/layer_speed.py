@@ -102,15 +102,25 @@ def peak_memory(step: Callable[[], None], device: torch.device) -> float:
 
 
 def benchmark(
-    batch: int, width: int, rounds: int, device: torch.device, variants=VARIANTS
+    batch: int,
+    width: int,
+    rounds: int,
+    device: torch.device,
+    variants=VARIANTS,
+    cov_rounds: int | None = None,
 ) -> dict[str, dict]:
+    """Median times of ``variants``; the costly ``cov`` variant runs in the first
+    ``cov_rounds`` rounds only (default: all)."""
+    cov_rounds = rounds if cov_rounds is None else cov_rounds
     steps = {v: make_step(v, batch, width, device) for v in variants}
-    for step in steps.values():  # warm-up
-        for _ in range(5):
+    for v, step in steps.items():  # warm-up
+        for _ in range(2 if v == "cov" else 5):
             step()
     times: dict[str, list[float]] = {v: [] for v in variants}
-    for _ in range(rounds):  # interleaved, so load changes hit every variant alike
+    for i in range(rounds):  # interleaved, so load changes hit every variant alike
         for v, step in steps.items():
+            if v == "cov" and i >= cov_rounds:
+                continue
             _sync(device)
             start = time.perf_counter()
             step()
@@ -119,7 +129,7 @@ def benchmark(
     results = {}
     for v in variants:
         ms = [1e3 * t for t in times[v]]
-        q = statistics.quantiles(ms, n=4)
+        q = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], ms[0], ms[0])
         results[v] = {
             "median_ms": statistics.median(ms),
             "iqr_ms": (q[0], q[2]),
@@ -146,7 +156,9 @@ def to_markdown(all_results: list[tuple[str, int, dict]], command: str, args) ->
         f"Command: `{command}`",
         "",
         f"Date: {datetime.date.today().isoformat()}. One layer of {args.width} units with "
-        f"{args.width} inputs, {args.rounds} interleaved rounds after 5 warm-up calls; median "
+        f"{args.width} inputs, {args.rounds} interleaved rounds "
+        f"(cov: {args.cov_rounds or args.rounds}) "
+        "after warm-up calls; median "
         "time of forward + backward, [25 %, 75 %] quantiles, ratio to the tanh layer measured "
         "in the same run, and peak live tensor memory of one pass.",
         "",
@@ -175,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--device", nargs="+", default=None, help="cpu and/or cuda (default: all present)"
     )
+    parser.add_argument(
+        "--cov-rounds", type=int, default=None, help="rounds for cov (default: all)"
+    )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--out", default=None, help="write a markdown table here")
     args = parser.parse_args(argv)
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.rounds,
                 device,
                 ["tanh", *[v for v in args.variants if v != "tanh"]],
+                cov_rounds=args.cov_rounds,
             )
             machine = machine_description(device)
             all_results.append((machine, batch, res))

@@ -361,6 +361,7 @@ def run_cell(
         "wall_time_s": time.perf_counter() - start,
         "command": command or f"pyro_gpn.experiments.run_cell({cell!r})",
         "machine": machine_description(settings.device),
+        "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "data": getattr(data, "description", ""),
@@ -388,7 +389,9 @@ def run_grid(
 ) -> dict[str, list[str]]:
     """Run the cells without a result file, then write the table.
 
-    Cells whose ``out/paper_runs/<run_id>.json`` exists are skipped. No new cell is started once
+    Cells whose ``out/paper_runs/<run_id>.json`` exists *with the same epoch cap* are skipped; a
+    run made under another cap (for example a capped run when the paper's uncapped protocol is
+    asked for) is run again and its file replaced. No new cell is started once
     ``time_budget_s`` seconds have passed (a running cell is finished). The table
     (:func:`write_table`) is rewritten after every finished cell.
 
@@ -399,8 +402,10 @@ def run_grid(
     runs_dir = out / "paper_runs"
     start = time.perf_counter()
     report: dict[str, list[str]] = {"finished": [], "skipped": [], "pending": []}
+    settings = settings or RunSettings()
     for cell in cells:
-        if (runs_dir / f"{cell.run_id}.json").exists():
+        path = runs_dir / f"{cell.run_id}.json"
+        if path.exists() and json.loads(path.read_text()).get("max_epochs") == settings.max_epochs:
             report["skipped"].append(cell.run_id)
             continue
         if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:

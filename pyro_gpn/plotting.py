@@ -118,6 +118,7 @@ def plot_activation_functions(
     noise: bool = False,
     num_points: int = 200,
     title: str | None = None,
+    legend: bool = True,
 ) -> list[Axes]:
     """Plot the learned activation functions of some units of a GPN layer.
 
@@ -134,6 +135,7 @@ def plot_activation_functions(
             ``X``) instead of the activation function ``F`` alone; the legend says which.
         num_points: grid resolution.
         title: prefix for the panel titles (default ``"unit"``).
+        legend: put a legend on the first panel.
 
     Returns:
         The list of axes drawn on.
@@ -171,7 +173,8 @@ def plot_activation_functions(
         axis.set_xlabel("activation a")
         axis.set_xlim(*grid)
     axes[0].set_ylabel("f(a)")
-    axes[0].legend(fontsize="x-small", loc="best")
+    if legend:
+        axes[0].legend(fontsize="x-small", loc="best")
     return axes
 
 
@@ -220,6 +223,7 @@ def plot_network_activations(
             noise=noise,
             num_points=num_points,
             title=f"layer {row + 1}, unit",
+            legend=row == 0,
         )
         for axis in axes[row, count:]:
             axis.set_visible(False)
