@@ -9,7 +9,10 @@ Subcommands (``pyro-gpn <command> --help`` for the options):
   write ``paper_table.md`` / ``paper_table.json`` (:mod:`pyro_gpn.experiments`);
 * ``demo``: train a GPN and a tanh network on the bundled yacht regression set (offline, about
   a minute on a laptop CPU), print test RMSE and log-likelihood and plot the learned activation
-  functions.
+  functions;
+* ``compare``: fit one regression data set with every inference route (NUTS, parametric SVI,
+  central-limit ML, variational GPN with ``Trace_ELBO`` and with the closed-form ELBO) and
+  tabulate accuracy, calibration, time and sampler diagnostics (:mod:`pyro_gpn.compare`).
 
 Each subcommand is one ``_add_<name>(subparsers)`` function that registers its parser and sets
 ``func`` to its handler; adding a command means adding such a function to ``_COMMANDS``.
@@ -496,11 +499,18 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------- main
+def _add_compare(subparsers: argparse._SubParsersAction) -> None:
+    from .compare import add_compare_parser
+
+    add_compare_parser(subparsers)
+
+
 _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_train,
     _add_evaluate,
     _add_reproduce,
     _add_demo,
+    _add_compare,
 )
 
 
@@ -510,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="pyro-gpn",
-        description="Gaussian Process Neurons: train, evaluate, reproduce the paper, demo.",
+        description="Gaussian Process Neurons: train, evaluate, reproduce the paper, demo, "
+        "compare inference routes.",
     )
     parser.add_argument("--version", action="version", version=f"pyro-gpn {__version__}")
     subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
