@@ -29,7 +29,7 @@ from .layers import GPNLayer
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
 
-__all__ = ["GPNNet", "HEADS", "input_moments"]
+__all__ = ["GPNNet", "HEADS", "check_sizes", "input_moments"]
 
 HEADS = ("gaussian", "softmax")
 
@@ -50,6 +50,17 @@ def input_moments(x: Tensor, x_var: Tensor | None = None) -> Moments:
     check_shape("x_var", x_var, tuple(x.shape))
     check_nonnegative("x_var", x_var)
     return Moments(x, var=x_var, validate=False)
+
+
+def check_sizes(sizes: Sequence[int], head: str) -> list[int]:
+    """Validate network widths: at least 2 (gaussian head) or 3 (softmax head) positive ints."""
+    sizes = list(sizes)
+    min_len = 3 if head == "softmax" else 2
+    if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(
+            f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
+        )
+    return sizes
 
 
 class GPNNet(PyroModule):
@@ -86,11 +97,7 @@ class GPNNet(PyroModule):
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        min_len = 3 if head == "softmax" else 2
-        if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(
-                f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
-            )
+        check_sizes(sizes, head)
         self.sizes = sizes
         self.mode = mode
         self.head = head

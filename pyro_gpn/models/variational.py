@@ -83,6 +83,7 @@ from ..layers.variational import VariationalGPNLayer
 from ..losses import gaussian_expected_nll, unscented_cross_entropy
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
+from ..network import check_sizes
 
 __all__ = ["HEADS", "MODES", "VariationalGPN"]
 
@@ -134,11 +135,7 @@ class VariationalGPN(PyroModule):
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        min_len = 3 if head == "softmax" else 2
-        if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(
-                f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
-            )
+        check_sizes(sizes, head)
         if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
             raise ValueError(f"num_data must be a positive integer or None, got {num_data!r}")
         self.sizes = sizes
