@@ -31,6 +31,7 @@ import pyro
 import torch
 
 from pyro_gpn.compare import (
+    ROUTES,
     ComparisonResult,
     RouteBudget,
     aggregate_markdown,
@@ -82,6 +83,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nuts-warmup", type=int, default=100)
     parser.add_argument("--nuts-subsample", type=int, default=60, help="yacht rows for NUTS")
     parser.add_argument("--grid-size", type=int, default=100)
+    parser.add_argument(
+        "--vgpn-lr-decay",
+        type=float,
+        default=RouteBudget.vgpn_lr_decay,
+        help="variational routes: learning-rate factor reached at the last step",
+    )
+    parser.add_argument(
+        "--svi-batch-size", type=int, default=None, help="mini-batch of the SVI routes"
+    )
+    parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
     return parser.parse_args(argv)
 
 
@@ -92,6 +103,7 @@ def _run(name: str, data, args, budget: RouteBudget) -> list[ComparisonResult]:
         runs.append(
             compare_routes(
                 data,
+                routes=args.routes,
                 sizes=args.sizes,
                 seed=seed,
                 budget=budget,
@@ -145,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     budget = RouteBudget(
         svi_steps=args.svi_steps,
+        vgpn_lr_decay=args.vgpn_lr_decay,
+        svi_batch_size=args.svi_batch_size,
         eval_every=args.eval_every,
         clt_epochs=args.clt_epochs,
         nuts_samples=args.nuts_samples,

@@ -357,7 +357,7 @@ def _run_reproduce(args: argparse.Namespace) -> int:
 
 
 def _add_reproduce(subparsers: argparse._SubParsersAction) -> None:
-    from .experiments import GRID_DATASETS, GRID_MODELS
+    from .experiments import GRID_DATASETS, GRID_MODELS, RunSettings
 
     parser = subparsers.add_parser(
         "reproduce",
@@ -392,9 +392,17 @@ def _add_reproduce(subparsers: argparse._SubParsersAction) -> None:
         default="runs/paper",
         help="checkpoints of unfinished runs (resumed on the next call)",
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=128)
-    parser.add_argument("--patience", type=_nonnegative_int, default=10)
-    parser.add_argument("--dropout", type=_probability, default=0.2, help="fast-dropout rate")
+    defaults = RunSettings()
+    parser.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size)
+    parser.add_argument(
+        "--patience",
+        type=_nonnegative_int,
+        default=defaults.patience,
+        help="epochs without validation improvement before the learning rate is divided by 10",
+    )
+    parser.add_argument(
+        "--dropout", type=_probability, default=defaults.dropout, help="fast-dropout rate"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--data-dir", default=None, help="folder with the raw UCI files")
     parser.add_argument("--progress", action="store_true", help="per-run progress bars")

@@ -109,6 +109,8 @@ def test_bad_arguments(tiny_data):
         compare_routes(tiny_data, routes=("mcmc",))
     with pytest.raises(ValueError, match="svi_steps"):
         RouteBudget(svi_steps=0)
+    with pytest.raises(ValueError, match="vgpn_lr_decay"):
+        RouteBudget(vgpn_lr_decay=0.0)
     with pytest.raises(ValueError, match="gap"):
         synthetic_1d(gap=(1.0, 0.0))
 
@@ -122,6 +124,7 @@ def test_cli_writes_a_markdown_table(tmp_path):
             "--n-train", "12", "--n-test", "6", "--sizes",
             "--routes", "clt", "vgpn-closed",
             "--svi-steps", "3", "--clt-epochs", "2", "--grid-size", "10",
+            "--vgpn-lr-decay", "0.5",
             "--out", str(tmp_path),
         ]
     )  # fmt: skip

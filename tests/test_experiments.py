@@ -99,6 +99,31 @@ def test_run_grid_writes_runs_and_skips_finished(tmp_path):
     assert record["max_epochs"] == 2
 
 
+@pytest.mark.parametrize(
+    "change", [{"patience": 3}, {"batch_size": 8}, {"dropout": 0.1}], ids=lambda c: next(iter(c))
+)
+def test_run_grid_reruns_runs_of_another_protocol(tmp_path, change):
+    cells = grid_cells(["letter"], ["tanh-dropout"], [0])
+    base = {"max_epochs": 1, "batch_size": 16}
+    work = tmp_path / "work"
+    run = lambda settings: run_grid(
+        tmp_path, cells, settings, work_dir=work, loader=tiny_classification, log=lambda _: None
+    )
+    run(RunSettings(**base))
+    checkpoint = work / cells[0].run_id / "checkpoint.pt"
+    assert checkpoint.exists()
+    other = RunSettings(**{**base, **change})
+    assert run(other)["finished"] == [cells[0].run_id]
+    record = json.loads((tmp_path / "paper_runs" / f"{cells[0].run_id}.json").read_text())
+    assert record["patience"] == other.patience and record["batch_size"] == other.batch_size
+    assert record["dropout"]["rate"] == other.dropout
+    # trained afresh under the new protocol, not continued from the old checkpoint
+    saved = torch.load(checkpoint, weights_only=False)
+    assert saved["config"]["patience"] == other.patience
+    assert saved["config"]["batch_size"] == other.batch_size
+    assert run(other)["skipped"] == [cells[0].run_id]
+
+
 def test_run_grid_time_budget_starts_nothing_when_spent(tmp_path):
     cells = grid_cells(["letter"], ["tanh"], [0, 1])
     report = run_grid(tmp_path, cells, time_budget_s=0.0, loader=tiny_classification)

@@ -133,19 +133,34 @@ def _make_loss(loss: str | ELBO | Callable, num_particles: int | None) -> ELBO |
 
 
 def _make_optim(
-    optim: pyro.optim.PyroOptim | None, lr: float, clip_norm: float | None
+    optim: pyro.optim.PyroOptim | None,
+    lr: float,
+    clip_norm: float | None,
+    lr_decay: float = 1.0,
+    num_steps: int = 1,
 ) -> pyro.optim.PyroOptim:
+    if not (isinstance(lr_decay, (int, float)) and math.isfinite(lr_decay) and 0 < lr_decay <= 1):
+        raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay!r}")
     if optim is not None:
         if not isinstance(optim, pyro.optim.PyroOptim):
             raise TypeError(f"optim must be a pyro.optim.PyroOptim, got {type(optim).__name__}")
+        if lr_decay != 1.0:
+            raise ValueError("lr_decay configures the default optimiser; it cannot go with optim")
         return optim
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if clip_norm is None:
+    if clip_norm is None and lr_decay == 1.0:
         return pyro.optim.Adam({"lr": lr})
-    if not clip_norm > 0:
+    if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
-    return pyro.optim.ClippedAdam({"lr": lr, "clip_norm": clip_norm})
+    # ClippedAdam multiplies the learning rate by lrd after every step.
+    return pyro.optim.ClippedAdam(
+        {
+            "lr": lr,
+            "clip_norm": math.inf if clip_norm is None else clip_norm,
+            "lrd": lr_decay ** (1.0 / max(num_steps, 1)),
+        }
+    )
 
 
 def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
@@ -193,6 +208,7 @@ def fit_svi(
     callback: Callback | None = None,
     optim: pyro.optim.PyroOptim | None = None,
     clip_norm: float | None = None,
+    lr_decay: float = 1.0,
     clear_param_store: bool = True,
     model_kwargs: dict | None = None,
 ) -> SVIResult:
@@ -223,6 +239,9 @@ def fit_svi(
         optim: a :class:`pyro.optim.PyroOptim` to use instead of ``Adam(lr)``.
         clip_norm: if given (and ``optim`` is not), :class:`pyro.optim.ClippedAdam` with this
             gradient-norm clip.
+        lr_decay: factor by which the learning rate has shrunk after ``num_steps`` steps, by
+            an exponential schedule (``lr * lr_decay ** (step / num_steps)``, through
+            :class:`pyro.optim.ClippedAdam`'s ``lrd``); ``1``: constant.
         clear_param_store: call :func:`pyro.clear_param_store` first, so that no parameter of an
             earlier run with the same name leaks into this one. ``PyroModule`` parameters live
             in their modules and are unaffected; set ``False`` to continue a run that keeps
@@ -257,7 +276,7 @@ def fit_svi(
                 _check_num_data(model, num_data)
                 slice_size = batch_size
     elbo = _make_loss(loss, num_particles)
-    optimizer = _make_optim(optim, lr, clip_norm)
+    optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
     if clear_param_store:
         pyro.clear_param_store()
     if seed is not None:

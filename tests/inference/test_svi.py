@@ -225,6 +225,26 @@ class TestFit:
         assert isinstance(result.svi.optim, pyro.optim.PyroOptim)
         assert result.svi.optim.pt_optim_constructor.__name__ == "ClippedAdam"
 
+    def test_lr_decay_reaches_the_requested_factor(self):
+        x, y = _data(20)
+        m = Gaussian()
+        result = fit_svi(
+            m.model, m.guide, x, y, num_steps=10, lr=0.1, lr_decay=0.01, progress=False
+        )
+        lrs = [
+            group["lr"]
+            for opt in result.svi.optim.optim_objs.values()
+            for group in opt.param_groups
+        ]
+        assert lrs and all(lr == pytest.approx(0.1 * 0.01) for lr in lrs)
+
+    @pytest.mark.parametrize("lr_decay", [0.0, 1.5, math.nan])
+    def test_lr_decay_out_of_range_is_refused(self, lr_decay):
+        x, y = _data(5)
+        m = Gaussian()
+        with pytest.raises(ValueError, match="lr_decay"):
+            fit_svi(m.model, m.guide, x, y, num_steps=1, lr_decay=lr_decay, progress=False)
+
     def test_clears_param_store(self):
         pyro.param("stale", torch.tensor(1.0))
         x, y = _data(20)
