@@ -187,7 +187,7 @@ def make_layer_step(way: str, mode: str, batch: int, width: int, device, state: 
     from pyro_gpn.moments.backend import backend
 
     torch.manual_seed(0)
-    layer = GPNLayer(width, width).to(device)
+    layer = GPNLayer(width, width, compute_dtype=None).to(device)
     inputs = layer_inputs(mode, batch, width, device)
     params = list(layer.parameters())
 
@@ -262,7 +262,7 @@ def make_train_step(way: str, device, state: dict):
             opt.step()
 
         return step
-    net = GPNNet(list(NET_SIZES), mode="meanvar", head="softmax").to(device)
+    net = GPNNet(list(NET_SIZES), mode="meanvar", head="softmax", compute_dtype=None).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     loss_fn = torch.compile(net.loss) if way == "compile" else net.loss
     name = "fused" if way == "fused" else "reference"

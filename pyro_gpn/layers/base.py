@@ -45,6 +45,15 @@ class GPNLayerBase(PyroModule):
         inducing_range: the interval the inducing points are spaced linearly in.
         lengthscale_init: initial lengthscale ``lambda`` (the authors' code: 0.4).
         noise_std_init: initial output noise standard deviation ``sigma``.
+        compute_dtype: dtype the GP algebra (``beta``, ``C`` and the output moments) is
+            evaluated in; inputs, parameters and results keep their own dtype. The default,
+            float64, is needed for float32 parameters: the output variance
+            ``1 - tr[(C - beta beta^T) Omega] - mu^2`` subtracts numbers of order
+            ``|beta|^2`` and ``|C|`` (hundreds to thousands once the target variances ``S``
+            are small), so float32 loses it entirely -- a variance of 1e-3 came out wrong by
+            1e-2 -- and gradient descent exploits the error. ``None`` computes in the
+            parameters' dtype, which is what the fused float32 Triton kernels need
+            (:mod:`pyro_gpn.moments.backend`); use it only with well-conditioned layers.
         dtype, device: of the parameters.
 
     Attributes:
@@ -64,6 +73,7 @@ class GPNLayerBase(PyroModule):
         inducing_range: tuple[float, float] = (-2.0, 2.0),
         lengthscale_init: float = 0.4,
         noise_std_init: float = 0.1,
+        compute_dtype: torch.dtype | None = torch.float64,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -86,6 +96,13 @@ class GPNLayerBase(PyroModule):
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if compute_dtype is not None and not (
+            isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"compute_dtype must be a floating torch.dtype or None, got {compute_dtype!r}"
+            )
+        self.compute_dtype = compute_dtype
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
         self.in_features = in_features
         self.out_features = out_features
@@ -112,9 +129,31 @@ class GPNLayerBase(PyroModule):
             torch.full((groups,), noise_std_init, **factory), constraints.positive
         )
 
+    # ------------------------------------------------------------------ numerics
+    def to_compute(self, tensor: Tensor) -> Tensor:
+        """``tensor`` in :attr:`compute_dtype` (unchanged if that is ``None``); differentiable."""
+        return tensor if self.compute_dtype is None else tensor.to(self.compute_dtype)
+
+    def compute_inducing_points(self) -> Tensor:
+        """``[N | 1, R]`` inducing points in :attr:`compute_dtype`.
+
+        Fixed, equally spaced points are regenerated from their end points, so that they are
+        equally spaced to the precision of the compute dtype: the midpoint expansion
+        (:func:`~pyro_gpn.moments.propagate.midpoint_expansion`) assumes it, and float32
+        points cast to float64 are only equally spaced to about 1e-7, an error the large
+        weights of a nearly noise-free layer amplify.
+        """
+        points = self.to_compute(self.inducing_points)
+        if not self._equidistant:
+            return points
+        first, last = points[..., :1], points[..., -1:]
+        steps = torch.arange(points.shape[-1], dtype=points.dtype, device=points.device)
+        return first + (last - first) * steps / (points.shape[-1] - 1)
+
     # ------------------------------------------------------------------ to override
     def response_weights(self) -> tuple[Tensor, Tensor]:
-        """``beta [N | 1, R]`` and ``C [N | 1, R, R]`` of the conditional response."""
+        """``beta [N | 1, R]`` and ``C [N | 1, R, R]`` of the conditional response, in
+        :attr:`compute_dtype`."""
         raise NotImplementedError
 
     def response_mean_weights(self) -> Tensor:
@@ -139,19 +178,21 @@ class GPNLayerBase(PyroModule):
         check_tensor("activations", activations)
         check_shape("activations", activations, (None, self.out_features))
         check_finite("activations", activations)
+        out_dtype = activations.dtype
+        activations = self.to_compute(activations)
         beta, reduction = self.response_weights()
-        ls = self.lengthscales.expand(self.out_features)
-        points = self.inducing_points.expand(self.out_features, -1)
+        ls = self.to_compute(self.lengthscales).expand(self.out_features)
+        points = self.compute_inducing_points().expand(self.out_features, -1)
         diff = activations.unsqueeze(-1) - points  # [S, N, R]
         alpha = (-0.5 * (diff / ls.unsqueeze(-1)).square()).exp()
         mean = torch.einsum("snr,nr->sn", alpha, beta.expand(self.out_features, -1))
         quad = torch.einsum(
             "snr,nrt,snt->sn", alpha, reduction.expand(self.out_features, -1, -1), alpha
         )
-        var = (1 - quad).clamp_min(0)
+        var = (1 - quad).clamp_min(0).to(out_dtype)
         if noise:
             var = var + self.noise_std.square()
-        return mean, var
+        return mean.to(out_dtype), var
 
     def propagate(
         self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True
@@ -190,16 +231,18 @@ class GPNLayerBase(PyroModule):
             beta, reduction = self.response_mean_weights(), None
         else:
             beta, reduction = self.response_weights()
-        return response_moments(
-            activations,
-            self.inducing_points,
-            self.lengthscales,
+        out_dtype = activations.mean.dtype
+        outputs = response_moments(
+            activations.to(self.compute_dtype) if self.compute_dtype else activations,
+            self.compute_inducing_points(),
+            self.to_compute(self.lengthscales),
             beta,
             reduction,
-            self.noise_std.square() if noise else None,
+            self.to_compute(self.noise_std.square()) if noise else None,
             mode,
             equidistant=self._equidistant,
         )
+        return outputs.to(out_dtype)
 
     def forward(self, inputs: Moments | Tensor, mode: Mode = "meanvar") -> Moments:
         return self.propagate(inputs, mode)

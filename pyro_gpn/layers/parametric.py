@@ -34,7 +34,7 @@ class GPNLayer(GPNLayerBase):
 
     Args:
         in_features, out_features, num_inducing, share, learn_inducing, inducing_range,
-        lengthscale_init, noise_std_init, dtype, device: see
+        lengthscale_init, noise_std_init, compute_dtype, dtype, device: see
             :class:`~pyro_gpn.layers.base.GPNLayerBase`.
         targets_init: ``"random"`` (targets ``U ~ N(0, 1)``) or ``"identity"`` (``U = V``, an
             activation function close to the identity on the inducing range).
@@ -68,6 +68,7 @@ class GPNLayer(GPNLayerBase):
         target_variance_init: float = math.sqrt(0.1),
         learn_target_variances: bool = True,
         jitter: float = 1e-6,
+        compute_dtype: torch.dtype | None = torch.float64,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -80,6 +81,7 @@ class GPNLayer(GPNLayerBase):
             inducing_range=inducing_range,
             lengthscale_init=lengthscale_init,
             noise_std_init=noise_std_init,
+            compute_dtype=compute_dtype,
             dtype=dtype,
             device=device,
         )
@@ -103,10 +105,10 @@ class GPNLayer(GPNLayerBase):
 
     def _weights(self, with_kappa: bool) -> tuple[Tensor | None, Tensor]:
         return virtual_observation_weights(
-            self.inducing_points,
-            self.targets,
-            self.target_variances,
-            self.lengthscales,
+            self.compute_inducing_points(),
+            self.to_compute(self.targets),
+            self.to_compute(self.target_variances),
+            self.to_compute(self.lengthscales),
             jitter=self.jitter,
             with_kappa=with_kappa,
         )

@@ -77,7 +77,7 @@ class VariationalGPNLayer(GPNLayerBase):
 
     Args:
         in_features, out_features, num_inducing, share, learn_inducing, inducing_range,
-        lengthscale_init, noise_std_init, dtype, device: see
+        lengthscale_init, noise_std_init, compute_dtype, dtype, device: see
             :class:`~pyro_gpn.layers.base.GPNLayerBase`.
         q_cov: ``"full"`` (a full covariance per function, ``targets_scale_tril``) or
             ``"diag"`` (independent targets, ``targets_scale``).
@@ -119,6 +119,7 @@ class VariationalGPNLayer(GPNLayerBase):
         lengthscale_init: float = 0.4,
         noise_std_init: float = 0.1,
         jitter: float = 1e-6,
+        compute_dtype: torch.dtype | None = torch.float64,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -131,6 +132,7 @@ class VariationalGPNLayer(GPNLayerBase):
             inducing_range=inducing_range,
             lengthscale_init=lengthscale_init,
             noise_std_init=noise_std_init,
+            compute_dtype=compute_dtype,
             dtype=dtype,
             device=device,
         )
@@ -177,10 +179,18 @@ class VariationalGPNLayer(GPNLayerBase):
     # ------------------------------------------------------------------ prior and posterior
     def prior_scale_tril(self) -> Tensor:
         """``[N | 1, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I``."""
-        points = self.inducing_points
-        gram = squared_exponential(points, points, self.lengthscales)
+        return self._prior_scale_tril(self.inducing_points, self.lengthscales)
+
+    def _prior_scale_tril(self, points: Tensor, lengthscales: Tensor) -> Tensor:
+        gram = squared_exponential(points, points, lengthscales)
         eye = torch.eye(points.shape[-1], dtype=points.dtype, device=points.device)
         return torch.linalg.cholesky(gram + self.jitter * eye)
+
+    def _compute_prior_scale_tril(self) -> Tensor:
+        """:meth:`prior_scale_tril` evaluated in :attr:`compute_dtype`."""
+        return self._prior_scale_tril(
+            self.compute_inducing_points(), self.to_compute(self.lengthscales)
+        )
 
     def variational_scale_tril(self) -> Tensor:
         """``[N | 1, R, R]`` lower Cholesky factor of the ``q`` covariance in the coordinates
@@ -209,15 +219,16 @@ class VariationalGPNLayer(GPNLayerBase):
         Evaluated in whitened coordinates, ``KL(N(m, S S^T) || N(0, I))`` with ``m = L^-1 mu_hat``,
         ``S = L^-1 chol(Sigma_hat)`` unless the layer is already whitened.
         """
-        loc, tril = self.targets_loc, self.variational_scale_tril()
+        loc = self.to_compute(self.targets_loc)
+        tril = self.to_compute(self.variational_scale_tril())
         if not self.whiten:
-            chol = self.prior_scale_tril()
+            chol = self._compute_prior_scale_tril()
             loc = torch.linalg.solve_triangular(chol, loc.unsqueeze(-1), upper=False).squeeze(-1)
             tril = torch.linalg.solve_triangular(chol, tril, upper=False)
         logdet = torch.diagonal(tril, dim1=-2, dim2=-1).abs().log().sum(-1)
         per_function = 0.5 * (tril.square().sum((-2, -1)) + loc.square().sum(-1))
         per_function = per_function - 0.5 * self.num_inducing - logdet
-        return per_function.sum()
+        return per_function.sum().to(self.targets_loc.dtype)
 
     # ------------------------------------------------------------------ responses
     def response_weights(self) -> tuple[Tensor, Tensor]:
@@ -227,16 +238,16 @@ class VariationalGPNLayer(GPNLayerBase):
         Returns:
             ``beta [N | 1, R]`` and ``Khat [N | 1, R, R]`` (symmetric).
         """
-        chol = self.prior_scale_tril()
+        chol = self._compute_prior_scale_tril()
         kinv = torch.cholesky_inverse(chol)
-        tril = self.variational_scale_tril()
+        tril = self.to_compute(self.variational_scale_tril())
+        loc = self.to_compute(self.targets_loc)
         if self.whiten:  # beta = L^-T m, Khat = L^-T (I - S S^T) L^-1
-            beta = torch.linalg.solve_triangular(
-                chol.mT, self.targets_loc.unsqueeze(-1), upper=True
-            ).squeeze(-1)
+            beta = torch.linalg.solve_triangular(chol.mT, loc.unsqueeze(-1), upper=True)
+            beta = beta.squeeze(-1)
             root = torch.linalg.solve_triangular(chol.mT, tril, upper=True)
         else:
-            beta = torch.cholesky_solve(self.targets_loc.unsqueeze(-1), chol).squeeze(-1)
+            beta = torch.cholesky_solve(loc.unsqueeze(-1), chol).squeeze(-1)
             root = torch.cholesky_solve(tril, chol)  # K^-1 chol(Sigma_hat)
         khat = kinv - root @ root.mT
         return beta, 0.5 * (khat + khat.mT)
@@ -261,7 +272,9 @@ class VariationalGPNLayer(GPNLayerBase):
         Returns:
             ``mean`` and ``var``, each ``[..., S, N]``.
         """
-        chol = self.prior_scale_tril()
+        out_dtype = activations.dtype
+        activations, targets = self.to_compute(activations), self.to_compute(targets)
+        chol = self._compute_prior_scale_tril()
         if self.whiten:  # K^-1 L z = L^-T z
             weights = torch.linalg.solve_triangular(chol.mT, targets.unsqueeze(-1), upper=True)
         else:
@@ -269,13 +282,15 @@ class VariationalGPNLayer(GPNLayerBase):
         weights = weights.squeeze(-1)  # [..., N | 1, R], K^-1 U
         kinv = torch.cholesky_inverse(chol)  # [N | 1, R, R]
         alpha = squared_exponential(
-            activations.unsqueeze(-1), self.inducing_points, self.lengthscales
+            activations.unsqueeze(-1),
+            self.compute_inducing_points(),
+            self.to_compute(self.lengthscales),
         ).squeeze(-2)  # [..., S, N, R]
-        mean = (alpha * weights).sum(-1)
+        mean = (alpha * weights).sum(-1).to(out_dtype)
         quad = torch.einsum(
             "...nr,nrt,...nt->...n", alpha, kinv.expand(alpha.shape[-2], -1, -1), alpha
         )
-        var = (1 - quad).clamp_min(0)
+        var = (1 - quad).clamp_min(0).to(out_dtype)
         if noise:
             var = var + self.noise_std.square()
         return mean, var.expand_as(mean)

@@ -505,7 +505,7 @@ def test_response_moments_dispatches_to_the_kernels(device, mode, monkeypatch):
             fused_mod, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
         )
     torch.manual_seed(0)
-    layer = GPNLayer(3, 5, num_inducing=6).to(device)
+    layer = GPNLayer(3, 5, num_inducing=6, compute_dtype=None).to(device)
     mean = torch.rand(4, 3, device=device)
     cov = 0.05 * torch.eye(3, device=device).expand(4, 3, 3).clone()
 

@@ -1,0 +1,113 @@
+"""GPNLayerBase numerics: the GP algebra in ``compute_dtype`` for float32 layers.
+
+A nearly noise-free layer (small target variances ``S``, or a nearly exact ``q(U)``) has
+``|beta|`` and ``|C|`` in the hundreds, and the output variance
+``1 - tr[(C - beta beta^T) Omega] - mu^2`` is a small difference of large numbers. The layers
+therefore evaluate it in float64 by default, whatever the parameters' dtype; these tests pin
+that a float32 layer then agrees with the same layer in float64.
+"""
+
+import copy
+
+import pytest
+import torch
+from torch import Tensor
+
+from pyro_gpn import GPNLayer, Moments
+from pyro_gpn.layers import VariationalGPNLayer
+
+
+def _nearly_noise_free_gpn_layer() -> GPNLayer:
+    torch.manual_seed(0)
+    layer = GPNLayer(2, 4, lengthscale_init=0.4, dtype=torch.float32)
+    with torch.no_grad():
+        layer.target_variances = torch.full((4, 14), 1e-3)
+    return layer
+
+
+def _nearly_exact_variational_layer(whiten: bool) -> VariationalGPNLayer:
+    torch.manual_seed(1)
+    layer = VariationalGPNLayer(2, 4, whiten=whiten, dtype=torch.float32)
+    with torch.no_grad():
+        layer.targets_scale_tril = 1e-3 * layer.targets_scale_tril
+    return layer
+
+
+def _inputs(dtype: torch.dtype) -> tuple[Tensor, Moments]:
+    gen = torch.Generator().manual_seed(2)
+    x = 2 * torch.rand(16, 2, generator=gen, dtype=torch.float64) - 1
+    var = 0.05 * torch.rand(16, 2, generator=gen, dtype=torch.float64)
+    return x.to(dtype), Moments(x.to(dtype), var=var.to(dtype))
+
+
+LAYERS = {
+    "parametric": _nearly_noise_free_gpn_layer,
+    "variational": lambda: _nearly_exact_variational_layer(whiten=False),
+    "variational-whitened": lambda: _nearly_exact_variational_layer(whiten=True),
+}
+
+
+@pytest.mark.parametrize("make_layer", LAYERS.values(), ids=LAYERS.keys())
+@pytest.mark.parametrize("uncertain", [False, True], ids=["deterministic", "gaussian"])
+def test_float32_layer_matches_float64_layer(make_layer, uncertain):
+    layer32 = make_layer()
+    layer64 = copy.deepcopy(layer32).double()
+    x32, moments32 = _inputs(torch.float32)
+    x64, moments64 = _inputs(torch.float64)
+    out32 = layer32.propagate(moments32 if uncertain else x32, "meanvar", noise=False)
+    out64 = layer64.propagate(moments64 if uncertain else x64, "meanvar", noise=False)
+    assert out32.mean.dtype == out32.variance.dtype == torch.float32
+    assert out64.variance.min() < 0.05  # the regime of the cancellation
+    torch.testing.assert_close(out32.mean.double(), out64.mean, rtol=0, atol=2e-6)
+    torch.testing.assert_close(out32.variance.double(), out64.variance, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("make_layer", LAYERS.values(), ids=LAYERS.keys())
+def test_closed_form_variance_equals_the_conditional_for_observed_inputs(make_layer):
+    """Deterministic activations: the propagated variance is ``1 - alpha^T C alpha`` exactly,
+    also for a float32 layer converted with ``.double()`` (fixed inducing points are
+    regenerated equally spaced, so the midpoint expansion stays exact)."""
+    for layer in (make_layer(), make_layer().double()):
+        x, _ = _inputs(layer.weight.dtype)
+        out = layer.propagate(x, "meanvar", noise=False)
+        beta, reduction = layer.response_weights()
+        if isinstance(layer, GPNLayer):
+            mean, var = layer.conditional(x @ layer.weight, noise=False)
+        else:
+            alpha = torch.exp(
+                -0.5
+                * ((x @ layer.weight).double().unsqueeze(-1) - layer.compute_inducing_points())
+                .div(layer.lengthscales.double().unsqueeze(-1))
+                .square()
+            )
+            mean = (alpha * beta).sum(-1)
+            var = 1 - torch.einsum("snr,nrt,snt->sn", alpha, reduction, alpha)
+        tol = 1e-6 if layer.weight.dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(out.mean.double(), mean.double(), rtol=0, atol=tol)
+        torch.testing.assert_close(out.variance.double(), var.double(), rtol=0, atol=tol)
+
+
+def test_gradients_reach_float32_parameters_in_float32():
+    layer = _nearly_noise_free_gpn_layer()
+    _, moments = _inputs(torch.float32)
+    out = layer.propagate(moments, "meanvar")
+    (out.mean.sum() + out.variance.sum()).backward()
+    for name, param in layer.named_parameters():
+        assert param.grad is not None, name
+        assert param.grad.dtype == torch.float32, name
+        assert torch.isfinite(param.grad).all(), name
+
+
+def test_compute_dtype_none_computes_in_the_parameters_dtype():
+    layer = GPNLayer(2, 3, compute_dtype=None, dtype=torch.float32)
+    beta, reduction = layer.response_weights()
+    assert beta.dtype == reduction.dtype == torch.float32
+    assert GPNLayer(2, 3, dtype=torch.float32).response_weights()[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize("bad", ["float64", torch.int64, 64])
+def test_bad_compute_dtype_raises(bad):
+    with pytest.raises(ValueError, match="compute_dtype"):
+        GPNLayer(2, 3, compute_dtype=bad)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        VariationalGPNLayer(2, 3, compute_dtype=bad)
