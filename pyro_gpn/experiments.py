@@ -224,7 +224,7 @@ class RunSettings:
             is divided by 10 (the paper's "predefined number of training iterations", not
             given). 30, chosen on the *validation* error of seed 0 on Letter: 10 cut the
             learning rate on noise while the loss still fell (tanh validation error 0.142
-            against 0.101 with 30; GPN mean+variance 0.0775 against 0.074); see
+            against 0.101 with 30; GPN mean+variance 0.0775 against 0.0731); see
             ``docs/results/paper_protocol.md``.
         dropout: drop probability of ``tanh-dropout`` (fast dropout; not given in the paper).
         device: ``"cpu"`` or ``"cuda"``.
@@ -369,6 +369,7 @@ def run_cell(
         "batch_size": settings.batch_size,
         "patience": settings.patience,
         "schedule": "Adam lr 1e-3, /10 on validation plateau, stop at 1e-6, best-val restore",
+        "gp_compute_dtype": _gp_compute_dtype(model),
         # the trainer's own clock covers all epochs, also those of an interrupted sitting
         "train_time_s": result.history[-1]["elapsed_time"] if result.history else 0.0,
         "wall_time_s": time.perf_counter() - start,
@@ -387,6 +388,17 @@ def run_cell(
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, path)
     return record
+
+
+def _gp_compute_dtype(model: torch.nn.Module) -> str | None:
+    """The dtype the GPN layers of ``model`` evaluate their GP algebra in (``None``: no GPN
+    layers). Run files written before the layers had ``compute_dtype`` lack the field; those
+    runs computed in float32."""
+    for module in model.modules():
+        if hasattr(module, "compute_dtype"):
+            dtype = module.compute_dtype or module.weight.dtype
+            return str(dtype).removeprefix("torch.")
+    return None
 
 
 def _protocol(settings: RunSettings, model: str) -> dict[str, Any]:
@@ -546,6 +558,10 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         "show the paper's numbers only.",
         "* MNIST (784x30x15x10) is not part of the grid: its training images are unavailable "
         "offline.",
+        "* The protocol (batch size, patience, preprocessing) and how it was chosen on "
+        "validation data: [paper_protocol.md](paper_protocol.md). GPN run files without a "
+        "`gp_compute_dtype` field predate the layers' float64 GP algebra and computed it in "
+        "float32.",
         "",
         "| Dataset | Layer sizes | Model | Sharing | Act. init | Train (ours) | Val (ours) "
         "| Test (ours) | Train (paper) | Val (paper) | Test (paper) | Seeds | Epoch cap |",

@@ -83,6 +83,9 @@ def test_run_grid_writes_runs_and_skips_finished(tmp_path):
     assert record["sizes"] == [3, 30, 15, 3] and record["command"] == "test-cmd"
     assert "no GPU" in record["machine"] or "GPU" in record["machine"]
     assert 0.0 <= record["test_error"] <= 1.0
+    assert record["gp_compute_dtype"] is None  # the tanh baseline has no GPN layer
+    gpn = json.loads((tmp_path / "paper_runs" / f"{cells[1].run_id}.json").read_text())
+    assert gpn["gp_compute_dtype"] == "float64"
     table = json.loads((tmp_path / "paper_table.json").read_text())
     assert [row["model"] for row in table["rows"]] == ["tanh-dropout", "gpn-mean"]
     markdown = (tmp_path / "paper_table.md").read_text()
