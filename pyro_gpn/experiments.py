@@ -383,10 +383,7 @@ def run_cell(
     }
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    path = runs_dir / f"{cell.run_id}.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write_atomically(runs_dir / f"{cell.run_id}.json", json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -603,6 +600,14 @@ def write_table(out: str | Path) -> list[dict[str, Any]]:
     out = Path(out)
     rows = aggregate_runs(load_runs(out / "paper_runs"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "paper_table.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    (out / "paper_table.md").write_text(_markdown(rows))
+    _write_atomically(out / "paper_table.json", json.dumps({"rows": rows}, indent=1) + "\n")
+    _write_atomically(out / "paper_table.md", _markdown(rows))
     return rows
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file of this process and a rename, so
+    that readers and concurrent grids never see a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
