@@ -168,10 +168,10 @@ class VariationalGPN(PyroModule):
         check_ndim("x", x, 2)
         check_shape("x", x, (None, self.sizes[0]))
         check_finite("x", x)
+        if y is None:  # prediction: num_data only scales the likelihood of observed targets
+            return
         if self.num_data is not None and x.shape[0] > self.num_data:
             raise ValueError(f"x has {x.shape[0]} samples, more than num_data={self.num_data}")
-        if y is None:
-            return
         if self.head == "gaussian":
             check_tensor("y", y)
             check_shape("y", y, (x.shape[0], self.sizes[-1]))

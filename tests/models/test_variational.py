@@ -99,8 +99,12 @@ def test_mini_batch_scaling():
     assert trace.nodes["obs"]["scale"] == pytest.approx(10.0)
     assert trace.nodes["layer0.response"]["scale"] == pytest.approx(10.0)
     assert trace.nodes["layer0.targets"]["scale"] == 1.0
+    x_big, y_big = _data(config, batch=71)
     with pytest.raises(ValueError, match="num_data"):
-        vgpn.model(torch.rand(71, 2, dtype=DT))
+        vgpn.model(x_big, y_big)
+    # predictions may cover more rows than the training set (num_data scales observed data only)
+    assert vgpn.predictive_moments(x_big).mean.shape[0] == 71
+    assert poutine.trace(vgpn.model).get_trace(x_big).nodes["obs"]["value"].shape[0] == 71
 
 
 @pytest.mark.parametrize("whiten", [False, True])
