@@ -25,10 +25,13 @@ HERE = Path(__file__).resolve().parent
 def execute(path: Path, smoke: bool, timeout: int = 1800, save: bool = True) -> float:
     """Run one notebook in a fresh kernel (cwd = this folder); return the wall time in seconds."""
     notebook = nbformat.read(path, as_version=4)
-    env_before = os.environ.get("PYRO_GPN_SMOKE")
+    env_before = {name: os.environ.get(name) for name in ("PYRO_GPN_SMOKE", "MPLBACKEND")}
     os.environ["PYRO_GPN_SMOKE"] = "1" if smoke else "0"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    # the kernel inherits this process's environment: a non-interactive MPLBACKEND (Agg, as set
+    # on CI) would make plt.show() a no-op and the saved notebook would have no figures
+    inline = "module://matplotlib_inline.backend_inline"
+    os.environ["MPLBACKEND"] = inline if save else os.environ.get("MPLBACKEND", inline)
     try:
         start = time.perf_counter()
         NotebookClient(
@@ -39,10 +42,11 @@ def execute(path: Path, smoke: bool, timeout: int = 1800, save: bool = True) -> 
         ).execute()
         elapsed = time.perf_counter() - start
     finally:
-        if env_before is None:
-            os.environ.pop("PYRO_GPN_SMOKE", None)
-        else:
-            os.environ["PYRO_GPN_SMOKE"] = env_before
+        for name, value in env_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     if save:
         nbformat.write(notebook, path)
     return elapsed
