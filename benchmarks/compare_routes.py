@@ -42,6 +42,7 @@ from pyro_gpn.compare import (
 )
 from pyro_gpn.data import load_dataset
 from pyro_gpn.experiments import machine_description
+from pyro_gpn.layers.variational import TARGETS_INITS
 
 matplotlib.use("Agg")
 
@@ -93,6 +94,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--svi-batch-size", type=int, default=None, help="mini-batch of the SVI routes"
     )
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
+    parser.add_argument(
+        "--vgpn-targets-init",
+        choices=TARGETS_INITS,
+        default=RouteBudget.vgpn_targets_init,
+        help="variational routes: initial mean of q(U)",
+    )
     return parser.parse_args(argv)
 
 
@@ -158,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = RouteBudget(
         svi_steps=args.svi_steps,
         vgpn_lr_decay=args.vgpn_lr_decay,
+        vgpn_targets_init=args.vgpn_targets_init,
         svi_batch_size=args.svi_batch_size,
         eval_every=args.eval_every,
         clt_epochs=args.clt_epochs,
