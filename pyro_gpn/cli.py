@@ -277,7 +277,11 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-epochs", type=_positive_int, default=1000)
     parser.add_argument("--batch-size", type=_positive_int, default=128)
     parser.add_argument(
-        "--patience", type=_nonnegative_int, default=10, help="epochs before a lr reduction"
+        "--patience",
+        type=_nonnegative_int,
+        default=30,
+        help="epochs without validation improvement before a lr reduction (30: the paper grid's "
+        "choice, docs/results/paper_protocol.md)",
     )
     parser.add_argument("--lr", type=_positive_float, default=1e-3, help="initial learning rate")
     parser.add_argument(
