@@ -554,7 +554,8 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         "* Rows with fewer than 5 finished seeds are marked *(n/5 seeds)*; rows with no run "
         "show the paper's numbers only.",
         "* MNIST (784x30x15x10) is not part of the grid: its training images are unavailable "
-        "offline.",
+        "offline; a reduced experiment on the 10,000 test images is in "
+        "[mnist_reduced.md](mnist_reduced.md).",
         "* The protocol (batch size, patience, preprocessing) and how it was chosen on "
         "validation data: [paper_protocol.md](paper_protocol.md). GPN run files without a "
         "`gp_compute_dtype` field predate the layers' float64 GP algebra and computed it in "
