@@ -42,6 +42,7 @@ from pyro_gpn.compare import (
 )
 from pyro_gpn.data import load_dataset
 from pyro_gpn.experiments import machine_description
+from pyro_gpn.layers.parametric import TARGET_INITS
 from pyro_gpn.layers.variational import TARGETS_INITS
 
 matplotlib.use("Agg")
@@ -99,6 +100,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         choices=TARGETS_INITS,
         default=RouteBudget.vgpn_targets_init,
         help="variational routes: initial mean of q(U)",
+    )
+    parser.add_argument(
+        "--targets-init",
+        choices=TARGET_INITS,
+        default=RouteBudget.targets_init,
+        help="parametric routes (parametric-svi, clt): initial targets",
     )
     return parser.parse_args(argv)
 
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         svi_steps=args.svi_steps,
         vgpn_lr_decay=args.vgpn_lr_decay,
         vgpn_targets_init=args.vgpn_targets_init,
+        targets_init=args.targets_init,
         svi_batch_size=args.svi_batch_size,
         eval_every=args.eval_every,
         clt_epochs=args.clt_epochs,

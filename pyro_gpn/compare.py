@@ -77,6 +77,7 @@ from torch import Tensor
 
 from .data.dataset import RegressionData
 from .inference.trainer import seed_everything
+from .layers.parametric import TARGET_INITS
 from .layers.variational import TARGETS_INITS
 from .losses import gaussian_predictive_log_likelihood
 from .moments.gaussian import Moments
@@ -127,6 +128,8 @@ class RouteBudget:
             On yacht (split 0, ``[6, 4, 1]``, 3000 closed-form steps at ``lr=0.05``) the
             whitened fit reached test RMSE 1.53 and the plain one 11.2: the plain
             parametrisation barely moves the targets away from the prior.
+        targets_init: initial targets of the parametric GPN routes (``parametric-svi`` and
+            ``clt``): ``"random"`` (the paper's default) or ``"identity"``.
         vgpn_targets_init: initial mean of ``q(U)`` of the variational routes (see
             :class:`~pyro_gpn.layers.VariationalGPNLayer`: ``"random"``, ``"identity"``,
             ``"zero"``). On yacht (split 0, ``[6, 4, 1]``, 4000 closed-form steps, ``lr`` 0.05
@@ -157,6 +160,7 @@ class RouteBudget:
     vgpn_lr: float = 5e-2
     vgpn_whiten: bool = True
     vgpn_lr_decay: float = 0.1
+    targets_init: str = "random"
     vgpn_targets_init: str = "identity"
     svi_batch_size: int | None = None
     trace_particles: int = 1
@@ -200,6 +204,10 @@ class RouteBudget:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not (isinstance(self.vgpn_lr_decay, (int, float)) and 0 < self.vgpn_lr_decay <= 1):
             raise ValueError(f"vgpn_lr_decay must lie in (0, 1], got {self.vgpn_lr_decay!r}")
+        if self.targets_init not in TARGET_INITS:
+            raise ValueError(
+                f"targets_init must be one of {TARGET_INITS}, got {self.targets_init!r}"
+            )
         if self.vgpn_targets_init not in TARGETS_INITS:
             raise ValueError(
                 f"vgpn_targets_init must be one of {TARGETS_INITS}, got {self.vgpn_targets_init!r}"
@@ -589,7 +597,7 @@ def _run_parametric(ctx: _Context, out: RouteResult) -> _Predictive:
     from .models.parametric import ParametricGPN
 
     budget, data = ctx.budget, ctx.data
-    gpn = ParametricGPN(ctx.full_sizes(), head="gaussian")
+    gpn = ParametricGPN(ctx.full_sizes(), head="gaussian", targets_init=budget.targets_init)
     fit = fit_svi(
         gpn.model,
         gpn.guide,
@@ -614,7 +622,9 @@ def _run_clt(ctx: _Context, out: RouteResult) -> _Predictive:
     from .network import GPNNet
 
     budget, data = ctx.budget, ctx.data
-    net = GPNNet(ctx.full_sizes(), mode="meanvar", head="gaussian")
+    net = GPNNet(
+        ctx.full_sizes(), mode="meanvar", head="gaussian", targets_init=budget.targets_init
+    )
     config = TrainConfig(
         lr=budget.clt_lr,
         batch_size=budget.clt_batch_size,
@@ -953,6 +963,12 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> None:
         default=defaults.vgpn_targets_init,
         help="initial mean of q(U) of the variational GPN",
     )
+    parser.add_argument(
+        "--targets-init",
+        choices=TARGET_INITS,
+        default=defaults.targets_init,
+        help="initial targets of the parametric GPN routes (parametric-svi, clt)",
+    )
     parser.add_argument("--clt-epochs", type=int, default=defaults.clt_epochs)
     parser.add_argument("--nuts-samples", type=int, default=defaults.nuts_samples)
     parser.add_argument("--nuts-warmup", type=int, default=defaults.nuts_warmup)
@@ -990,6 +1006,7 @@ def run_compare_cli(args: argparse.Namespace) -> int:
         vgpn_lr_decay=args.vgpn_lr_decay,
         vgpn_whiten=not args.vgpn_no_whiten,
         vgpn_targets_init=args.vgpn_targets_init,
+        targets_init=args.targets_init,
         clt_epochs=args.clt_epochs,
         nuts_samples=args.nuts_samples,
         nuts_warmup=args.nuts_warmup,

@@ -111,6 +111,10 @@ def test_bad_arguments(tiny_data):
         RouteBudget(svi_steps=0)
     with pytest.raises(ValueError, match="vgpn_lr_decay"):
         RouteBudget(vgpn_lr_decay=0.0)
+    with pytest.raises(ValueError, match="vgpn_targets_init"):
+        RouteBudget(vgpn_targets_init="tanh")
+    with pytest.raises(ValueError, match="targets_init"):
+        RouteBudget(targets_init="zero")  # the parametric GPN has no zero init
     with pytest.raises(ValueError, match="gap"):
         synthetic_1d(gap=(1.0, 0.0))
 
