@@ -34,16 +34,16 @@ from pyro_gpn.compare import (
     ROUTES,
     ComparisonResult,
     RouteBudget,
+    add_route_start_arguments,
     aggregate_markdown,
     compare_routes,
     plot_comparison,
     plot_learning_curves,
+    route_start_settings,
     synthetic_1d,
 )
 from pyro_gpn.data import load_dataset
 from pyro_gpn.experiments import machine_description
-from pyro_gpn.layers.parametric import TARGET_INITS
-from pyro_gpn.layers.variational import TARGETS_INITS
 
 matplotlib.use("Agg")
 
@@ -86,27 +86,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nuts-subsample", type=int, default=60, help="yacht rows for NUTS")
     parser.add_argument("--grid-size", type=int, default=100)
     parser.add_argument(
-        "--vgpn-lr-decay",
-        type=float,
-        default=RouteBudget.vgpn_lr_decay,
-        help="variational routes: learning-rate factor reached at the last step",
-    )
-    parser.add_argument(
         "--svi-batch-size", type=int, default=None, help="mini-batch of the SVI routes"
     )
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
-    parser.add_argument(
-        "--vgpn-targets-init",
-        choices=TARGETS_INITS,
-        default=RouteBudget.vgpn_targets_init,
-        help="variational routes: initial mean of q(U)",
-    )
-    parser.add_argument(
-        "--targets-init",
-        choices=TARGET_INITS,
-        default=RouteBudget.targets_init,
-        help="parametric routes (parametric-svi, clt): initial targets",
-    )
+    add_route_start_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -171,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     budget = RouteBudget(
         svi_steps=args.svi_steps,
-        vgpn_lr_decay=args.vgpn_lr_decay,
-        vgpn_targets_init=args.vgpn_targets_init,
-        targets_init=args.targets_init,
+        **route_start_settings(args),
         svi_batch_size=args.svi_batch_size,
         eval_every=args.eval_every,
         clt_epochs=args.clt_epochs,

@@ -925,6 +925,43 @@ def _plot_bands(result: ComparisonResult, plt) -> Figure:
 
 
 # ---------------------------------------------------------------------------------- CLI
+def add_route_start_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options that set how the gradient-trained routes start and how the variational
+    routes' learning rate decays (``--vgpn-lr-decay``, ``--vgpn-targets-init``,
+    ``--targets-init``), with :class:`RouteBudget`'s defaults; read them back with
+    :func:`route_start_settings`. Shared by ``pyro-gpn compare`` and
+    ``benchmarks/compare_routes.py``."""
+    defaults = RouteBudget()
+    parser.add_argument(
+        "--vgpn-lr-decay",
+        type=float,
+        default=defaults.vgpn_lr_decay,
+        help="variational routes: learning-rate factor reached at the last step (exponential "
+        "decay; 1: constant)",
+    )
+    parser.add_argument(
+        "--vgpn-targets-init",
+        choices=TARGETS_INITS,
+        default=defaults.vgpn_targets_init,
+        help="variational routes: initial mean of q(U)",
+    )
+    parser.add_argument(
+        "--targets-init",
+        choices=TARGET_INITS,
+        default=defaults.targets_init,
+        help="parametric routes (parametric-svi, clt): initial targets",
+    )
+
+
+def route_start_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`RouteBudget` fields set by :func:`add_route_start_arguments`."""
+    return {
+        "vgpn_lr_decay": args.vgpn_lr_decay,
+        "vgpn_targets_init": args.vgpn_targets_init,
+        "targets_init": args.targets_init,
+    }
+
+
 def add_compare_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the ``compare`` subcommand (``func=run_compare_cli``) on ``subparsers``."""
     defaults = RouteBudget()
@@ -951,26 +988,9 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--svi-lr", type=float, default=defaults.svi_lr)
     parser.add_argument("--vgpn-lr", type=float, default=defaults.vgpn_lr)
     parser.add_argument(
-        "--vgpn-lr-decay",
-        type=float,
-        default=defaults.vgpn_lr_decay,
-        help="learning-rate factor reached at the last step (exponential decay; 1: constant)",
-    )
-    parser.add_argument(
         "--vgpn-no-whiten", action="store_true", help="fit the variational GPN unwhitened"
     )
-    parser.add_argument(
-        "--vgpn-targets-init",
-        choices=TARGETS_INITS,
-        default=defaults.vgpn_targets_init,
-        help="initial mean of q(U) of the variational GPN",
-    )
-    parser.add_argument(
-        "--targets-init",
-        choices=TARGET_INITS,
-        default=defaults.targets_init,
-        help="initial targets of the parametric GPN routes (parametric-svi, clt)",
-    )
+    add_route_start_arguments(parser)
     parser.add_argument("--clt-epochs", type=int, default=defaults.clt_epochs)
     parser.add_argument("--nuts-samples", type=int, default=defaults.nuts_samples)
     parser.add_argument("--nuts-warmup", type=int, default=defaults.nuts_warmup)
@@ -1005,10 +1025,8 @@ def run_compare_cli(args: argparse.Namespace) -> int:
         svi_steps=args.svi_steps,
         svi_lr=args.svi_lr,
         vgpn_lr=args.vgpn_lr,
-        vgpn_lr_decay=args.vgpn_lr_decay,
         vgpn_whiten=not args.vgpn_no_whiten,
-        vgpn_targets_init=args.vgpn_targets_init,
-        targets_init=args.targets_init,
+        **route_start_settings(args),
         clt_epochs=args.clt_epochs,
         nuts_samples=args.nuts_samples,
         nuts_warmup=args.nuts_warmup,
