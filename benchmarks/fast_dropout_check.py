@@ -5,7 +5,8 @@ of a plain tanh run of the paper grid (``<work-dir>/letter__tanh__none__none__se
 best_model.pt``, written by ``pyro-gpn reproduce --work-dir ...``) into
 ``FixedActivationNet([16, 30, 15, 26])`` with fast dropout and with sampled dropout, and prints,
 on the first 2,000 training rows, the fast-dropout loss, the Monte Carlo mean of the
-sampled-dropout loss and the loss without dropout.
+sampled-dropout loss and the loss without dropout. ``--input-dropout 0`` drops the hidden units
+only (default: the inputs at the same rate as the hidden units).
 
 Usage::
 
@@ -32,14 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--draws", type=int, default=200, help="sampled-dropout passes")
+    parser.add_argument(
+        "--input-dropout", type=float, default=None, help="input rate (default: each rate)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     data = load_dataset("letter", data_dir=args.data_dir, seed=0)
     x, y = data.x_train[: args.rows], data.y_train[: args.rows]
     state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     for rate in args.rates:
-        fast = FixedActivationNet([16, 30, 15, 26], dropout=rate, fast_dropout=True)
-        sampled = FixedActivationNet([16, 30, 15, 26], dropout=rate, fast_dropout=False)
+        rates = {"dropout": rate, "input_dropout": args.input_dropout}
+        fast = FixedActivationNet([16, 30, 15, 26], **rates, fast_dropout=True)
+        sampled = FixedActivationNet([16, 30, 15, 26], **rates, fast_dropout=False)
         fast.load_state_dict(state)
         sampled.load_state_dict(state)
         with torch.no_grad():

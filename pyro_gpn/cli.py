@@ -167,6 +167,7 @@ def _build(settings: dict[str, Any], data: Any) -> nn.Module:
         init=settings["init"],
         share=settings["share"],
         dropout=settings["dropout"],
+        input_dropout=settings.get("input_dropout"),
     )
 
 
@@ -180,8 +181,11 @@ def _run_train(args: argparse.Namespace) -> int:
     data = _load_data(args)
     settings = {
         key: getattr(args, key)
-        for key in ("dataset", "split", "model", "mode", "sizes", "init", "share", "dropout")
-    }
+        for key in (
+            "dataset", "split", "model", "mode", "sizes", "init", "share", "dropout",
+            "input_dropout",
+        )
+    }  # fmt: skip
     seed_everything(args.seed)
     model = _build(settings, data)
     config = TrainConfig(
@@ -260,7 +264,16 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
         "--share", choices=("none", "layer"), default="none", help="GPN activation sharing"
     )
     parser.add_argument(
-        "--dropout", type=_probability, default=0.2, help="drop rate of the dropout baselines"
+        "--dropout",
+        type=_probability,
+        default=0.2,
+        help="drop rate of the dropout baselines' hidden units",
+    )
+    parser.add_argument(
+        "--input-dropout",
+        type=_probability,
+        default=None,
+        help="drop rate of the dropout baselines' inputs (default: --dropout; 0: hidden only)",
     )
     parser.add_argument("--seed", type=_nonnegative_int, default=0, help="initialisation seed")
     parser.add_argument(
@@ -344,6 +357,7 @@ def _run_reproduce(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         patience=args.patience,
         dropout=args.dropout,
+        input_dropout=args.input_dropout,
         device=args.device,
         data_dir=args.data_dir,
         progress=args.progress,
@@ -405,7 +419,16 @@ def _add_reproduce(subparsers: argparse._SubParsersAction) -> None:
         help="epochs without validation improvement before the learning rate is divided by 10",
     )
     parser.add_argument(
-        "--dropout", type=_probability, default=defaults.dropout, help="fast-dropout rate"
+        "--dropout",
+        type=_probability,
+        default=defaults.dropout,
+        help="fast-dropout rate of the hidden units",
+    )
+    parser.add_argument(
+        "--input-dropout",
+        type=_probability,
+        default=defaults.input_dropout,
+        help="fast-dropout rate of the inputs (default: --dropout; 0: hidden only)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--data-dir", default=None, help="folder with the raw UCI files")

@@ -64,7 +64,13 @@ def test_train_tanh_baseline_and_resume(tmp_path, capsys):
     base = ["train", "yacht", "--model", "tanh-fastdropout", "--sizes", "4", "--quiet"]
     assert main([*base, "--max-epochs", "1", "--out", str(out)]) == 0
     assert main([*base, "--max-epochs", "2", "--out", str(out), "--resume"]) == 0
-    assert json.loads((out / "result.json").read_text())["epochs"] == 2
+    result = json.loads((out / "result.json").read_text())
+    assert result["epochs"] == 2 and result["settings"]["input_dropout"] is None
+    hidden_only = tmp_path / "hidden-only"
+    argv = [*base, "--max-epochs", "1", "--input-dropout", "0", "--out", str(hidden_only)]
+    assert main(argv) == 0
+    assert json.loads((hidden_only / "result.json").read_text())["settings"]["input_dropout"] == 0
+    assert main(["evaluate", str(hidden_only), "--json"]) == 0
     capsys.readouterr()
 
 

@@ -61,11 +61,19 @@ def test_build_model_kinds():
     assert build_model("gpn", [3, 4, 2], "softmax", mode="mean").mode == "mean"
     fast = build_model("tanh-fastdropout", [3, 4, 2], "softmax", dropout=0.3)
     assert fast.fast_dropout and fast.dropout == 0.3
+    assert fast.input_dropout == 0.3
+    hidden_only = build_model("tanh-fastdropout", [3, 4, 2], "softmax", input_dropout=0.0)
+    assert hidden_only.dropout == 0.2 and hidden_only.input_dropout == 0.0
     assert not build_model("tanh-dropout", [3, 4, 2], "softmax").fast_dropout
     with pytest.raises(ValueError, match="model"):
         build_model("relu", [3, 4, 2], "softmax")
     with pytest.raises(ValueError, match="max_epochs"):
         RunSettings(max_epochs=0)
+    with pytest.raises(ValueError, match="input_dropout"):
+        RunSettings(input_dropout=1.0)
+    assert RunSettings(dropout=0.3, input_dropout=0.0).dropout_record == {
+        "kind": "fast", "rate": 0.3, "input_rate": 0.0,
+    }  # fmt: skip
 
 
 def test_run_grid_writes_runs_and_skips_finished(tmp_path):
@@ -79,7 +87,7 @@ def test_run_grid_writes_runs_and_skips_finished(tmp_path):
     assert report["finished"] == [c.run_id for c in cells] and not report["skipped"]
     record = json.loads((tmp_path / "paper_runs" / f"{cells[0].run_id}.json").read_text())
     assert record["max_epochs"] == 1 and record["epochs"] == 1
-    assert record["dropout"] == {"kind": "fast", "rate": 0.2}
+    assert record["dropout"] == {"kind": "fast", "rate": 0.05, "input_rate": 0.0}
     assert record["sizes"] == [3, 30, 15, 3] and record["command"] == "test-cmd"
     assert "no GPU" in record["machine"] or "GPU" in record["machine"]
     assert 0.0 <= record["test_error"] <= 1.0
@@ -103,7 +111,9 @@ def test_run_grid_writes_runs_and_skips_finished(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "change", [{"patience": 3}, {"batch_size": 8}, {"dropout": 0.1}], ids=lambda c: next(iter(c))
+    "change",
+    [{"patience": 3}, {"batch_size": 8}, {"dropout": 0.1}, {"input_dropout": None}],
+    ids=lambda c: next(iter(c)),
 )
 def test_run_grid_reruns_runs_of_another_protocol(tmp_path, change):
     cells = grid_cells(["letter"], ["tanh-dropout"], [0])
@@ -119,7 +129,7 @@ def test_run_grid_reruns_runs_of_another_protocol(tmp_path, change):
     assert run(other)["finished"] == [cells[0].run_id]
     record = json.loads((tmp_path / "paper_runs" / f"{cells[0].run_id}.json").read_text())
     assert record["patience"] == other.patience and record["batch_size"] == other.batch_size
-    assert record["dropout"]["rate"] == other.dropout
+    assert record["dropout"] == other.dropout_record
     # trained afresh under the new protocol, not continued from the old checkpoint
     saved = torch.load(checkpoint, weights_only=False)
     assert saved["config"]["patience"] == other.patience

@@ -69,6 +69,7 @@ class TestInterface:
             ({"activation": "relu"}, "activation"),
             ({"head": "poisson"}, "head"),
             ({"dropout": 1.0}, "dropout"),
+            ({"input_dropout": -0.1}, "input_dropout"),
             ({"quadrature_points": 1}, "quadrature_points"),
             ({"noise_std_init": 0.0}, "noise_std_init"),
         ],
@@ -167,6 +168,42 @@ class TestDropout:
         samples = z2 * torch.tanh((z1 * x / keep) @ w + b) / keep
         torch.testing.assert_close(features.mean, samples.mean(0), atol=0.015, rtol=0)
         torch.testing.assert_close(features.var, samples.var(0), atol=0, rtol=0.06)
+
+    @pytest.mark.parametrize("fast", [False, True])
+    def test_hidden_only_dropout_leaves_the_inputs(self, fast):
+        # input_dropout=0: the first layer sees the data as they are, the hidden units are
+        # dropped at `dropout`. Checked exactly (fast: the pre-activations are deterministic, so
+        # the head input has mean tanh(a) and variance (1 - p) / p tanh(a)^2) and against masks.
+        g = torch.Generator().manual_seed(6)
+        keep = 0.7
+        net = FixedActivationNet(
+            [5, 4, 3], dropout=1 - keep, input_dropout=0.0, fast_dropout=fast
+        ).to(DTYPE)
+        net.train()
+        x = torch.rand(3, 5, generator=g, dtype=DTYPE)
+        units = torch.tanh(x @ net.weights[0] + net.biases[0])
+        if fast:
+            features = net.hidden(x)
+            torch.testing.assert_close(features.mean, units)
+            torch.testing.assert_close(features.var, (1 - keep) / keep * units.square())
+        else:
+            draws = torch.stack([net.hidden(x).mean for _ in range(2000)])
+            # every draw is a masked copy of the undropped units: 0 or tanh(a) / keep
+            kept = draws != 0
+            torch.testing.assert_close(
+                draws[kept], (units / keep).expand_as(draws)[kept], rtol=1e-12, atol=1e-12
+            )
+            assert (
+                abs(kept.double().mean().item() - keep)
+                < 4 * (keep * (1 - keep) / kept.numel()) ** 0.5
+            )
+
+    def test_input_dropout_defaults_to_dropout(self):
+        net = FixedActivationNet([5, 4, 3], dropout=0.3)
+        assert net.input_dropout == 0.3
+        assert "input_dropout=0.1" in repr(
+            FixedActivationNet([5, 3], dropout=0.3, input_dropout=0.1)
+        )
 
 
 class TestTraining:
