@@ -97,6 +97,25 @@ def _add_threads(parser: argparse.ArgumentParser, default: int | None = None) ->
     )
 
 
+def _add_dropout(
+    parser: argparse.ArgumentParser, dropout: float, input_dropout: float | None
+) -> None:
+    """The ``--dropout`` / ``--input-dropout`` options of the dropout baselines."""
+    parser.add_argument(
+        "--dropout",
+        type=_probability,
+        default=dropout,
+        help=f"drop rate of the dropout baselines' hidden units (default: {dropout})",
+    )
+    parser.add_argument(
+        "--input-dropout",
+        type=_probability,
+        default=input_dropout,
+        help="drop rate of their inputs (default: "
+        f"{'--dropout' if input_dropout is None else input_dropout}; 0: hidden units only)",
+    )
+
+
 def _task(data: Any) -> str:
     return "classification" if hasattr(data, "num_classes") else "regression"
 
@@ -263,18 +282,7 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--share", choices=("none", "layer"), default="none", help="GPN activation sharing"
     )
-    parser.add_argument(
-        "--dropout",
-        type=_probability,
-        default=0.2,
-        help="drop rate of the dropout baselines' hidden units",
-    )
-    parser.add_argument(
-        "--input-dropout",
-        type=_probability,
-        default=None,
-        help="drop rate of the dropout baselines' inputs (default: --dropout; 0: hidden only)",
-    )
+    _add_dropout(parser, dropout=0.2, input_dropout=None)
     parser.add_argument("--seed", type=_nonnegative_int, default=0, help="initialisation seed")
     parser.add_argument(
         "--split",
@@ -418,18 +426,7 @@ def _add_reproduce(subparsers: argparse._SubParsersAction) -> None:
         default=defaults.patience,
         help="epochs without validation improvement before the learning rate is divided by 10",
     )
-    parser.add_argument(
-        "--dropout",
-        type=_probability,
-        default=defaults.dropout,
-        help="fast-dropout rate of the hidden units",
-    )
-    parser.add_argument(
-        "--input-dropout",
-        type=_probability,
-        default=defaults.input_dropout,
-        help="fast-dropout rate of the inputs (default: --dropout; 0: hidden only)",
-    )
+    _add_dropout(parser, dropout=defaults.dropout, input_dropout=defaults.input_dropout)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--data-dir", default=None, help="folder with the raw UCI files")
     parser.add_argument("--progress", action="store_true", help="per-run progress bars")
