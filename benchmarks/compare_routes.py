@@ -1,6 +1,6 @@
 """Compare every GPN inference route on a synthetic 1-D problem and on UCI yacht.
 
-Runs :func:`pyro_gpn.compare.compare_routes` on
+Runs :func:`pyro_gpn.experiments.routes.compare_routes` on
 
 (a) ``synthetic_1d(60, 100)`` (``y = sin(3x) + noise`` with a gap in the training inputs), and
 (b) the bundled UCI yacht set, split 0 (NUTS on a random subsample of the training rows),
@@ -30,20 +30,18 @@ import matplotlib
 import pyro
 import torch
 
-from pyro_gpn.compare import (
+from pyro_gpn.data import load_dataset, synthetic_1d
+from pyro_gpn.experiments.routes import (
     ROUTES,
     ComparisonResult,
     RouteBudget,
     add_route_start_arguments,
     aggregate_markdown,
     compare_routes,
-    plot_comparison,
-    plot_learning_curves,
     route_start_settings,
-    synthetic_1d,
 )
-from pyro_gpn.data import load_dataset
-from pyro_gpn.experiments import machine_description
+from pyro_gpn.experiments.runs import machine_description
+from pyro_gpn.plotting import plot_comparison, plot_learning_curves
 
 matplotlib.use("Agg")
 
@@ -177,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     text = [
         "# Every inference route on one data set",
         "",
-        "Produced by `benchmarks/compare_routes.py` (`pyro_gpn.compare.compare_routes`).",
+        "Produced by `benchmarks/compare_routes.py` "
+        "(`pyro_gpn.experiments.routes.compare_routes`).",
         "",
         f"- command: `{command}` (from the repository root)",
         f"- machine: {machine_description()}, shared with other jobs while it ran (wall "

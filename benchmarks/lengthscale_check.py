@@ -23,7 +23,7 @@ import torch
 
 from pyro_gpn import GPNNet
 from pyro_gpn.data import load_dataset
-from pyro_gpn.experiments import PAPER_HIDDEN, RunSettings
+from pyro_gpn.experiments.paper import PAPER_HIDDEN, RunSettings
 from pyro_gpn.inference.trainer import TrainConfig, Trainer, evaluate, seed_everything
 
 

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from pyro_gpn.data import load_dataset
-from pyro_gpn.experiments import PAPER_HIDDEN, build_model
+from pyro_gpn.experiments.paper import PAPER_HIDDEN
+from pyro_gpn.experiments.runs import build_model
 from pyro_gpn.losses import unscented_cross_entropy
 
 

@@ -1,4 +1,5 @@
-"""Plots of learned GPN activation functions (the paper's ``fig:gpn_act_connect4``).
+"""Plots: learned GPN activation functions (the paper's ``fig:gpn_act_connect4``) and the
+comparison of inference routes (:mod:`pyro_gpn.experiments.routes`).
 
 Each GPN unit's activation function is a GP conditioned on its virtual observations: targets
 ``U_r`` at the inducing points ``V_r`` with variances ``S_r``. :func:`plot_activation_functions`
@@ -7,6 +8,10 @@ activations with a band of two standard deviations (from :meth:`GPNLayerBase.con
 the virtual observations as red dots ``(V_r, U_r)`` with error bars ``sqrt(S_r)``.
 :func:`plot_network_activations` does that for every layer of a :class:`~pyro_gpn.GPNNet`, one
 row of panels per layer.
+
+:func:`plot_comparison` draws a :class:`~pyro_gpn.experiments.routes.ComparisonResult` (bands
+over a 1-D input, or bars of the test metrics over seeds) and :func:`plot_learning_curves` the
+test log-likelihood of the variational routes against training time.
 
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a function is
 called, so ``import pyro_gpn.plotting`` works without it.
@@ -23,21 +28,32 @@ Example::
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from .experiments.routes import ComparisonResult
     from .layers.base import GPNLayerBase
     from .network import GPNNet
 
-__all__ = ["plot_activation_functions", "plot_network_activations"]
+__all__ = [
+    "activation_curves",
+    "plot_activation_functions",
+    "plot_comparison",
+    "plot_learning_curves",
+    "plot_network_activations",
+]
 
 _MEAN_COLORS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
+#: the route metrics drawn as bars, with their panel titles
+_COMPARISON_METRICS = ("rmse", "log_lik", "coverage90")
 
 
 def _pyplot():
@@ -228,4 +244,100 @@ def plot_network_activations(
         for axis in axes[row, count:]:
             axis.set_visible(False)
     fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------- routes
+def plot_comparison(results: ComparisonResult | Sequence[ComparisonResult]) -> Figure:
+    """Plot a comparison.
+
+    1-D inputs: one panel per route with the training (black) and test (grey) points and the
+    predictive mean with its 90 % interval over the grid (of the first result when several are
+    given). Multi-D inputs: bars of test RMSE, log-likelihood and 90 % coverage per route (mean
+    and standard deviation over the results, e.g. seeds), with the nominal 0.9 marked.
+    """
+    plt = _pyplot()
+    runs = [results] if hasattr(results, "routes") else list(results)
+    if not runs:
+        raise ValueError("results must hold at least one ComparisonResult")
+    first = runs[0]
+    if first.x_grid is not None:
+        return _plot_bands(first, plt)
+    names = [r.route for r in first.routes if r.skipped is None]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), constrained_layout=True)
+    for ax, metric, title in zip(
+        axes, _COMPARISON_METRICS, ("test RMSE", "test log-likelihood", "90 % interval coverage")
+    ):
+        values = [
+            [res[name].__dict__[metric] for res in runs if res[name].skipped is None]
+            for name in names
+        ]
+        means = [statistics.fmean(v) for v in values]
+        sds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+        ax.bar(range(len(names)), means, yerr=sds, capsize=3, color="tab:blue", alpha=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_title(title)
+        if metric == "coverage90":
+            ax.axhline(0.9, color="k", linestyle="--", linewidth=1)
+            ax.set_ylim(0, 1.05)
+    fig.suptitle(f"{first.dataset}: {len(runs)} run(s), hidden widths {list(first.sizes)}")
+    return fig
+
+
+def plot_learning_curves(
+    results: Sequence[ComparisonResult], target: float | Sequence[float | None] | None = None
+) -> Figure:
+    """Test log-likelihood against training seconds of the routes with a learning curve.
+
+    One panel per result (e.g. per data set); ``target`` (one per result, or one for all) is
+    drawn as a dashed line.
+    """
+    plt = _pyplot()
+    results = list(results)
+    targets = target if isinstance(target, Sequence) else [target] * len(results)
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(4.5 * len(results), 3.4), constrained_layout=True
+    )
+    for ax, result, level in zip(np.atleast_1d(axes), results, targets, strict=True):
+        for r in result.routes:
+            if r.curve:
+                _, seconds, log_lik = zip(*r.curve)
+                ax.plot(seconds, log_lik, marker=".", label=r.label)
+        curves = [[ll for *_, ll in r.curve] for r in result.routes if r.curve]
+        if curves:  # start at the lowest final value: the early, poor steps would squash it
+            top = max(max(c) for c in curves)
+            ax.set_ylim(min(c[-1] for c in curves) - 1.0, top + 0.1 * (abs(top) + 1.0))
+        if level is not None:
+            ax.axhline(level, color="k", linestyle="--", linewidth=1, label="target")
+        ax.set_xlabel("training wall time [s]")
+        ax.set_ylabel("test log-likelihood")
+        ax.set_title(f"{result.dataset}, seed {result.seed}")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_bands(result: ComparisonResult, plt) -> Figure:
+    panels = result.routes
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.2 * len(panels), 3.2), sharey=True, constrained_layout=True
+    )
+    axes = np.atleast_1d(axes)
+    lows = [r.grid_lower.min() for r in panels if r.grid_lower is not None]
+    highs = [r.grid_upper.max() for r in panels if r.grid_upper is not None]
+    span = np.concatenate([result.y_train, result.y_test])
+    ylim = (min(span.min(), *lows) - 0.2, max(span.max(), *highs) + 0.2)
+    for ax, r in zip(axes, panels, strict=True):
+        ax.scatter(result.x_test[:, 0], result.y_test, s=6, color="0.6", label="test")
+        ax.scatter(result.x_train[:, 0], result.y_train, s=8, color="k", label="train")
+        if r.skipped is None:
+            ax.fill_between(
+                result.x_grid, r.grid_lower, r.grid_upper, alpha=0.3, label="90 % interval"
+            )
+            ax.plot(result.x_grid, r.grid_mean, color="tab:blue", label="mean")
+            ax.set_title(f"{r.route}\nlog-lik {r.log_lik:.2f}, cov. {r.coverage90:.2f}")
+        else:
+            ax.set_title(f"{r.route}\nskipped")
+        ax.set_ylim(*ylim)
+        ax.set_xlabel("x")
+    axes[0].legend(loc="lower left", fontsize=7)
     return fig

@@ -1,7 +1,8 @@
-"""Tests of the activation-function plots (Agg backend, no display)."""
+"""Tests of the activation-function and route-comparison plots (Agg backend, no display)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,9 +14,16 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 
 from pyro_gpn import GPNLayer, GPNNet  # noqa: E402
+from pyro_gpn.experiments.routes import (  # noqa: E402
+    ComparisonResult,
+    RouteBudget,
+    RouteResult,
+)
 from pyro_gpn.plotting import (  # noqa: E402
     activation_curves,
     plot_activation_functions,
+    plot_comparison,
+    plot_learning_curves,
     plot_network_activations,
 )
 
@@ -86,3 +94,49 @@ def test_plot_network_activations_shared_layer_has_one_panel():
     assert [axis.get_visible() for axis in figure.get_axes()] == [True, False, True, False]
     with pytest.raises(ValueError, match="units_per_layer"):
         plot_network_activations(net, units_per_layer=0)
+
+
+def _comparison(grid: bool, seed: int = 0) -> ComparisonResult:
+    rng = np.random.default_rng(seed)
+    x = np.linspace(-2, 2, 8)[:, None]
+    routes = [
+        RouteResult("nuts", skipped="too many rows"),
+        RouteResult("clt", rmse=0.2 + 0.1 * seed, log_lik=-0.5, coverage90=0.875, wall_s=1.0),
+        RouteResult(
+            "vgpn-closed", rmse=0.3, log_lik=-0.4, coverage90=1.0, wall_s=2.0,
+            curve=[(1, 0.1, -3.0), (2, 0.2, -0.6), (3, 0.3, -0.4)],
+        ),
+    ]  # fmt: skip
+    x_grid = np.linspace(-2.5, 2.5, 5) if grid else None
+    for r in routes[1:]:
+        if grid:
+            r.grid_mean = np.sin(x_grid)
+            r.grid_lower, r.grid_upper = r.grid_mean - 0.3, r.grid_mean + 0.3
+    y = np.sin(3 * x[:, 0]) + 0.1 * rng.standard_normal(8)
+    return ComparisonResult(
+        "toy", "toy", routes, (4,), seed, RouteBudget(), 8, 8, x, y, x, y, x_grid
+    )
+
+
+def test_plot_comparison_bands_over_a_1d_input():
+    fig = plot_comparison(_comparison(grid=True))
+    assert len(fig.axes) == 3
+    assert "skipped" in fig.axes[0].get_title() and "cov. 0.88" in fig.axes[1].get_title()
+    assert len([c for c in fig.axes[1].collections if isinstance(c, PolyCollection)]) == 1
+
+
+def test_plot_comparison_bars_over_seeds_skip_the_skipped_route():
+    fig = plot_comparison([_comparison(grid=False, seed=s) for s in (0, 1)])
+    rmse = fig.axes[0]
+    assert [t.get_text() for t in rmse.get_xticklabels()] == ["clt", "vgpn-closed"]
+    heights = [bar.get_height() for bar in rmse.patches]
+    assert heights == pytest.approx([0.25, 0.3])  # the mean over the two seeds
+    with pytest.raises(ValueError, match="results"):
+        plot_comparison([])
+
+
+def test_plot_learning_curves_draws_each_curve_and_the_target():
+    fig = plot_learning_curves([_comparison(grid=False)], target=-0.45)
+    (ax,) = fig.axes
+    assert [line.get_label() for line in ax.lines] == ["VI, closed-form ELBO", "target"]
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [-3.0, -0.6, -0.4])

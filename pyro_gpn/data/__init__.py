@@ -14,6 +14,7 @@ from pyro_gpn.data.dataset import ClassificationData, Dataset, RegressionData
 from pyro_gpn.data.download import ChecksumError, DataUnavailableError, default_data_dir
 from pyro_gpn.data.mnist import load_mnist, load_mnist_test_only, read_idx
 from pyro_gpn.data.registry import available_datasets, load_dataset
+from pyro_gpn.data.synthetic import synthetic_1d
 from pyro_gpn.data.uci import load_adult, load_connect4, load_letter
 from pyro_gpn.data.uci_regression import REGRESSION_DATASETS, load_uci_regression
 
@@ -34,4 +35,5 @@ __all__ = [
     "load_mnist_test_only",
     "load_uci_regression",
     "read_idx",
+    "synthetic_1d",
 ]

@@ -7,9 +7,9 @@ import json
 import pytest
 
 import pyro_gpn.data
-from pyro_gpn.cli import build_parser, main
+from pyro_gpn.experiments.cli import build_parser, main
 
-from .test_experiments import tiny_classification
+from .test_paper import tiny_classification
 
 
 def test_help_lists_every_subcommand(capsys):

@@ -29,25 +29,24 @@ is the same for all seeds.
 :func:`run_grid` runs the cells that have no result file yet (so the grid can be completed over
 several sittings, also across interrupted runs through the trainer's checkpoints), writing one
 JSON per run to ``<out>/paper_runs/<dataset>__<model>__<init>__<share>__seed<k>.json``, and
-:func:`write_table` aggregates them into ``<out>/paper_table.json`` and ``<out>/paper_table.md``.
+:func:`~pyro_gpn.experiments.paper_table.write_table` aggregates them into
+``<out>/paper_table.json`` and ``<out>/paper_table.md``. The paper's own numbers are data here,
+:data:`PAPER_RESULTS`, and its rows (:data:`PAPER_GRID`) are read off them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from .inference.trainer import (
+from ..inference.trainer import (
     BEST_MODEL_NAME,
     CHECKPOINT_NAME,
     TrainConfig,
@@ -55,129 +54,73 @@ from .inference.trainer import (
     evaluate,
     seed_everything,
 )
+from .options import nonnegative_int, option, positive_int, probability
+from .runs import build_model, machine_description, write_atomically
 
 __all__ = [
-    "CLI_MODELS",
     "GRID_DATASETS",
     "GRID_MODELS",
     "PAPER_GRID",
+    "PAPER_HIDDEN",
     "PAPER_LAYER_SIZES",
     "PAPER_RESULTS",
+    "PAPER_SEEDS",
     "GridCell",
     "RunSettings",
-    "aggregate_runs",
-    "build_model",
     "grid_cells",
-    "load_runs",
-    "machine_description",
     "run_cell",
     "run_grid",
-    "write_table",
 ]
 
-#: ``pyro-gpn train --model`` choices.
-CLI_MODELS = ("gpn", "tanh", "tanh-dropout", "tanh-fastdropout")
 #: model names used in the paper grid and its table.
 GRID_MODELS = ("tanh", "tanh-dropout", "gpn-mean", "gpn-meanvar")
 GRID_DATASETS = ("letter", "adult", "connect4")
 PAPER_HIDDEN = (30, 15)
 PAPER_SEEDS = (0, 1, 2, 3, 4)
-NO_OPTION = "none"  # init / share of the fixed-activation rows
 
-#: the paper's rows per data set: (model, init, share), in the table's order.
+#: Table ``tab:gpn_exp_errors`` of the paper: ``(dataset, model, init, share)`` -> (train mean,
+#: train std, validation mean, validation std, test mean, test std) of the misclassification
+#: rate, in the table's order (``"none"``: the option does not apply to a fixed activation).
+PAPER_RESULTS: dict[tuple[str, str, str, str], tuple[float, ...]] = {
+    ("letter", "tanh", "none", "none"): (0.0463, 0.0039, 0.0690, 0.0068, 0.0765, 0.0035),
+    ("letter", "tanh-dropout", "none", "none"): (0.0354, 0.0054, 0.0603, 0.0046, 0.0625, 0.0042),
+    ("letter", "gpn-mean", "random", "none"): (0.0696, 0.0163, 0.0690, 0.0138, 0.0765, 0.0104),
+    ("letter", "gpn-meanvar", "random", "none"): (0.0366, 0.0052, 0.0668, 0.0061, 0.0709, 0.0043),
+    ("letter", "gpn-meanvar", "identity", "none"): (
+        0.0348, 0.0043, 0.0675, 0.0034, 0.0715, 0.0041,
+    ),
+    ("letter", "gpn-meanvar", "random", "layer"): (
+        0.0410, 0.0060, 0.0704, 0.0026, 0.0733, 0.0033,
+    ),
+    ("adult", "tanh", "none", "none"): (0.1417, 0.0070, 0.1586, 0.0028, 0.1561, 0.0032),
+    ("adult", "tanh-dropout", "none", "none"): (0.1431, 0.0006, 0.1420, 0.0015, 0.1418, 0.0014),
+    ("adult", "gpn-meanvar", "random", "none"): (0.1413, 0.0015, 0.1490, 0.0051, 0.1514, 0.0059),
+    ("adult", "gpn-meanvar", "identity", "none"): (
+        0.1469, 0.0003, 0.1408, 0.0018, 0.1390, 0.0008,
+    ),
+    ("connect4", "tanh", "none", "none"): (0.0129, 0.0044, 0.1535, 0.0014, 0.1637, 0.0021),
+    ("connect4", "tanh-dropout", "none", "none"): (
+        0.1372, 0.0037, 0.1454, 0.0017, 0.1568, 0.0019,
+    ),
+    ("connect4", "gpn-meanvar", "random", "none"): (
+        0.1222, 0.0063, 0.1494, 0.0048, 0.1608, 0.0017,
+    ),
+    ("connect4", "gpn-meanvar", "random", "layer"): (
+        0.1273, 0.0059, 0.1501, 0.0054, 0.1617, 0.0062,
+    ),
+}  # fmt: skip
+
+#: the paper's rows per data set: ``(model, init, share)``, in the table's order.
 PAPER_GRID: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "letter": (
-        ("tanh", NO_OPTION, NO_OPTION),
-        ("tanh-dropout", NO_OPTION, NO_OPTION),
-        ("gpn-mean", "random", "none"),
-        ("gpn-meanvar", "random", "none"),
-        ("gpn-meanvar", "identity", "none"),
-        ("gpn-meanvar", "random", "layer"),
-    ),
-    "adult": (
-        ("tanh", NO_OPTION, NO_OPTION),
-        ("tanh-dropout", NO_OPTION, NO_OPTION),
-        ("gpn-meanvar", "random", "none"),
-        ("gpn-meanvar", "identity", "none"),
-    ),
-    "connect4": (
-        ("tanh", NO_OPTION, NO_OPTION),
-        ("tanh-dropout", NO_OPTION, NO_OPTION),
-        ("gpn-meanvar", "random", "none"),
-        ("gpn-meanvar", "random", "layer"),
-    ),
+    dataset: tuple(key[1:] for key in PAPER_RESULTS if key[0] == dataset)
+    for dataset in GRID_DATASETS
 }
 
 #: the paper's layer sizes per data set (ours: input and output widths from the data).
 PAPER_LAYER_SIZES = {"letter": "16x30x15x26", "adult": "104x30x15x2", "connect4": "126x30x15x3"}
 
-# Table tab:gpn_exp_errors of the paper, copied from the .tex:
-# dataset model init share | train mean, std | val mean, std | test mean, std
-_PAPER_TABLE = """
-letter   tanh          none     none   0.0463 0.0039  0.0690 0.0068  0.0765 0.0035
-letter   tanh-dropout  none     none   0.0354 0.0054  0.0603 0.0046  0.0625 0.0042
-letter   gpn-mean      random   none   0.0696 0.0163  0.0690 0.0138  0.0765 0.0104
-letter   gpn-meanvar   random   none   0.0366 0.0052  0.0668 0.0061  0.0709 0.0043
-letter   gpn-meanvar   identity none   0.0348 0.0043  0.0675 0.0034  0.0715 0.0041
-letter   gpn-meanvar   random   layer  0.0410 0.0060  0.0704 0.0026  0.0733 0.0033
-adult    tanh          none     none   0.1417 0.0070  0.1586 0.0028  0.1561 0.0032
-adult    tanh-dropout  none     none   0.1431 0.0006  0.1420 0.0015  0.1418 0.0014
-adult    gpn-meanvar   random   none   0.1413 0.0015  0.1490 0.0051  0.1514 0.0059
-adult    gpn-meanvar   identity none   0.1469 0.0003  0.1408 0.0018  0.1390 0.0008
-connect4 tanh          none     none   0.0129 0.0044  0.1535 0.0014  0.1637 0.0021
-connect4 tanh-dropout  none     none   0.1372 0.0037  0.1454 0.0017  0.1568 0.0019
-connect4 gpn-meanvar   random   none   0.1222 0.0063  0.1494 0.0048  0.1608 0.0017
-connect4 gpn-meanvar   random   layer  0.1273 0.0059  0.1501 0.0054  0.1617 0.0062
-"""
-
-#: (dataset, model, init, share) -> (train mean, train std, val mean, val std, test mean,
-#: test std) of the paper's table.
-PAPER_RESULTS: dict[tuple[str, ...], tuple[float, ...]] = {
-    tuple(line.split()[:4]): tuple(float(v) for v in line.split()[4:])
-    for line in _PAPER_TABLE.strip().splitlines()
-}
-
 
 # ---------------------------------------------------------------------------------- models
-def build_model(
-    model: str,
-    sizes: Sequence[int],
-    head: str,
-    *,
-    mode: str = "meanvar",
-    init: str = "random",
-    share: str = "none",
-    dropout: float = 0.2,
-    input_dropout: float | None = None,
-) -> nn.Module:
-    """Build one of the ``pyro-gpn train`` models (:data:`CLI_MODELS`).
-
-    Args:
-        model: ``"gpn"`` (:class:`~pyro_gpn.GPNNet`), ``"tanh"``, ``"tanh-dropout"`` (standard,
-            sampled dropout) or ``"tanh-fastdropout"`` (fast dropout, the paper's baseline), the
-            last three :class:`~pyro_gpn.models.baselines.FixedActivationNet`.
-        sizes: all widths, ``[inputs, *hidden, outputs]`` (outputs: classes or targets).
-        head: ``"softmax"`` (classification) or ``"gaussian"`` (regression).
-        mode, init, share: GPN only: propagation mode, targets init and sharing.
-        dropout: drop probability of the dropout baselines' hidden units.
-        input_dropout: drop probability of their inputs (``None``: ``dropout``).
-    """
-    from .models.baselines import FixedActivationNet
-    from .network import GPNNet
-
-    sizes = [int(s) for s in sizes]
-    if model == "gpn":
-        return GPNNet(sizes, mode=mode, head=head, targets_init=init, share=share)
-    if model == "tanh":
-        return FixedActivationNet(sizes, head=head)
-    if model in ("tanh-dropout", "tanh-fastdropout"):
-        fast = model == "tanh-fastdropout"
-        return FixedActivationNet(
-            sizes, head=head, dropout=dropout, input_dropout=input_dropout, fast_dropout=fast
-        )
-    raise ValueError(f"model must be one of {CLI_MODELS}, got {model!r}")
-
-
 def _grid_model(model: str) -> tuple[str, str]:
     """Grid model name -> (``build_model`` name, GPN mode)."""
     return {
@@ -186,14 +129,6 @@ def _grid_model(model: str) -> tuple[str, str]:
         "gpn-mean": ("gpn", "mean"),
         "gpn-meanvar": ("gpn", "meanvar"),
     }[model]
-
-
-def machine_description(device: str = "cpu") -> str:
-    """A short description of the machine, e.g. ``"2-core CPU, no GPU"``."""
-    cpu = f"{os.cpu_count()}-core CPU"
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        return f"{cpu}, GPU {torch.cuda.get_device_name(torch.device(device))}"
-    return f"{cpu}, no GPU"
 
 
 # ---------------------------------------------------------------------------------- grid
@@ -241,14 +176,33 @@ class RunSettings:
         progress: show per-run progress bars.
     """
 
-    max_epochs: int | None = None
-    batch_size: int = 128
-    patience: int = 30
-    dropout: float = 0.05
-    input_dropout: float | None = 0.0
-    device: str = "cpu"
-    data_dir: str | None = None
-    progress: bool = False
+    max_epochs: int | None = field(
+        default=None,
+        metadata=option(
+            "epoch cap, recorded in each run (None: the paper's protocol)", type=positive_int
+        ),
+    )
+    batch_size: int = field(default=128, metadata=option("mini-batch size", type=positive_int))
+    patience: int = field(
+        default=30,
+        metadata=option(
+            "epochs without validation improvement before the learning rate is divided by 10",
+            type=nonnegative_int,
+        ),
+    )
+    dropout: float = field(
+        default=0.05,
+        metadata=option("drop rate of tanh-dropout's hidden units (fast)", type=probability),
+    )
+    input_dropout: float | None = field(
+        default=0.0,
+        metadata=option("drop rate of its inputs (None: --dropout)", type=probability),
+    )
+    device: str = field(default="cpu", metadata=option("torch device", choices=("cpu", "cuda")))
+    data_dir: str | None = field(
+        default=None, metadata=option("folder with the raw UCI files (None: the loaders' cache)")
+    )
+    progress: bool = field(default=False, metadata=option("per-run progress bars"))
 
     def __post_init__(self) -> None:
         if self.max_epochs is not None and (
@@ -330,7 +284,7 @@ def run_cell(
     Returns:
         The result record that was written.
     """
-    from .data import load_dataset
+    from ..data import load_dataset
 
     settings = RunSettings() if settings is None else settings
     loader = load_dataset if loader is None else loader
@@ -407,7 +361,7 @@ def run_cell(
     }
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(runs_dir / f"{cell.run_id}.json", json.dumps(record, indent=1) + "\n")
+    write_atomically(runs_dir / f"{cell.run_id}.json", json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -474,11 +428,14 @@ def run_grid(
     file replaced. A checkpoint in ``work_dir`` is continued when only the epoch cap differs,
     and discarded when the batch size or the patience does. No new cell is started once
     ``time_budget_s`` seconds have passed (a running cell is finished). The table
-    (:func:`write_table`) is rewritten after every finished cell.
+    (:func:`~pyro_gpn.experiments.paper_table.write_table`) is rewritten after every finished
+    cell.
 
     Returns:
         ``{"finished": [...], "skipped": [...], "pending": [...]}`` run ids.
     """
+    from .paper_table import write_table
+
     out = Path(out)
     runs_dir = out / "paper_runs"
     start = time.perf_counter()
@@ -502,138 +459,3 @@ def run_grid(
         write_table(out)
     write_table(out)
     return report
-
-
-# ---------------------------------------------------------------------------------- table
-def load_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
-    """All run records (``*.json``) in ``runs_dir``, sorted by file name."""
-    runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
-        return []
-    return [json.loads(path.read_text()) for path in sorted(runs_dir.glob("*.json"))]
-
-
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (``None`` for a single value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def aggregate_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Aggregate run records into table rows, one per (dataset, model, init, share).
-
-    Rows follow :data:`PAPER_GRID`'s order (unknown rows last). Each has the means of the
-    train / validation / test errors over the finished seeds, their sample standard deviations
-    (``None`` with one seed), ``seeds`` (sorted), ``complete`` (at least five seeds),
-    ``max_epochs`` (the distinct caps, ``None`` meaning uncapped), ``layer_sizes`` and the
-    distinct ``command`` lines joined by ``"; "``.
-    """
-    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    for run in runs:
-        key = (run["dataset"], run["model"], run["init"], run["share"])
-        groups.setdefault(key, []).append(run)
-    order = [(d, *row) for d in GRID_DATASETS for row in PAPER_GRID[d]]
-    keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
-    rows = []
-    for key in keys:
-        group = sorted(groups[key], key=lambda run: run["seed"])
-        row: dict[str, Any] = dict(zip(("dataset", "model", "init", "share"), key, strict=True))
-        for split in ("train", "val", "test"):
-            mean, std = _mean_std([float(run[f"{split}_error"]) for run in group])
-            row[f"{split}_error_mean"], row[f"{split}_error_std"] = mean, std
-        row["seeds"] = [run["seed"] for run in group]
-        row["complete"] = len(set(row["seeds"])) >= len(PAPER_SEEDS)
-        row["max_epochs"] = sorted(
-            {run.get("max_epochs") for run in group}, key=lambda v: (v is None, v or 0)
-        )
-        row["epochs_mean"] = statistics.fmean(run["epochs"] for run in group)
-        row["layer_sizes"] = group[0].get("layer_sizes", "")
-        row["command"] = "; ".join(dict.fromkeys(run["command"] for run in group))
-        rows.append(row)
-    return rows
-
-
-def _fmt(mean: float | None, std: float | None) -> str:
-    if mean is None:
-        return ""
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
-
-
-def _markdown(rows: list[dict[str, Any]]) -> str:
-    found = {(r["dataset"], r["model"], r["init"], r["share"]): r for r in rows}
-    keys = list(PAPER_RESULTS) + [k for k in found if k not in PAPER_RESULTS]
-    lines = [
-        "# The paper's classification table (tab:gpn_exp_errors), reproduced",
-        "",
-        "Misclassification rates, mean ± sample standard deviation over the finished seeds "
-        "(the paper: mean ± 68 % interval over five runs). Written by `pyro-gpn reproduce` "
-        "(`pyro_gpn.experiments.write_table`) from the run files in `paper_runs/`; the exact "
-        "command, machine, wall time, epoch count and stop reason of every run are in its file.",
-        "",
-        "* `tanh-dropout` is a tanh network with **fast** dropout (the paper's baseline); its "
-        "rates are not stated in the paper, ours (chosen on validation error, see "
-        "[paper_protocol.md](paper_protocol.md)) are in each run file.",
-        "* Our Adult encoding has 108 input columns (the paper: 104); widths come from the data.",
-        "* **Epoch cap**: `none` is the paper's protocol (train until the learning rate reaches "
-        "1e-6 without improvement); a number means training was cut after that many epochs, "
-        "so those rows are not the paper's protocol.",
-        "* Rows with fewer than 5 finished seeds are marked *(n/5 seeds)*; rows with no run "
-        "show the paper's numbers only.",
-        "* MNIST (784x30x15x10) is not part of the grid: its training images are unavailable "
-        "offline; a reduced experiment on the 10,000 test images is in "
-        "[mnist_reduced.md](mnist_reduced.md).",
-        "* The protocol (batch size, patience, preprocessing) and how it was chosen on "
-        "validation data: [paper_protocol.md](paper_protocol.md). GPN run files without a "
-        "`gp_compute_dtype` field predate the layers' float64 GP algebra and computed it in "
-        "float32.",
-        "",
-        "| Dataset | Layer sizes | Model | Sharing | Act. init | Train (ours) | Val (ours) "
-        "| Test (ours) | Train (paper) | Val (paper) | Test (paper) | Seeds | Epoch cap |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for key in keys:
-        dataset, model, init, share = key
-        row = found.get(key)
-        paper = PAPER_RESULTS.get(key)
-        sizes = row["layer_sizes"] if row else PAPER_LAYER_SIZES.get(dataset, "")
-        ours = ["", "", ""]
-        seeds, cap = "0/5 (not run)", ""
-        if row is not None:
-            ours = [
-                _fmt(row[f"{s}_error_mean"], row[f"{s}_error_std"])
-                for s in ("train", "val", "test")
-            ]
-            n = len(row["seeds"])
-            seeds = f"{n}/5" if row["complete"] else f"*({n}/5 seeds)*"
-            cap = ", ".join("none" if c is None else str(c) for c in row["max_epochs"])
-        theirs = ["", "", ""] if paper is None else [
-            _fmt(paper[0], paper[1]), _fmt(paper[2], paper[3]), _fmt(paper[4], paper[5])
-        ]  # fmt: skip
-        fixed = model.startswith("tanh")
-        cells = [
-            dataset, sizes, model, "" if fixed else share, "" if fixed else init,
-            *ours, *theirs, seeds, cap,
-        ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def write_table(out: str | Path) -> list[dict[str, Any]]:
-    """Aggregate ``out/paper_runs/*.json`` into ``out/paper_table.json`` and ``.md``.
-
-    Returns:
-        The aggregated rows (see :func:`aggregate_runs`).
-    """
-    out = Path(out)
-    rows = aggregate_runs(load_runs(out / "paper_runs"))
-    out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out / "paper_table.json", json.dumps({"rows": rows}, indent=1) + "\n")
-    _write_atomically(out / "paper_table.md", _markdown(rows))
-    return rows
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file of this process and a rename, so
-    that readers and concurrent grids never see a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -1,24 +1,20 @@
-"""Tests of the paper grid: cells, one run on tiny data, skipping finished runs, aggregation."""
+"""Tests of the paper grid: cells, one run on tiny data, skipping finished runs, protocols."""
 
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 import torch
 
 from pyro_gpn.data import ClassificationData
-from pyro_gpn.experiments import (
+from pyro_gpn.experiments.paper import (
     PAPER_GRID,
     PAPER_RESULTS,
     GridCell,
     RunSettings,
-    aggregate_runs,
-    build_model,
     grid_cells,
     run_grid,
-    write_table,
 )
 
 
@@ -57,16 +53,7 @@ def test_grid_matches_the_paper_table():
         grid_cells(seeds=[-1])
 
 
-def test_build_model_kinds():
-    assert build_model("gpn", [3, 4, 2], "softmax", mode="mean").mode == "mean"
-    fast = build_model("tanh-fastdropout", [3, 4, 2], "softmax", dropout=0.3)
-    assert fast.fast_dropout and fast.dropout == 0.3
-    assert fast.input_dropout == 0.3
-    hidden_only = build_model("tanh-fastdropout", [3, 4, 2], "softmax", input_dropout=0.0)
-    assert hidden_only.dropout == 0.2 and hidden_only.input_dropout == 0.0
-    assert not build_model("tanh-dropout", [3, 4, 2], "softmax").fast_dropout
-    with pytest.raises(ValueError, match="model"):
-        build_model("relu", [3, 4, 2], "softmax")
+def test_run_settings_checks_and_dropout_record():
     with pytest.raises(ValueError, match="max_epochs"):
         RunSettings(max_epochs=0)
     with pytest.raises(ValueError, match="input_dropout"):
@@ -74,6 +61,13 @@ def test_build_model_kinds():
     assert RunSettings(dropout=0.3, input_dropout=0.0).dropout_record == {
         "kind": "fast", "rate": 0.3, "input_rate": 0.0,
     }  # fmt: skip
+
+
+def test_paper_table_is_data_in_the_table_order():
+    assert len(PAPER_RESULTS) == 14 and all(len(v) == 6 for v in PAPER_RESULTS.values())
+    assert list(PAPER_GRID) == ["letter", "adult", "connect4"]
+    assert PAPER_GRID["connect4"][-1] == ("gpn-meanvar", "random", "layer")
+    assert PAPER_RESULTS[("adult", "gpn-meanvar", "identity", "none")][4] == 0.1390
 
 
 def test_run_grid_writes_runs_and_skips_finished(tmp_path):
@@ -142,45 +136,3 @@ def test_run_grid_time_budget_starts_nothing_when_spent(tmp_path):
     report = run_grid(tmp_path, cells, time_budget_s=0.0, loader=tiny_classification)
     assert report["pending"] == [c.run_id for c in cells]
     assert not (tmp_path / "paper_runs").exists()
-
-
-def _run(dataset, model, init, share, seed, test, max_epochs=None):
-    return {
-        "dataset": dataset, "model": model, "init": init, "share": share, "seed": seed,
-        "train_error": test / 2, "val_error": test + 0.01, "test_error": test,
-        "epochs": 10 + seed, "max_epochs": max_epochs, "command": "cmd",
-        "layer_sizes": "16x30x15x26",
-    }  # fmt: skip
-
-
-def test_aggregate_runs_means_and_stds(tmp_path):
-    errors = [0.10, 0.12, 0.11, 0.13, 0.09]
-    runs = [_run("letter", "gpn-meanvar", "random", "none", s, e) for s, e in enumerate(errors)]
-    runs += [_run("letter", "tanh", "none", "none", 0, 0.2, max_epochs=5)]
-    rows = aggregate_runs(runs)
-    assert [row["model"] for row in rows] == ["tanh", "gpn-meanvar"]  # the paper's order
-    tanh, gpn = rows
-    assert gpn["test_error_mean"] == pytest.approx(statistics.fmean(errors))
-    assert gpn["test_error_std"] == pytest.approx(statistics.stdev(errors))
-    assert gpn["train_error_mean"] == pytest.approx(statistics.fmean(errors) / 2)
-    assert gpn["val_error_mean"] == pytest.approx(statistics.fmean(errors) + 0.01)
-    assert gpn["seeds"] == [0, 1, 2, 3, 4] and gpn["complete"]
-    assert gpn["max_epochs"] == [None] and gpn["command"] == "cmd"
-    assert tanh["test_error_std"] is None and not tanh["complete"]
-    assert tanh["max_epochs"] == [5]
-
-    runs_dir = tmp_path / "paper_runs"
-    runs_dir.mkdir()
-    for run in runs:
-        name = f"{run['dataset']}__{run['model']}__{run['init']}__{run['share']}__seed{run['seed']}"
-        (runs_dir / f"{name}.json").write_text(json.dumps(run))
-    written = write_table(tmp_path)
-    saved = json.loads((tmp_path / "paper_table.json").read_text())["rows"]
-    assert saved == json.loads(json.dumps(written))
-    for key in ("dataset", "model", "init", "share", "train_error_mean", "val_error_mean",
-                "test_error_mean", "test_error_std", "seeds", "command"):  # fmt: skip
-        assert key in saved[0]
-    markdown = (tmp_path / "paper_table.md").read_text()
-    assert f"{statistics.fmean(errors):.4f} ± {statistics.stdev(errors):.4f}" in markdown
-    assert "| 5/5 |" in markdown and "*(1/5 seeds)*" in markdown
-    assert "0/5 (not run)" in markdown  # paper rows without runs are still listed
