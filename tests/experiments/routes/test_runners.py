@@ -74,11 +74,7 @@ def test_nuts_is_skipped_with_the_reason_when_data_is_too_large(tiny_data):
 def test_bad_arguments(tiny_data):
     with pytest.raises(ValueError, match="routes"):
         compare_routes(tiny_data, routes=("mcmc",))
-    with pytest.raises(ValueError, match="svi_steps"):
-        RouteBudget(svi_steps=0)
-    with pytest.raises(ValueError, match="vgpn_lr_decay"):
-        RouteBudget(vgpn_lr_decay=0.0)
-    with pytest.raises(ValueError, match="vgpn_targets_init"):
-        RouteBudget(vgpn_targets_init="tanh")
-    with pytest.raises(ValueError, match="targets_init"):
-        RouteBudget(targets_init="zero")  # the parametric GPN has no zero init
+    with pytest.raises(ValueError, match="sizes"):
+        compare_routes(tiny_data, routes=("clt",), sizes=(0,))
+    with pytest.raises(TypeError, match="RegressionData"):
+        compare_routes(tiny_data.x_train, routes=("clt",))
