@@ -468,6 +468,8 @@ class RunLock:
             ...  # only this process writes runs/yacht
     """
 
+    _held: set[str] = set()  # folders locked by this process (realpaths)
+
     def __init__(self, run_dir: PathLike) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
@@ -476,6 +478,16 @@ class RunLock:
     @property
     def locked(self) -> bool:
         return self._fd is not None
+
+    @classmethod
+    def is_held(cls, run_dir: PathLike) -> bool:
+        """Whether this process already holds the lock of ``run_dir``.
+
+        For nested users: the command line locks a run folder for the whole command and
+        :class:`~pyro_gpn.inference.Trainer` then skips taking it again (a second ``flock`` on
+        the same file from the same process would be refused).
+        """
+        return os.path.realpath(run_dir) in cls._held
 
     def acquire(self) -> RunLock:
         if self._fd is not None:
@@ -489,6 +501,7 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self._fd = fd
+        RunLock._held.add(os.path.realpath(self.run_dir))
         clean_stale_temporaries(self.run_dir)
         return self
 
@@ -532,6 +545,7 @@ class RunLock:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        RunLock._held.discard(os.path.realpath(self.run_dir))
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # unlink while still locked: the next holder gets a new inode
         os.close(fd)

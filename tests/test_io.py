@@ -439,7 +439,8 @@ def test_a_lock_is_exclusive_and_released(tmp_path):
         assert info.value.pid == os.getpid() and str(tmp_path) in str(info.value)
     assert not (tmp_path / ".lock").exists()
     with RunLock(tmp_path):
-        pass
+        assert RunLock.is_held(tmp_path) and RunLock.is_held(str(tmp_path) + "/.")
+    assert not RunLock.is_held(tmp_path)
 
 
 def _hold_lock(run_dir: str, barrier, results, hold_s: float) -> None:
