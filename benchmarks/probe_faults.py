@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.probe_cases import KINDS, cases, classify  # noqa: E402
+from tests.probe_cases import KINDS, cases, classify, fix_for  # noqa: E402
 
 
 def _git(*args: str) -> str:
@@ -76,6 +76,7 @@ def run(selected, verbose: bool = True) -> list[dict]:
                 "message": outcome.message,
                 "seconds": round(outcome.seconds, 2),
                 "note": case.note,
+                "fix": fix_for(case.id),
             }
         )
         if verbose:
@@ -143,11 +144,15 @@ def report(rows: list[dict], command: str, wall: float) -> str:
         chosen = [row for row in rows if row["kind"] == kind]
         if not chosen:
             continue
-        lines += ["", f"## {kind} ({len(chosen)})", "", "| case | fault | what happened |",
-                  "|---|---|---|"]  # fmt: skip
+        lines += ["", f"## {kind} ({len(chosen)})", "",
+                  "| case | fault | what happened | boundary check it needs |",
+                  "|---|---|---|---|"]  # fmt: skip
         for row in chosen:
             note = f" *({row['note']})*" if row["note"] else ""
-            lines.append(f"| `{row['id']}` | {row['fault']} | {_cell(row['message'])}{note} |")
+            lines.append(
+                f"| `{row['id']}` | {row['fault']} | {_cell(row['message'])}{note} | "
+                f"{_cell(row.get('fix', ''))} |"
+            )
     lines += [
         "",
         "## clear and handled",

@@ -15,7 +15,7 @@ import torch
 
 from pyro_gpn._validation import check_finite
 
-from .probe_cases import FAULTS, KINDS, Case, CliResult, cases, classify
+from .probe_cases import FAULTS, FIXES, KINDS, Case, CliResult, cases, classify
 
 
 def _case(run, **kw) -> Case:
@@ -100,3 +100,4 @@ def test_the_case_table_is_well_formed():
         assert case.expect in ("error", "result", "either"), case.id
         assert case.names or case.expect == "result", case.id
     assert set(KINDS) == {"clear", "handled", "unclear", "silent", "crash"}
+    assert set(FIXES) <= {case.id for case in table}
