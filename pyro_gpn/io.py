@@ -499,7 +499,8 @@ class RunLock:
             raise _explain(error, self.path) from error
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(info) + "\n").encode())
         self._fd = fd
         RunLock._held.add(os.path.realpath(self.run_dir))
         clean_stale_temporaries(self.run_dir)
@@ -512,7 +513,12 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                # the holder writes its PID just after locking: give it a moment
+                deadline = time.monotonic() + 2.0
                 pid, host = _read_holder(self.path)
+                while pid is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    pid, host = _read_holder(self.path)
                 raise RunInUseError(self.run_dir, pid, host) from None
             except BaseException:
                 os.close(fd)

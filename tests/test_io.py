@@ -443,6 +443,24 @@ def test_a_lock_is_exclusive_and_released(tmp_path):
     assert not RunLock.is_held(tmp_path)
 
 
+@pytest.mark.skipif(pio.fcntl is None, reason="flock only")
+def test_a_loser_waits_for_the_winner_to_write_its_pid(tmp_path):
+    """The race the concurrent test once lost: the lock is held, the PID not yet written."""
+    import threading
+
+    fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        pio.fcntl.flock(fd, pio.fcntl.LOCK_EX | pio.fcntl.LOCK_NB)
+        late = threading.Timer(0.3, lambda: os.write(fd, b'{"pid": 4242, "host": null}\n'))
+        late.start()
+        with pytest.raises(RunInUseError, match="process 4242") as info:
+            RunLock(tmp_path).acquire()
+        late.join()
+        assert info.value.pid == 4242
+    finally:
+        os.close(fd)
+
+
 def _hold_lock(run_dir: str, barrier, results, hold_s: float) -> None:
     barrier.wait(timeout=TIMEOUT)
     try:
