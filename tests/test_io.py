@@ -461,26 +461,29 @@ def test_a_loser_waits_for_the_winner_to_write_its_pid(tmp_path):
         os.close(fd)
 
 
-def _hold_lock(run_dir: str, barrier, results, hold_s: float) -> None:
+def _hold_lock(run_dir: str, barrier, results, done) -> None:
     barrier.wait(timeout=TIMEOUT)
     try:
         with RunLock(run_dir):
             results.put(("ok", os.getpid()))
-            time.sleep(hold_s)
+            done.wait(timeout=TIMEOUT)  # hold until every other process has tried
     except RunInUseError as error:
         results.put(("busy", error.pid, str(error)))
 
 
 def test_concurrent_processes_one_wins_the_others_are_told_who(tmp_path):
     n = 4
-    barrier, results = _CTX.Barrier(n), _CTX.Queue()
+    barrier, results, done = _CTX.Barrier(n), _CTX.Queue(), _CTX.Event()
     procs = [
-        _CTX.Process(target=_hold_lock, args=(str(tmp_path), barrier, results, 2.0))
+        _CTX.Process(target=_hold_lock, args=(str(tmp_path), barrier, results, done))
         for _ in range(n)
     ]
     for proc in procs:
         proc.start()
-    outcomes = [results.get(timeout=TIMEOUT) for _ in range(n)]
+    try:
+        outcomes = [results.get(timeout=TIMEOUT) for _ in range(n)]
+    finally:
+        done.set()
     for proc in procs:
         proc.join(timeout=TIMEOUT)
         assert proc.exitcode == 0
