@@ -40,6 +40,16 @@ if str(ROOT) not in sys.path:
 
 from tests.probe_cases import KINDS, cases, classify, fix_for  # noqa: E402
 
+NOTES = [
+    "",
+    "Seeds: `torch.manual_seed(0)` before every case, data from fixed generators (seeds 1-3).",
+    "Disk faults are simulated (`open` patched in the process: `ENOSPC` after 200 bytes, or",
+    "`EROFS`); the concurrency cases are timing-dependent: in earlier runs of the same code",
+    "both `cli/train-*-concurrent` cases died with `FileNotFoundError` on a shared",
+    "temporary file instead of exiting 0. `tests/test_faults.py` runs the",
+    "same cases as tests, today's non-clear ones as expected failures.",
+]
+
 
 def _git(*args: str) -> str:
     try:
@@ -123,6 +133,7 @@ def report(rows: list[dict], command: str, wall: float) -> str:
         f"(shared with other jobs)  ",
         f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{len(rows)} cases in {wall:.0f} s",
+        *NOTES,
         "",
         "## Counts",
         "",
