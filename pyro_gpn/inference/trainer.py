@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .. import settings
 from .._validation import check_finite, check_ndim, check_tensor
 from ..losses import gaussian_predictive_log_likelihood
 
@@ -410,7 +411,15 @@ class Trainer:
         epoch: int,
         step: int,
     ) -> tuple[float, int]:
-        """One shuffled pass over the data; returns the mean objective and the step count."""
+        """One shuffled pass over the data; returns the mean objective and the step count.
+
+        Value checks are off (:func:`pyro_gpn.settings.validation`): the data were checked on
+        entry, and the loss is read back once per step (one device synchronisation).
+        """
+        with settings.validation(False):
+            return self._run_epoch(optimizer, generator, x, y, epoch, step)
+
+    def _run_epoch(self, optimizer, generator, x, y, epoch, step) -> tuple[float, int]:
         self.model.train()
         n, total = x.shape[0], 0.0
         order = torch.randperm(n, generator=generator).to(self.device)
@@ -431,12 +440,14 @@ class Trainer:
     def _validate(self, x: Tensor, y: Tensor, task: str, epoch: int, step: int) -> dict:
         """Validation loss (mean ``model.loss``, eval mode) and :func:`evaluate` metrics."""
         self.model.eval()
-        val_loss = _mean_loss(self.model, x, y, self.config.eval_batch_size)
+        with settings.validation(False):
+            val_loss = _mean_loss(self.model, x, y, self.config.eval_batch_size)
         if not math.isfinite(val_loss):
             raise FloatingPointError(
                 f"non-finite validation loss {val_loss} at epoch {epoch}, step {step}"
             )
-        metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
+        with settings.validation(False):
+            metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
         return {"val_loss": val_loss, **{f"val_{k}": v for k, v in metrics.items()}}
 
     @staticmethod
