@@ -118,7 +118,7 @@ def test_gaussian_network_owns_the_observation_noise_in_its_head():
     net = GPNNet([2, 4, 1], head="gaussian", noise_std_init=0.3, share="layer")
     assert net.layers[-1].noise_std is None and net.layers[0].noise_std is not None
     assert net.head.noise_std.shape == (1,)
-    assert math.isclose(float(net.noise_std), 0.3, rel_tol=1e-6)
+    assert math.isclose(float(net.noise_std.detach()), 0.3, rel_tol=1e-6)
 
 
 def test_bad_targets_name_y():
