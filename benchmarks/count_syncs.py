@@ -11,38 +11,16 @@ not seen; the count is of the library's own Python-level syncs.)
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
+from pathlib import Path
 
 import pyro
 import torch
 
-_METHODS = ("__bool__", "__float__", "__int__", "item", "tolist")
-_OPTIM = os.path.join("torch", "optim", "")
-
-
-@contextlib.contextmanager
-def count_syncs():
-    counter = {"n": 0}
-    originals = {name: getattr(torch.Tensor, name) for name in _METHODS}
-
-    def wrap(original):
-        def method(self, *args, **kwargs):
-            # torch.optim reads its CPU step counters (no device sync on a GPU): not counted
-            if _OPTIM not in sys._getframe(1).f_code.co_filename:
-                counter["n"] += 1
-            return original(self, *args, **kwargs)
-
-        return method
-
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, wrap(original))
-    try:
-        yield counter
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+# the counter lives with the tests (tests/syncs.py, no pyro_gpn import there): put only that
+# directory on the path, so that `import pyro_gpn` still finds the version under test
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from syncs import count_syncs  # noqa: E402
 
 
 def _data(head: str, n: int = 64):
