@@ -462,6 +462,141 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- trained networks
+def _layer_weights(layer, dtype: torch.dtype, algebra: str):
+    """``(points, ls, beta, C, L)`` of a GPN layer computed in ``dtype`` by ``algebra``."""
+    saved = layer.compute_dtype
+    layer.compute_dtype = dtype
+    try:
+        points = layer.compute_inducing_points()
+        ls = layer.to_compute(layer.lengthscales)
+        if hasattr(layer, "target_variances"):  # parametric GPN
+            targets = layer.to_compute(layer.targets)
+            variances = layer.to_compute(layer.target_variances) + layer.jitter
+            if algebra == "old":
+                kappa, beta = old_weights(points, targets, variances, ls)
+                return points, ls, beta, kappa, None
+            kappa, beta, chol = virtual_observation_weights(
+                points, targets, variances, ls, with_cholesky=True
+            )
+            return points, ls, beta, kappa, chol
+        beta, khat = layer.response_weights()  # variational GPN: an explicit C
+        return points, ls, beta, khat, None
+    finally:
+        layer.compute_dtype = saved
+
+
+def layer_report(layer, moments: Moments) -> dict:
+    """Parameter ranges of one GPN layer, its activations' regime, and the error of float32 (old
+    and new algebra) against the new algebra in float64 on those activations."""
+    act = moments.diagonal().linear(layer.weight)
+    mean, var = act.mean.detach().double(), act.variance.detach().double()
+    with torch.no_grad():
+        points, ls, beta, _, _ = _layer_weights(layer, torch.float64, "new")
+        spacing = float((points[..., 1] - points[..., 0]).mean())
+        ls_units = ls.expand(mean.shape[-1])
+        out = {
+            "lengthscale": [float(ls.min()), float(ls.median()), float(ls.max())],
+            "lengthscale_over_spacing": [float(ls.min() / spacing), float(ls.max() / spacing)],
+            "noise_var": [float(layer.noise_std.min() ** 2), float(layer.noise_std.max() ** 2)],
+            "abs_activation_mean_q50_q99_max": [
+                float(q) for q in torch.quantile(mean.abs().reshape(-1), torch.tensor(
+                    [0.5, 0.99], dtype=torch.float64))] + [float(mean.abs().max())],  # fmt: skip
+            "activation_sd_over_lengthscale_q50_q99": [
+                float(q) for q in torch.quantile((var.sqrt() / ls_units).reshape(-1),
+                                                 torch.tensor([0.5, 0.99], dtype=torch.float64))
+            ],  # fmt: skip
+            "beta_abs_max": float(beta.abs().max()),
+        }
+        if hasattr(layer, "target_variances"):
+            tv = layer.target_variances.detach()
+            out["target_variance"] = [float(tv.min()), float(tv.median()), float(tv.max())]
+        else:
+            scale = layer.variational_scale_tril().detach()
+            diag = torch.diagonal(scale, dim1=-2, dim2=-1) if scale.dim() == 3 else scale
+            out["q_scale_diag"] = [float(diag.min()), float(diag.median()), float(diag.max())]
+        results = {}
+        for dtype, algebra in ((torch.float64, "new"), (torch.float32, "new"),
+                               (torch.float32, "old")):  # fmt: skip
+            pts, lsd, beta_d, c_d, chol = _layer_weights(layer, dtype, algebra)
+            m_d, v_d = mean.to(dtype), var.to(dtype)
+            if algebra == "old":
+                om, ov = old_meanvar(m_d, v_d, pts.expand(m_d.shape[-1], -1),
+                                     lsd.expand(m_d.shape[-1]), beta_d.expand(m_d.shape[-1], -1),
+                                     c_d.expand(m_d.shape[-1], -1, -1))  # fmt: skip
+            else:
+                o = response_moments(Moments(m_d, var=v_d), pts, lsd, beta_d, c_d, None,
+                                     "meanvar", variance_cholesky=chol)  # fmt: skip
+                om, ov = o.mean, o.var
+            results[(str(dtype), algebra)] = (om.double(), ov.double())
+        ref_m, ref_v = results[("torch.float64", "new")]
+        for (dt, algebra), (om, ov) in results.items():
+            if dt == "torch.float64":
+                continue
+            key = f"{dt.split('.')[-1]}_{algebra}"
+            err_v = ((ov - ref_v).abs() / ref_v).nan_to_num(1.0)
+            err_m = ((om - ref_m).abs() / (ref_m.abs() + ref_v.sqrt())).nan_to_num(1.0)
+            out[f"{key}_var_err_max"] = float(err_v.max())
+            out[f"{key}_mean_err_max"] = float(err_m.max())
+            noisy = ref_v + layer.noise_std.detach().double().square()
+            out[f"{key}_noisy_var_err_max"] = float(((ov - ref_v).abs() / noisy).max())
+    return out
+
+
+def trained_report(model, x: torch.Tensor) -> list[dict]:
+    """:func:`layer_report` for every GPN layer of a ``GPNNet`` or ``VariationalGPN``."""
+    moments = Moments(x, validate=False)
+    reports = []
+    with torch.no_grad():
+        for layer in model.layers:
+            reports.append(layer_report(layer, moments))
+            moments = layer.propagate(moments, "meanvar")
+    return reports
+
+
+def run_trained_cli(run_dir: str, data_dir: str, rows: int) -> dict:
+    """Report of a ``pyro-gpn train`` output folder (``result.json`` and ``model.pt``)."""
+    from pyro_gpn.data import load_dataset
+    from pyro_gpn.experiments import build_model
+
+    with open(f"{run_dir}/result.json") as f:
+        result = json.load(f)
+    st = result["settings"]
+    data = load_dataset(st["dataset"], data_dir, seed=0, split=st.get("split", 0))
+    head = "softmax" if data.num_classes else "gaussian"
+    outputs = data.num_classes or data.y_train.shape[-1]
+    sizes = [data.num_features, *st["sizes"], outputs]
+    model = build_model("gpn", sizes, head, mode=st["mode"], init=st["init"], share=st["share"])
+    model.load_state_dict(torch.load(f"{run_dir}/model.pt", map_location="cpu"))
+    return {"run": run_dir, "epochs": result.get("epochs"), "metrics": result["metrics"],
+            "layers": trained_report(model, data.x_train[:rows])}  # fmt: skip
+
+
+def run_trained_vgpn(dataset: str, data_dir: str, steps: int, seed: int, rows: int) -> dict:
+    """Fit the closed-form variational GPN ``[M, 4, 1]`` (whitened, the ``benchmarks/
+    vgpn_starts.py`` "random" start) by SVI and report its layers."""
+    import pyro
+
+    from pyro_gpn.data import load_dataset
+    from pyro_gpn.inference import seed_everything
+    from pyro_gpn.inference.closed_form import ClosedFormELBO
+    from pyro_gpn.inference.svi import fit_svi
+    from pyro_gpn.models.variational import VariationalGPN
+
+    data = load_dataset(dataset, data_dir, seed=0, split=0)
+    pyro.clear_param_store()
+    seed_everything(seed)
+    vgpn = VariationalGPN([data.num_features, 4, 1], head="gaussian", whiten=True,
+                          targets_init="random")  # fmt: skip
+    fit_svi(vgpn.model, vgpn.guide, data.x_train, data.y_train, loss=ClosedFormELBO(),
+            num_steps=steps, lr=0.05, lr_decay=0.1, seed=seed, progress=False)  # fmt: skip
+    with torch.no_grad():
+        pred = vgpn.predictive_moments(data.x_test)
+        rmse = float((pred.mean - data.y_test).square().mean().sqrt())
+    return {"run": f"vgpn {dataset} seed {seed} {steps} steps", "test_rmse_std_units": rmse,
+            "layers": trained_report(vgpn, data.x_train[:rows])}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -470,6 +605,13 @@ def main(argv: list[str] | None = None) -> int:
     grid.add_argument("--dtypes", nargs="+", default=["float64", "float32"])
     grid.add_argument("--modes", nargs="+", default=["meanvar", "cov"])
     grid.add_argument("--quick", action="store_true", help="a representative subset")
+    tr = sub.add_parser("trained", help="parameter ranges and float32 error of trained nets")
+    tr.add_argument("--runs", nargs="*", default=[], help="pyro-gpn train output folders")
+    tr.add_argument("--vgpn", nargs="*", default=[], help="data sets for a variational fit")
+    tr.add_argument("--vgpn-steps", type=int, default=2000)
+    tr.add_argument("--data-dir", default=None)
+    tr.add_argument("--rows", type=int, default=2000)
+    tr.add_argument("--out", required=True)
     tab = sub.add_parser("table", help="print the markdown table of a grid's JSON rows")
     tab.add_argument("--results", required=True)
     args = parser.parse_args(argv)
@@ -484,6 +626,13 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rows, f)
         print(table(rows))
         print(f"{len(rows)} cases in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    elif args.command == "trained":
+        reports = [run_trained_cli(r, args.data_dir, args.rows) for r in args.runs]
+        reports += [run_trained_vgpn(d, args.data_dir, args.vgpn_steps, 0, args.rows)
+                    for d in args.vgpn]  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(reports, f, indent=1)
+        print(json.dumps(reports, indent=1))
     else:
         with open(args.results) as f:
             print(table(json.load(f)))
