@@ -304,6 +304,7 @@ def response_moments(
     mode: Mode = "meanvar",
     equidistant: bool | None = None,
     variance_cholesky: Tensor | None = None,
+    variance_inner: Tensor | None = None,
 ) -> Moments:
     """Moments of a GPN layer's outputs given the moments of its activations.
 
@@ -328,7 +329,13 @@ def response_moments(
             ``with_cholesky=True``). In the narrow regime the conditional variance is then
             ``1 - |L^-1 alpha(a)|^2``, accurate where ``alpha^T C alpha`` with an explicit ``C``
             loses ``eps * cond(K + S)`` (float32 and small ``S``). Must not be given when ``C``
-            has another form (the variational ``Khat``).
+            has another form, unless ``variance_inner`` is given.
+        variance_inner: optional symmetric ``[N | 1, R, R]`` ``M`` with
+            ``C = L^-T M L^-1`` (with ``L = variance_cholesky``; default ``M = I``). For the
+            variational GPN, ``L = chol(K + jitter)`` and ``M = I - B B^T`` with ``B`` the
+            whitened posterior scale (``B = L^-1 chol(Sigma_U)`` when not whitened) give
+            ``Khat`` (``eq:gpn_vi_sampling_sigmahat_fl``); the conditional variance is then
+            ``1 - x^T M x`` with ``x = L^-1 alpha(a)``.
 
     Numerics (``docs/results/accuracy.md``): the variance is computed per sample and unit in
     one of two regimes. *Broad* (``v > (GH_MAX_STD_RATIO * lambda)^2``): the closed form
@@ -386,7 +393,14 @@ def response_moments(
     nodes = None
     if bool(narrow.any()):
         nodes = _node_values(
-            mean, var, inducing_points, lengthscales, beta, variance_reduction, variance_cholesky
+            mean,
+            var,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            variance_cholesky,
+            variance_inner,
         )
         out_var = torch.where(narrow, nodes.variance, out_var)
     out_var = out_var.clamp_min(0)
@@ -424,12 +438,14 @@ def _node_values(
     beta: Tensor,
     variance_reduction: Tensor,
     variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None = None,
 ) -> _NodeValues:
     r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
 
     With ``a_i = mu + sqrt(v) z_i``: ``m_i = alpha(a_i)^T beta`` (a linear form: accurate
     however large and alternating ``beta`` is), ``q_i = alpha(a_i)^T C alpha(a_i)`` or, given
-    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve (accurate
+    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve
+    (``x^T M x`` with ``x = L^-1 alpha(a_i)`` given ``M = variance_inner``) (accurate
     to ~eps where an explicit ``C`` loses ``eps * cond(K + S)``), and
     ``Var = sum_i w_i [(1 - q_i) + (m_i - sum_j w_j m_j)^2]``: no cancellation of terms of size
     ``|beta|^2``.
@@ -448,7 +464,12 @@ def _node_values(
         chol = variance_cholesky.expand(num_units, -1, -1)
         rhs = alpha.permute(1, 3, 0, 2).reshape(num_units, alpha.shape[-1], -1)  # [N, R, S*G]
         solved = torch.linalg.solve_triangular(chol, rhs, upper=False)
-        quad = solved.square().sum(-2).reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
+        if variance_inner is None:
+            quad = solved.square().sum(-2)
+        else:
+            inner = variance_inner.expand(num_units, -1, -1)
+            quad = (solved * (inner @ solved)).sum(-2)
+        quad = quad.reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
     else:
         reduction = variance_reduction.expand(num_units, -1, -1)
         quad = torch.einsum("sngr,nrt,sngt->sng", alpha, reduction, alpha)

@@ -136,6 +136,42 @@ def test_explicit_c_and_cholesky_agree_when_well_conditioned():
         assert abs(with_l[1] - with_c[1]) < 1e-12
 
 
+def _variational_weights(dtype, lengthscale=0.8, jitter=1e-6, seed=0):
+    """A variational GPN unit (whitened): ``K + jitter = L L^T``, ``q(z) = N(m, B B^T)``;
+    ``beta = L^-T m`` and ``Khat = L^-T (I - B B^T) L^-1``."""
+    g = torch.Generator().manual_seed(seed)
+    points = torch.linspace(-2, 2, 14, dtype=F64).reshape(1, -1)
+    ls = torch.tensor([lengthscale], dtype=F64)
+    gram = (-0.5 * ((points[..., :, None] - points[..., None, :]) / lengthscale).square()).exp()
+    chol = torch.linalg.cholesky(gram + jitter * torch.eye(14, dtype=F64))
+    loc = torch.randn(1, 14, 1, dtype=F64, generator=g)
+    root = 0.1 * torch.randn(1, 14, 14, dtype=F64, generator=g).tril()
+    inner = torch.eye(14, dtype=F64) - root @ root.mT
+    beta = torch.linalg.solve_triangular(chol.mT, loc, upper=True).squeeze(-1)
+    left = torch.linalg.solve_triangular(chol.mT, torch.eye(14, dtype=F64), upper=True)
+    khat = left @ inner @ left.mT
+    return [t.to(dtype) for t in (points, ls, beta, 0.5 * (khat + khat.mT), chol, inner)]
+
+
+def test_variance_inner_gives_the_variational_conditional_variance_accurately_in_float32():
+    """``C = L^-T M L^-1`` through ``(L, M)``: equal to the explicit ``C`` in float64, and in
+    float32 accurate where the explicit ``Khat`` (entries ~1 / jitter) is not."""
+    mean = torch.linspace(-3, 3, 25, dtype=F64).unsqueeze(-1)
+    var = torch.full_like(mean, 1e-4)
+    outs = {}
+    for dtype in (F64, F32):
+        points, ls, beta, khat, chol, inner = _variational_weights(dtype)
+        moments = Moments(mean.to(dtype), var=var.to(dtype))
+        for name, kw in (("lm", {"variance_cholesky": chol, "variance_inner": inner}), ("c", {})):
+            out = response_moments(moments, points, ls, beta, khat, None, "meanvar", **kw)
+            outs[dtype, name] = out.var.double()
+    torch.testing.assert_close(outs[F64, "lm"], outs[F64, "c"], rtol=1e-8, atol=1e-12)
+    err_lm = ((outs[F32, "lm"] - outs[F64, "lm"]).abs() / outs[F64, "lm"]).max()
+    err_c = ((outs[F32, "c"] - outs[F64, "lm"]).abs() / outs[F64, "lm"]).max()
+    assert err_lm < 1e-3  # measured 1.6e-4 (lambda / h = 2.6, jitter 1e-6)
+    assert err_c > 0.1  # measured 1.5: why the factors matter
+
+
 # ----------------------------------------------------------------------------- cov
 COV_CASES = [
     # the issue's NaN cases
