@@ -67,11 +67,32 @@ MODES: tuple[str, ...] = ("mean", "meanvar", "cov")
 #: Upper bound on the elements of one ``Lambda`` chunk in the covariance path.
 COV_CHUNK_ELEMENTS = 2**22
 
-#: Gauss-Hermite nodes of the variance path in the narrow regime (see :func:`response_moments`).
-GH_NODES = 24
+#: The narrow regime: activation standard deviation at most this multiple of the lengthscale
+#: (beyond it the closed form is accurate: float64 relative error <= 1e-6 from the ratio 1.2 in
+#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0).
+GH_MAX_STD_RATIO = 1.25
 
-#: The narrow regime: activation standard deviation at most this multiple of the lengthscale.
-GH_MAX_STD_RATIO = 0.75
+#: Gauss-Hermite node counts of the narrow regime: ``(ratio, nodes)``, the first row whose
+#: ratio is at least the largest ``sqrt(v) / lambda`` of the narrow samples in the call gives the
+#: node count (measured in float64: <= 3e-7 relative at each row's ratio, 1e-9 well inside).
+#: Deterministic activations (``v = 0``) need one node.
+GH_TIERS: tuple[tuple[float, int], ...] = (
+    (0.0, 1),
+    (0.1, 8),
+    (0.2, 12),
+    (0.4, 20),
+    (0.75, 32),
+    (1.0, 48),
+    (1.25, 64),
+)
+
+
+def gauss_hermite_nodes(std_ratio: float) -> int:
+    """Node count of :data:`GH_TIERS` for the largest ``sqrt(v) / lambda`` of a call."""
+    for ratio, nodes in GH_TIERS:
+        if std_ratio <= ratio:
+            return nodes
+    return GH_TIERS[-1][1]
 
 
 @functools.lru_cache(maxsize=16)
@@ -341,7 +362,7 @@ def response_moments(
     one of two regimes. *Broad* (``v > (GH_MAX_STD_RATIO * lambda)^2``): the closed form
     ``1 - tr[(C - beta beta^T) Omega] - mu^2``, exact in exact arithmetic and accurate when the
     Gaussian is wide against the kernel. *Narrow*: Gauss-Hermite quadrature with
-    :data:`GH_NODES` nodes of the centred spread of ``m(a)`` and of the conditional variance
+    :data:`GH_TIERS` nodes of the centred spread of ``m(a)`` and of the conditional variance
     (:func:`_node_values`), which does not cancel the ``|beta|^2``-sized terms that make the
     closed form lose up to all digits when ``K + S`` is ill-conditioned. The mean is always the
     closed form ``psi^T beta`` (a linear form in ``beta``). ``"cov"`` mode uses the same
@@ -389,9 +410,11 @@ def response_moments(
     out_var = 1 - trace - out_mean.square()
 
     # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a)
-    narrow = var <= (GH_MAX_STD_RATIO**2) * ls2
+    ratio2 = var / ls2
+    narrow = ratio2 <= GH_MAX_STD_RATIO**2
     nodes = None
     if bool(narrow.any()):
+        num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(
             mean,
             var,
@@ -401,6 +424,7 @@ def response_moments(
             variance_reduction,
             variance_cholesky,
             variance_inner,
+            num_nodes,
         )
         out_var = torch.where(narrow, nodes.variance, out_var)
     out_var = out_var.clamp_min(0)
@@ -439,6 +463,7 @@ def _node_values(
     variance_reduction: Tensor,
     variance_cholesky: Tensor | None,
     variance_inner: Tensor | None = None,
+    num_nodes: int = GH_TIERS[-1][1],
 ) -> _NodeValues:
     r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
 
@@ -451,7 +476,7 @@ def _node_values(
     ``|beta|^2``.
     """
     num_units = mean.shape[-1]
-    z, w = gauss_hermite(GH_NODES, mean.dtype, mean.device)
+    z, w = gauss_hermite(num_nodes, mean.dtype, mean.device)
     std = _safe_sqrt(var)
     nodes = mean.unsqueeze(-1) + std.unsqueeze(-1) * z  # [S, N, G]
     points = inducing_points.expand(num_units, -1)
@@ -613,7 +638,7 @@ def _cross_covariance(
     """
     num_samples, num_units = mean.shape
     num_points = inducing_points.shape[-1]
-    per_pair = num_points * max(num_points, GH_NODES if nodes is not None else 0)
+    per_pair = num_points * max(num_points, nodes.centred.shape[-1] if nodes is not None else 0)
     per_sample = max(1, num_units * (num_units - 1) // 2) * per_pair
     chunk = max(1, COV_CHUNK_ELEMENTS // per_sample)
     extra = (None, None, None) if nodes is None else (nodes.centred, nodes.std, narrow)

@@ -29,7 +29,9 @@ from benchmarks.accuracy_grid import (
 from pyro_gpn.moments import Moments, response_moments, virtual_observation_weights
 from pyro_gpn.moments.propagate import (
     GH_MAX_STD_RATIO,
+    GH_TIERS,
     gauss_hermite,
+    gauss_hermite_nodes,
     safe_cholesky,
 )
 
@@ -106,6 +108,26 @@ def test_meanvar_float32_matches_quadrature(ls, s, kind, v, mu):
     # relative 1e-4, or a few float32 roundings of the conditional variance 1 - |L^-1 alpha|^2
     # where the variance is as small as S (the old algebra: 5e-3 to 7e2 relative)
     assert abs(var - ref_var) < 1e-4 * ref_var + 4 * torch.finfo(F32).eps
+
+
+@pytest.mark.parametrize("ratio", [r for r, _ in GH_TIERS] + [GH_MAX_STD_RATIO * 1.01, 1.5])
+@pytest.mark.parametrize("ls, s, kind", [(2.0, 1e-6, "rough"), (1.2, 1e-4, "smooth")])
+def test_every_node_tier_and_the_closed_form_beyond_are_accurate_in_float64(ratio, ls, s, kind):
+    """At each tier's largest ``sqrt(v) / lambda`` (its fewest nodes per width) and just past
+    the narrow regime, for ill-conditioned units (lambda / h = 6.5 and 3.9)."""
+    unit = Unit.make(ls, s, kind, F64)
+    for mu in (-0.5, 1.9):
+        v = (ratio * ls) ** 2
+        ref_mean, ref_var = reference_meanvar(unit, mu, v)
+        mean, var = subject_meanvar("new", unit, mu, v, F64)
+        assert abs(var - ref_var) / ref_var < 1e-6, (mu, v)
+        assert _mean_err(mean, ref_mean, ref_var) < 1e-6
+
+
+def test_node_tiers_are_ordered():
+    assert gauss_hermite_nodes(0.0) == 1
+    counts = [gauss_hermite_nodes(r) for r, _ in GH_TIERS]
+    assert counts == sorted(counts) and GH_TIERS[-1][0] == GH_MAX_STD_RATIO
 
 
 def test_regimes_agree_at_their_boundary():
