@@ -2,7 +2,7 @@
 
 * :data:`DEFAULT_COMPUTE_DTYPE` -- float64. With the stable algebra of
   :func:`pyro_gpn.moments.response_moments` (Gauss-Hermite variance in the narrow regime,
-  Cholesky factors instead of an explicit ``C``) float64 is accurate to 4.5e-7 relative (variance)
+  Cholesky factors instead of an explicit ``C``) float64 is accurate to 6.5e-7 relative (variance)
   and 1.1e-7 (mean) against quadrature over the whole grid, lengthscales up to 16 inducing
   spacings and target variances down to 1e-6.
 * float32 is accurate to 1e-4 only while the target variances stay >= 0.1 (all lengthscales)
