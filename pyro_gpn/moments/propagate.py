@@ -37,6 +37,13 @@ Cost structure (paper, section "Computational and Model Complexity"):
   Learnable (or irregular) inducing points fall back to the ``R (R + 1) / 2`` unordered pairs.
 * the full covariance contracts ``Lambda`` with ``beta`` chunk by chunk over samples, so the
   ``[S, N, N, R, R]`` tensor is never held in memory at once (forward or backward).
+
+Numerics (issue 13, ``docs/results/accuracy.md``): ``beta`` has huge alternating entries when
+``K + S`` is ill-conditioned, and the closed-form variance cancels terms of size ``|beta|^2``.
+Where the activation is narrow against the kernel the variance is therefore evaluated by
+Gauss-Hermite quadrature of the (well-conditioned) mean function and conditional variance
+(:func:`response_moments`); ``Lambda``'s exponent is completed to a square so that no factor
+overflows.
 """
 
 from __future__ import annotations
@@ -377,6 +384,17 @@ def response_moments(
     _check_mode(mode)
     if mode != "mean" and variance_reduction is None:
         raise ValueError(f"variance_reduction is required in mode {mode!r}")
+    if variance_inner is not None and variance_cholesky is None:
+        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
+    num_points = inducing_points.shape[-1]
+    for name, factor in (
+        ("variance_cholesky", variance_cholesky),
+        ("variance_inner", variance_inner),
+    ):
+        if factor is not None and tuple(factor.shape[-2:]) != (num_points, num_points):
+            raise ValueError(
+                f"{name} must be [N | 1, {num_points}, {num_points}], got {tuple(factor.shape)}"
+            )
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()

@@ -346,3 +346,14 @@ def test_dense_grid_float64():
     rows = run_cov(["float64"])
     for r in rows:
         assert r["new_cov_err"] < 1e-6 or r["lengthscale"] > 2.0, r
+
+
+def test_bad_variance_factors_raise_naming_the_argument():
+    points = torch.linspace(-2, 2, 5, dtype=F64).reshape(1, -1)
+    ls = torch.tensor([0.5], dtype=F64)
+    kappa, beta = virtual_observation_weights(points, torch.tanh(points), points.abs() + 0.1, ls)
+    moments = Moments(torch.zeros(3, 1, dtype=F64), var=torch.full((3, 1), 0.01, dtype=F64))
+    with pytest.raises(ValueError, match="variance_inner requires variance_cholesky"):
+        response_moments(moments, points, ls, beta, kappa, variance_inner=torch.eye(5, dtype=F64))
+    with pytest.raises(ValueError, match="variance_cholesky must be"):
+        response_moments(moments, points, ls, beta, kappa, variance_cholesky=torch.eye(4))
