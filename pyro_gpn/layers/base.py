@@ -58,6 +58,20 @@ class Response(PyroModule):
         """``beta`` alone (the means-only mode); override when cheaper than :meth:`weights`."""
         return self.weights(points, lengthscales)[0]
 
+    def factored_weights(
+        self, points: Tensor, lengthscales: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """``beta``, ``C`` and, where the response has them, factors ``L``, ``M`` with
+        ``C = L^-T M L^-1`` (``M = None`` meaning the identity).
+
+        The factors let :func:`~pyro_gpn.moments.response_moments` evaluate the conditional
+        variance ``1 - x^T M x``, ``x = L^-1 alpha(a)``, without the ``eps * cond(K + S)``
+        error of ``alpha^T C alpha`` (``variance_cholesky`` / ``variance_inner`` there;
+        ``docs/results/accuracy.md``). The default has none: ``(beta, C, None, None)``.
+        """
+        beta, reduction = self.weights(points, lengthscales)
+        return beta, reduction, None, None
+
     def kl_divergence(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``KL(q(U) || p(U))`` summed over the functions; zero for point estimates."""
         return points.new_zeros(())
@@ -247,6 +261,12 @@ class GPNLayerBase(PyroModule):
         :attr:`compute_dtype`."""
         return self.response.weights(*self.compute_grid())
 
+    def response_factored_weights(
+        self,
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """:meth:`Response.factored_weights` on the layer's grid, in :attr:`compute_dtype`."""
+        return self.response.factored_weights(*self.compute_grid())
+
     def response_mean_weights(self) -> Tensor:
         """``beta`` alone, for the means-only mode."""
         return self.response.mean_weights(*self.compute_grid())
@@ -334,10 +354,11 @@ class GPNLayerBase(PyroModule):
             activations = inputs.linear_full(self.weight)
         else:
             activations = inputs.diagonal().linear(self.weight)
+        chol = inner = None
         if mode == "mean":
             beta, reduction = self.response_mean_weights(), None
         else:
-            beta, reduction = self.response_weights()
+            beta, reduction, chol, inner = self.response_factored_weights()
         out_dtype = activations.mean.dtype
         outputs = response_moments(
             activations.to(self.compute_dtype) if self.compute_dtype else activations,
@@ -348,6 +369,8 @@ class GPNLayerBase(PyroModule):
             self._compute_noise_var() if noise else None,
             mode,
             equidistant=self._equidistant,
+            variance_cholesky=chol,
+            variance_inner=inner,
         )
         return outputs.to(out_dtype)
 

@@ -90,6 +90,20 @@ class VirtualObservations(Response):
         kappa, beta = self._weights(points, lengthscales, with_kappa=True)
         return beta, kappa
 
+    def factored_weights(self, points: Tensor, lengthscales: Tensor):
+        """``beta``, ``C = kappa`` and ``L = chol(K(V, V) + diag(S))`` (``kappa = (L L^T)^-1``,
+        ``M`` the identity)."""
+        kappa, beta, chol = virtual_observation_weights(
+            points,
+            self.targets.to(points.dtype),
+            self.target_variances.to(points.dtype),
+            lengthscales,
+            jitter=self.jitter,
+            with_kappa=True,
+            with_cholesky=True,
+        )
+        return beta, kappa, chol, None
+
     def mean_weights(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``beta = (K(V, V) + diag(S))^-1 U`` by one solve, without forming ``kappa``."""
         return self._weights(points, lengthscales, with_kappa=False)[1]

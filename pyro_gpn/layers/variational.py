@@ -238,6 +238,19 @@ class VariationalTargets(Response):
         khat = kinv - root @ root.mT
         return beta, 0.5 * (khat + khat.mT)
 
+    def factored_weights(self, points: Tensor, lengthscales: Tensor):
+        """``beta``, ``Khat`` and its factors: ``L = chol(K + jitter)``, ``M = I - B B^T`` with
+        ``B`` the whitened posterior scale (``B = L^-1 chol(Sigma_hat)`` when not whitened), so
+        ``Khat = L^-T M L^-1``."""
+        beta, khat = self.weights(points, lengthscales)
+        chol = prior_scale_tril(points, lengthscales, self.jitter)
+        tril = self.variational_scale_tril().to(points.dtype)
+        if not self.whiten:
+            tril = torch.linalg.solve_triangular(chol, tril, upper=False)
+        eye = torch.eye(tril.shape[-1], dtype=tril.dtype, device=tril.device)
+        inner = eye - tril @ tril.mT
+        return beta, khat, chol, 0.5 * (inner + inner.mT)
+
     def target_weights(self, points: Tensor, lengthscales: Tensor, targets: Tensor):
         """``K^-1 U [..., G, R]`` for values of the targets' site and ``K^-1 [G, R, R]``."""
         chol = prior_scale_tril(points, lengthscales, self.jitter)

@@ -111,3 +111,25 @@ def test_bad_compute_dtype_raises(bad):
         GPNLayer(2, 3, compute_dtype=bad)
     with pytest.raises(ValueError, match="compute_dtype"):
         VariationalGPNLayer(2, 3, compute_dtype=bad)
+
+
+def test_layer_variance_uses_the_cholesky_factor_in_ill_conditioned_regimes():
+    """A nearly noise-free, smooth unit (lengthscale 6.5 inducing spacings, S = 1e-6) in float64:
+    the layer's variance matches 50-digit quadrature to 1e-6 relative only if it hands the
+    response's Cholesky factor to ``response_moments`` (with the explicit ``kappa`` the
+    conditional variance loses ``eps * cond(K + S)``, ~1e-3 here)."""
+    from benchmarks.accuracy_grid import Unit, reference_meanvar
+
+    unit = Unit.make(2.0, 1e-6, "rough", torch.float64)
+    layer = GPNLayer(1, 1, output_noise=False, jitter=0.0, dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        layer.lengthscales = torch.tensor([unit.lengthscale], dtype=torch.float64)
+        layer.targets.copy_(torch.tensor([unit.targets], dtype=torch.float64))
+        layer.target_variances = torch.tensor([unit.variances], dtype=torch.float64)
+    for mu, v in [(0.3, 0.05), (-1.1, 1e-4)]:
+        ref_mean, ref_var = reference_meanvar(unit, mu, v)
+        x = Moments(torch.tensor([[mu]], dtype=torch.float64), var=torch.tensor([[v]]).double())
+        out = layer.propagate(x, mode="meanvar")
+        assert abs(out.var.item() - ref_var) / ref_var < 1e-6
+        assert abs(out.mean.item() - ref_mean) < 1e-6 * (abs(ref_mean) + ref_var**0.5)
