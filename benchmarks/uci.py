@@ -59,6 +59,7 @@ DATA_DIR = os.environ.get("PYRO_GPN_UCI_DIR", "/work/shared/datasets")
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 MODELS = ("bgpn", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
 Z90 = 1.6448536269514722
+METRICS = ("log_lik", "rmse", "coverage90")
 
 #: the Bayesian GPN's configuration, chosen on validation (docs/results/uci.md)
 BGPN_CONFIG = dict(
@@ -72,6 +73,7 @@ BGPN_CONFIG = dict(
     lr_decay=0.1,
     steps=2000,
     early_stopping=True,
+    patience=12,
 )
 ISSUE_CONFIG = dict(
     weights="point",
@@ -171,6 +173,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
         lr=config["lr"],
         lr_decay=config["lr_decay"],
         early_stopping=config["early_stopping"],
+        patience=config.get("patience"),
         batch_size=config.get("batch_size"),
         seed=seed,
     )
@@ -306,24 +309,12 @@ def fit_ensemble(data, seed: int, members: int = 5) -> dict:
     return {"predict": predict, "fit_s": total, "epochs": float(np.sum(epochs))}
 
 
-def fit_dgp(
-    data,
-    seed: int,
-    hidden: int = 10,
-    inducing: int = 64,
-    samples: int = 10,
-    steps: int = 3000,
-    lr: float = 1e-2,
-    eval_every: int = 25,
-    patience: int = 20,
-    batch_size: int | None = None,
-) -> dict:
-    import gpytorch
+def build_dgp(dims: int, hidden: int = 10, inducing: int = 64):
+    """GPyTorch's 2-layer deep GP as in its DeepGP example (``hidden`` GPs, ``inducing`` points)."""
     from gpytorch.distributions import MultivariateNormal
     from gpytorch.kernels import RBFKernel, ScaleKernel
     from gpytorch.likelihoods import GaussianLikelihood
     from gpytorch.means import ConstantMean, LinearMean
-    from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
     from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
     from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
@@ -361,9 +352,27 @@ def fit_dgp(
         def forward(self, x):
             return self.last_layer(self.hidden_layer(x))
 
+    return TwoLayerDGP(dims)
+
+
+def fit_dgp(
+    data,
+    seed: int,
+    hidden: int = 10,
+    inducing: int = 64,
+    samples: int = 10,
+    steps: int = 2000,
+    lr: float = 1e-2,
+    eval_every: int = 25,
+    patience: int = 8,
+    batch_size: int | None = None,
+) -> dict:
+    import gpytorch
+    from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
+
     torch.manual_seed(seed)
     x, y = data.x_train, data.y_train.reshape(-1)
-    model = TwoLayerDGP(data.num_features)
+    model = build_dgp(data.num_features, hidden, inducing)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     mll = DeepApproximateMLL(VariationalELBO(model.likelihood, model, x.shape[0]))
 
@@ -451,7 +460,7 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
         "test": test,
         "val": val,
         "cell_s": total,
-        "s_per_epoch": fit["fit_s"] / max(fit["epochs"], 1e-9),
+        "s_per_epoch": fit.get("fit_s_chosen", fit["fit_s"]) / max(fit["epochs"], 1e-9),
         **fit,
     }
 
@@ -500,10 +509,46 @@ def summary(out: Path, models=MODELS) -> str:
         row = []
         for m in present:
             cs = by.get((name, m))
-            row.append(f"{np.median([c['s_per_epoch'] for c in cs]):.4f}" if cs else "")
+            per = [c.get("fit_s_chosen", c["fit_s"]) / max(c["epochs"], 1e-9) for c in cs or []]
+            row.append(f"{np.median(per):.4f}" if cs else "")
         if any(row):
             lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def aggregate(out: Path, diag: Path | None = None) -> dict:
+    """Means and standard errors per (model, set) and per (variant, set) of the diagnosis."""
+
+    def stats(vals):
+        v = np.asarray(vals, dtype=float)
+        se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+        return {"mean": float(v.mean()), "se": se, "n": len(v)}
+
+    def group(cells, key, part):
+        by: dict[str, dict[str, list[dict]]] = {}
+        for c in cells:
+            by.setdefault(c[key], {}).setdefault(c["set"], []).append(c)
+        return {
+            k: {
+                name: {
+                    **{
+                        m: stats([c[part][m] for c in cs])
+                        for m in ("log_lik", "rmse", "coverage90")
+                    },
+                    "splits": sorted(c["split"] for c in cs),
+                    "noise_std": stats([c["noise_std"] for c in cs if "noise_std" in c]),
+                }
+                for name, cs in sets.items()
+            }
+            for k, sets in by.items()
+        }
+
+    result = {"benchmark_test": group(load_cells(out), "model", "test")}
+    if diag is not None and diag.exists():
+        result["diagnosis_validation"] = group(load_cells(diag), "variant", "val")
+    result["bgpn_config"] = BGPN_CONFIG
+    result["issue_config"] = ISSUE_CONFIG
+    return result
 
 
 def main(argv=None) -> int:
@@ -514,11 +559,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
+    p.add_argument("--json", default=None, help="with --summary: write the aggregate here")
+    p.add_argument("--diag", default=str(ROOT / "docs/results/uci_diagnose_runs"))
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
         print(summary(out))
+        if a.json:
+            _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(
