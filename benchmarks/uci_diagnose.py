@@ -145,8 +145,12 @@ def main(argv=None) -> int:
     p.add_argument("--splits", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--variants", nargs="+", default=["issue", "es", "vi"])
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_diagnose_runs"))
+    p.add_argument("--markdown", action="store_true", help="print the table of uci.md and exit")
     a = p.parse_args(argv)
     out = Path(a.out)
+    if a.markdown:
+        print(markdown(out))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     for split in a.splits:
         for name in a.sets:
@@ -190,6 +194,55 @@ def summarise(out: Path) -> None:
             f"{variant:14s} {name:9s} {len(rs)}  {ll.mean():6.3f}±{se(ll):.3f}  "
             f"{cov.mean():.2f}±{se(cov):.2f}  {nz.mean():.3f}"
         )
+
+
+def markdown(out: Path) -> str:
+    """The diagnosis table of ``docs/results/uci.md`` (validation, mean ± s.e. over splits)."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        r = json.loads(path.read_text())
+        rows.setdefault((r["variant"], r["set"]), []).append(r)
+
+    def ms(v, d=2):
+        v = np.asarray(v, dtype=float)
+        if len(v) == 1:
+            return f"{v[0]:.{d}f}"
+        return f"{v.mean():.{d}f} ± {v.std(ddof=1) / math.sqrt(len(v)):.{d}f}"
+
+    def steps(rs):
+        return "/".join(
+            f"{r['steps']} ({r['best_step']})" if r["config"]["early_stopping"] else str(r["steps"])
+            for r in rs
+        )
+
+    lines = [
+        "| variant | set | splits | val log-lik | val RMSE | val 90 % cov. | train log-lik "
+        "| noise σ (std.) | hidden σ | MC − closed-form val log-lik | steps (best) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    order = ["issue", "es", "map", "vi", "vi_es"]
+    for name in ["boston", "concrete", "energy", "wine", "yacht"]:
+        variants = order + sorted({k[0] for k in rows} - set(order))
+        for variant in variants:
+            rs = rows.get((variant, name))
+            if not rs:
+                continue
+            mc = [r["val_mc"]["log_lik"] - r["val"]["log_lik"] for r in rs if "val_mc" in r]
+            cells = [
+                variant,
+                name,
+                ",".join(str(r["split"]) for r in rs),
+                ms([r["val"]["log_lik"] for r in rs]),
+                ms([r["val"]["rmse"] for r in rs]),
+                ms([r["val"]["coverage90"] for r in rs]),
+                ms([r["train"]["log_lik"] for r in rs]),
+                ms([r["noise_std"] for r in rs], 3),
+                ms([r["hidden_noise_mean"] for r in rs], 3),
+                ms(mc, 3) if mc else "–",
+                steps(rs),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
