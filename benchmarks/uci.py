@@ -1,0 +1,609 @@
+"""UCI regression benchmark on the fixed splits (issue 15): Bayesian GPN vs peers, side by side.
+
+Protocol (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016): the fixed train / test splits
+of ``uci-regression/<set>`` (20 per set, 5 for protein); inputs and targets standardised with
+the training split's statistics; a seeded 10 % of the training split held out for validation,
+which every choice (early stopping, the dropout rate) is made on; test log-likelihood, RMSE and
+the coverage of the central 90 % predictive interval in original units, mean +- standard error
+over the splits. Every model's predictive is an equal-weight mixture of Gaussians
+``[T, S]`` (``T = 1`` for the closed-form models) scored by the single function
+:func:`metrics_of`.
+
+Models (hidden width 50, 100 for protein):
+
+* ``bgpn``: the closed-form variational GPN ``[D, 50, 1]`` (the Bayesian GPN) in the
+  configuration chosen on validation by ``benchmarks/uci_diagnose.py`` (``BGPN_CONFIG``), through
+  the prototype :class:`pyro_gpn._proto_bayes.ProtoVGPN` (the library's ``VariationalGPN`` and
+  its closed-form ELBO, plus a variational ``q(W)``);
+* ``bgpn_issue``: the same model as issue 15 ran it (point weights, 2000 full-batch steps, Adam
+  lr 0.05 decayed to 0.005, whitened, identity start, no validation);
+* ``clt``: :class:`pyro_gpn.GPNNet` (central-limit GPN, identity targets) by
+  :class:`pyro_gpn.inference.Trainer` (lr 1e-2, batch 32, <= 300 epochs, validation schedule);
+* ``mcdrop``: :class:`pyro_gpn.models.baselines.FixedActivationNet` (tanh) with dropout on
+  inputs and hidden units, rate chosen on validation from ``{0.01, 0.05, 0.1}``, 100 MC passes;
+* ``ensemble``: 5 such nets without dropout, different seeds (a mixture of 5 Gaussians;
+  homoscedastic heads, no adversarial training);
+* ``dgp``: GPyTorch's 2-layer deep GP, built with its ``DeepGPLayer`` / ``DeepApproximateMLL``
+  as in its DeepGP example (10 hidden GPs, linear mean, 64 inducing points, 10 likelihood
+  samples), Adam lr 0.01, full batch, early stopping on validation log-likelihood.
+
+One JSON per (model, set, split) cell under ``--out``; finished cells are skipped, files are
+written atomically. Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/uci.py --sets boston concrete --splits 0 1 2 \\
+        --models bgpn clt mcdrop dgp
+    python benchmarks/uci.py --summary           # the table of what is there
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+DATA_DIR = os.environ.get("PYRO_GPN_UCI_DIR", "/work/shared/datasets")
+SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
+MODELS = ("bgpn", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
+Z90 = 1.6448536269514722
+METRICS = ("log_lik", "rmse", "coverage90")
+
+#: the Bayesian GPN's configuration, chosen on validation (docs/results/uci.md)
+BGPN_CONFIG = dict(
+    weights="vi",
+    prior_scale=1.0,
+    whiten=True,
+    targets_init="identity",
+    q_cov="full",
+    noise_std_init=0.1,
+    lr=5e-2,
+    lr_decay=0.1,
+    steps=2000,
+    early_stopping=True,
+    patience=12,
+)
+ISSUE_CONFIG = dict(
+    weights="point",
+    prior_scale=1.0,
+    whiten=True,
+    targets_init="identity",
+    q_cov="full",
+    noise_std_init=0.1,
+    lr=5e-2,
+    lr_decay=0.1,
+    steps=2000,
+    early_stopping=False,
+)
+
+
+# ---------------------------------------------------------------------------------- metrics
+def _mixture_cdf(t: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    return torch.special.ndtr((t[None] - mean) / std).mean(0)
+
+
+def metrics_of(mean: Tensor, var: Tensor, y: Tensor, y_std: float) -> dict[str, float]:
+    """Test metrics of an equal-weight Gaussian-mixture predictive, in original units.
+
+    Args:
+        mean, var: ``[T, S]`` component means and variances (observation noise included) in
+            standardised units; ``T = 1`` is a single Gaussian.
+        y: ``[S]`` or ``[S, 1]`` standardised targets.
+        y_std: the training split's target standard deviation.
+
+    Returns:
+        ``log_lik`` (mean log predictive density, original units: standardised minus
+        ``log y_std``), ``rmse`` (of the mixture mean, original units) and ``coverage90`` (share
+        of targets inside the central 90 % interval of the mixture, its 5 % and 95 % quantiles
+        found by bisection; exact ``mean +- 1.645 sd`` for ``T = 1``).
+    """
+    mean, var = mean.double(), var.double().clamp_min(1e-12)
+    if mean.dim() != 2 or var.shape != mean.shape:
+        raise ValueError(f"mean and var must both be [T, S], got {mean.shape} and {var.shape}")
+    y = y.reshape(-1).double()
+    if y.shape[0] != mean.shape[1]:
+        raise ValueError(f"y has {y.shape[0]} rows, the predictive {mean.shape[1]}")
+    comp = -0.5 * (math.log(2 * math.pi) + var.log() + (y[None] - mean).square() / var)
+    log_lik = torch.logsumexp(comp, 0) - math.log(mean.shape[0])
+    mix_mean = mean.mean(0)
+    std = var.sqrt()
+    if mean.shape[0] == 1:
+        lower, upper = mean[0] - Z90 * std[0], mean[0] + Z90 * std[0]
+    else:
+        bounds = []
+        for q in (0.05, 0.95):
+            lo = (mean - 10 * std).min(0).values
+            hi = (mean + 10 * std).max(0).values
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                below = _mixture_cdf(mid, mean, std) < q
+                lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+            bounds.append(0.5 * (lo + hi))
+        lower, upper = bounds
+    inside = (y >= lower) & (y <= upper)
+    return {
+        "log_lik": float(log_lik.mean()) - math.log(y_std),
+        "rmse": float((y - mix_mean).square().mean().sqrt()) * y_std,
+        "coverage90": float(inside.double().mean()),
+    }
+
+
+# ---------------------------------------------------------------------------------- models
+def _width(name: str) -> int:
+    return 100 if name == "protein" else 50
+
+
+def fit_bgpn(data, config: dict, seed: int) -> dict:
+    """The closed-form variational GPN; returns predictions and fit facts."""
+    import pyro
+
+    from pyro_gpn._proto_bayes import ProtoVGPN, fit_proto
+
+    pyro.settings.set(module_local_params=True)
+    torch.manual_seed(seed)
+    model = ProtoVGPN(
+        [data.num_features, _width(data.name), 1],
+        weights=config["weights"],
+        prior_scale=config["prior_scale"],
+        noise_floor=config.get("noise_floor", 0.0),
+        whiten=config["whiten"],
+        targets_init=config["targets_init"],
+        q_cov=config["q_cov"],
+        noise_std_init=config["noise_std_init"],
+    )
+    fit = fit_proto(
+        model,
+        data.x_train,
+        data.y_train,
+        data.x_val,
+        data.y_val,
+        num_steps=config["steps"],
+        lr=config["lr"],
+        lr_decay=config["lr_decay"],
+        early_stopping=config["early_stopping"],
+        patience=config.get("patience"),
+        batch_size=config.get("batch_size"),
+        seed=seed,
+    )
+    steps_per_epoch = (
+        1
+        if not config.get("batch_size")
+        else max(1, math.ceil(data.x_train.shape[0] / config["batch_size"]))
+    )
+
+    def predict(x):
+        m, v = model.predictive(x)
+        return m[None], v[None]
+
+    return {
+        "predict": predict,
+        "fit_s": fit.wall_s,
+        "epochs": fit.steps / steps_per_epoch,
+        "best_step": fit.best_step,
+        "noise_std": float(model.noise_std()),
+        "config": config,
+    }
+
+
+def _train_net(net, data, seed: int, lr: float, batch_size: int, epochs: int, patience: int):
+    from pyro_gpn.inference.trainer import TrainConfig, Trainer
+
+    cfg = TrainConfig(
+        lr=lr,
+        batch_size=batch_size,
+        max_epochs=epochs,
+        patience=patience,
+        seed=seed,
+        task="regression",
+        progress=False,
+    )
+    t0 = time.perf_counter()
+    res = Trainer(net, cfg).fit((data.x_train, data.y_train), (data.x_val, data.y_val))
+    return time.perf_counter() - t0, res.epochs, res.best_epoch
+
+
+def fit_clt(data, seed: int) -> dict:
+    from pyro_gpn.network import GPNNet
+
+    torch.manual_seed(seed)
+    net = GPNNet(
+        [data.num_features, _width(data.name), 1],
+        mode="meanvar",
+        head="gaussian",
+        targets_init="identity",
+    )
+    wall, epochs, best = _train_net(net, data, seed, 1e-2, 32, 300, 10)
+
+    def predict(x):
+        with torch.no_grad():
+            out = net.eval()(x)
+        return out.mean.reshape(1, -1), out.variance.reshape(1, -1)
+
+    return {
+        "predict": predict,
+        "fit_s": wall,
+        "epochs": epochs,
+        "best_epoch": best,
+        "noise_std": float(net.noise_std.reshape(-1)[0]),
+    }
+
+
+def _mlp(data, dropout: float, seed: int):
+    from pyro_gpn.models.baselines import FixedActivationNet
+
+    torch.manual_seed(seed)
+    return FixedActivationNet(
+        [data.num_features, _width(data.name), 1], head="gaussian", dropout=dropout
+    )
+
+
+def _mc_predict(net, x, passes: int = 100):
+    net.train()  # sampled dropout masks
+    with torch.no_grad():
+        outs = [net(x) for _ in range(passes)]
+    net.eval()
+    mean = torch.stack([o.mean.reshape(-1) for o in outs])
+    var = torch.stack([o.variance.reshape(-1) for o in outs])
+    return mean, var
+
+
+def fit_mcdrop(data, seed: int, rates=(0.01, 0.05, 0.1)) -> dict:
+    best = None
+    total, tried = 0.0, {}
+    for rate in rates:
+        net = _mlp(data, rate, seed)
+        wall, epochs, best_epoch = _train_net(net, data, seed, 1e-2, 32, 300, 10)
+        total += wall
+        torch.manual_seed(seed)
+        val = metrics_of(*_mc_predict(net, data.x_val), data.y_val, float(data.y_std))
+        tried[rate] = val["log_lik"]
+        if best is None or val["log_lik"] > best[0]:
+            best = (val["log_lik"], rate, net, wall, epochs, best_epoch)
+    _, rate, net, wall, epochs, best_epoch = best
+
+    def predict(x):
+        torch.manual_seed(seed)
+        return _mc_predict(net, x)
+
+    return {
+        "predict": predict,
+        "fit_s": total,
+        "fit_s_chosen": wall,
+        "epochs": epochs,
+        "best_epoch": best_epoch,
+        "dropout": rate,
+        "val_ll_by_rate": tried,
+        "noise_std": float(net.noise_std.reshape(-1)[0]),
+    }
+
+
+def fit_ensemble(data, seed: int, members: int = 5) -> dict:
+    nets, total, epochs = [], 0.0, []
+    for k in range(members):
+        net = _mlp(data, 0.0, 1000 * seed + k)
+        wall, ep, _ = _train_net(net, data, 1000 * seed + k, 1e-2, 32, 300, 10)
+        nets.append(net.eval())
+        total += wall
+        epochs.append(ep)
+
+    def predict(x):
+        with torch.no_grad():
+            outs = [n(x) for n in nets]
+        return (
+            torch.stack([o.mean.reshape(-1) for o in outs]),
+            torch.stack([o.variance.reshape(-1) for o in outs]),
+        )
+
+    return {"predict": predict, "fit_s": total, "epochs": float(np.sum(epochs))}
+
+
+def build_dgp(dims: int, hidden: int = 10, inducing: int = 64):
+    """GPyTorch's 2-layer deep GP as in its DeepGP example (``hidden`` GPs, ``inducing`` points)."""
+    from gpytorch.distributions import MultivariateNormal
+    from gpytorch.kernels import RBFKernel, ScaleKernel
+    from gpytorch.likelihoods import GaussianLikelihood
+    from gpytorch.means import ConstantMean, LinearMean
+    from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
+    from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
+
+    class HiddenLayer(DeepGPLayer):  # the structure of GPyTorch's DeepGP example
+        def __init__(self, input_dims, output_dims, num_inducing, mean_type):
+            if output_dims is None:
+                points = torch.randn(num_inducing, input_dims)
+                batch_shape = torch.Size([])
+            else:
+                points = torch.randn(output_dims, num_inducing, input_dims)
+                batch_shape = torch.Size([output_dims])
+            dist = CholeskyVariationalDistribution(num_inducing, batch_shape=batch_shape)
+            strategy = VariationalStrategy(self, points, dist, learn_inducing_locations=True)
+            super().__init__(strategy, input_dims, output_dims)
+            self.mean_module = (
+                ConstantMean(batch_shape=batch_shape)
+                if mean_type == "constant"
+                else LinearMean(input_dims)
+            )
+            self.covar_module = ScaleKernel(
+                RBFKernel(batch_shape=batch_shape, ard_num_dims=input_dims),
+                batch_shape=batch_shape,
+            )
+
+        def forward(self, x):
+            return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    class TwoLayerDGP(DeepGP):
+        def __init__(self, dims):
+            super().__init__()
+            self.hidden_layer = HiddenLayer(dims, hidden, inducing, "linear")
+            self.last_layer = HiddenLayer(hidden, None, inducing, "constant")
+            self.likelihood = GaussianLikelihood()
+
+        def forward(self, x):
+            return self.last_layer(self.hidden_layer(x))
+
+    return TwoLayerDGP(dims)
+
+
+def fit_dgp(
+    data,
+    seed: int,
+    hidden: int = 10,
+    inducing: int = 64,
+    samples: int = 10,
+    steps: int = 2000,
+    lr: float = 1e-2,
+    eval_every: int = 25,
+    patience: int = 8,
+    batch_size: int | None = None,
+) -> dict:
+    import gpytorch
+    from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
+
+    torch.manual_seed(seed)
+    x, y = data.x_train, data.y_train.reshape(-1)
+    model = build_dgp(data.num_features, hidden, inducing)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    mll = DeepApproximateMLL(VariationalELBO(model.likelihood, model, x.shape[0]))
+
+    def predict(xs):
+        model.eval()
+        with torch.no_grad(), gpytorch.settings.num_likelihood_samples(samples):
+            pred = model.likelihood(model(xs))
+        model.train()
+        return pred.mean.reshape(samples, -1), pred.variance.reshape(samples, -1)
+
+    best, best_state, since, step_s, n_steps = -math.inf, None, 0, 0.0, 0
+    gen = torch.Generator().manual_seed(seed)
+    num = x.shape[0]
+    per_epoch = 1 if batch_size is None else math.ceil(num / batch_size)
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        if batch_size is None:
+            xb, yb = x, y
+        else:
+            idx = torch.randperm(num, generator=gen)[:batch_size]
+            xb, yb = x[idx], y[idx]
+        with gpytorch.settings.num_likelihood_samples(samples):
+            opt.zero_grad()
+            loss = -mll(model(xb), yb)
+            loss.backward()
+            opt.step()
+        step_s += time.perf_counter() - t0
+        n_steps = step
+        if step % eval_every == 0:
+            torch.manual_seed(seed)
+            val = metrics_of(*predict(data.x_val), data.y_val, 1.0)["log_lik"]
+            if val > best:
+                best, best_state, since = val, copy.deepcopy(model.state_dict()), 0
+            else:
+                since += 1
+                if since > patience:
+                    break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+
+    def predict_seeded(xs):
+        torch.manual_seed(seed)
+        return predict(xs)
+
+    return {
+        "predict": predict_seeded,
+        "fit_s": step_s,
+        "epochs": n_steps / per_epoch,
+        "noise_std": float(model.likelihood.noise.sqrt()),
+    }
+
+
+def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
+    from pyro_gpn.data.uci_regression import load_uci_regression
+
+    data = load_uci_regression(name, DATA_DIR, split=split, seed=seed, download=False)
+    t0 = time.perf_counter()
+    if model == "bgpn":
+        fit = fit_bgpn(data, BGPN_CONFIG, seed + split)
+    elif model == "bgpn_issue":
+        fit = fit_bgpn(data, ISSUE_CONFIG, seed + split)
+    elif model == "clt":
+        fit = fit_clt(data, seed + split)
+    elif model == "mcdrop":
+        fit = fit_mcdrop(data, seed + split)
+    elif model == "ensemble":
+        fit = fit_ensemble(data, seed + split)
+    elif model == "dgp":
+        fit = fit_dgp(data, seed + split)
+    else:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    total = time.perf_counter() - t0
+    predict = fit.pop("predict")
+    y_std = float(data.y_std)
+    test = metrics_of(*predict(data.x_test), data.y_test, y_std)
+    val = metrics_of(*predict(data.x_val), data.y_val, y_std)
+    return {
+        "model": model,
+        "set": name,
+        "split": split,
+        "seed": seed,
+        "num_train": int(data.x_train.shape[0]),
+        "num_val": int(data.x_val.shape[0]),
+        "num_test": int(data.x_test.shape[0]),
+        "test": test,
+        "val": val,
+        "cell_s": total,
+        "s_per_epoch": fit.get("fit_s_chosen", fit["fit_s"]) / max(fit["epochs"], 1e-9),
+        **fit,
+    }
+
+
+# ---------------------------------------------------------------------------------- driver
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def load_cells(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def summary(out: Path, models=MODELS) -> str:
+    cells = load_cells(out)
+    by: dict[tuple[str, str], list[dict]] = {}
+    for c in cells:
+        by.setdefault((c["set"], c["model"]), []).append(c)
+
+    def ms(vals, d=2):
+        v = np.asarray(vals, dtype=float)
+        if len(v) == 1:
+            return f"{v[0]:.{d}f}"
+        return f"{v.mean():.{d}f} ± {v.std(ddof=1) / math.sqrt(len(v)):.{d}f}"
+
+    lines = []
+    for metric, d in (("log_lik", 2), ("rmse", 2), ("coverage90", 2)):
+        present = [m for m in models if any(k[1] == m for k in by)]
+        lines.append(f"\n**test {metric}** (mean ± s.e. over splits; n = splits)\n")
+        lines.append("| set | " + " | ".join(present) + " |")
+        lines.append("| --- |" + " --- |" * len(present))
+        for name in SETS:
+            row = []
+            for m in present:
+                cs = by.get((name, m))
+                row.append(f"{ms([c['test'][metric] for c in cs], d)} (n={len(cs)})" if cs else "")
+            if any(row):
+                lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines.append("\n**seconds per epoch** (median over cells)\n")
+    present = [m for m in models if any(k[1] == m for k in by)]
+    lines.append("| set | " + " | ".join(present) + " |")
+    lines.append("| --- |" + " --- |" * len(present))
+    for name in SETS:
+        row = []
+        for m in present:
+            cs = by.get((name, m))
+            per = [c.get("fit_s_chosen", c["fit_s"]) / max(c["epochs"], 1e-9) for c in cs or []]
+            row.append(f"{np.median(per):.4f}" if cs else "")
+        if any(row):
+            lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def aggregate(out: Path, diag: Path | None = None) -> dict:
+    """Means and standard errors per (model, set) and per (variant, set) of the diagnosis."""
+
+    def stats(vals):
+        v = np.asarray(vals, dtype=float)
+        se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+        return {"mean": float(v.mean()), "se": se, "n": len(v)}
+
+    def group(cells, key, part):
+        by: dict[str, dict[str, list[dict]]] = {}
+        for c in cells:
+            by.setdefault(c[key], {}).setdefault(c["set"], []).append(c)
+        return {
+            k: {
+                name: {
+                    **{
+                        m: stats([c[part][m] for c in cs])
+                        for m in ("log_lik", "rmse", "coverage90")
+                    },
+                    "splits": sorted(c["split"] for c in cs),
+                    "noise_std": stats([c["noise_std"] for c in cs if "noise_std" in c]),
+                }
+                for name, cs in sets.items()
+            }
+            for k, sets in by.items()
+        }
+
+    result = {"benchmark_test": group(load_cells(out), "model", "test")}
+    if diag is not None and diag.exists():
+        result["diagnosis_validation"] = group(load_cells(diag), "variant", "val")
+    result["bgpn_config"] = BGPN_CONFIG
+    result["issue_config"] = ISSUE_CONFIG
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sets", nargs="+", default=["boston", "concrete", "energy", "wine", "yacht"])
+    p.add_argument("--splits", nargs="+", type=int, default=list(range(20)))
+    p.add_argument("--models", nargs="+", default=["bgpn", "clt", "mcdrop", "dgp"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs"))
+    p.add_argument("--summary", action="store_true", help="print the table and exit")
+    p.add_argument("--json", default=None, help="with --summary: write the aggregate here")
+    p.add_argument("--diag", default=str(ROOT / "docs/results/uci_diagnose_runs"))
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.summary:
+        print(summary(out))
+        if a.json:
+            _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
+        return 0
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    print(
+        f"# {platform.node()} torch {torch.__version__} threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    for split in a.splits:
+        for name in a.sets:
+            from pyro_gpn.data.uci_regression import REGRESSION_DATASETS  # noqa: F401
+
+            if name not in SETS:
+                raise SystemExit(f"unknown set {name!r}")
+            if name == "protein" and split >= 5:
+                continue
+            for model in a.models:
+                path = out / f"{model}__{name}__{split:02d}.json"
+                if path.exists():
+                    continue
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {model} {name} split {split} (load "
+                    f"{os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+                cell = run_cell(model, name, split, a.seed)
+                cell["load_avg_1m_end"] = os.getloadavg()[0]
+                _atomic_json(path, cell)
+                t = cell["test"]
+                print(
+                    f"    test ll {t['log_lik']:.3f} rmse {t['rmse']:.3f} cov90 "
+                    f"{t['coverage90']:.2f} | {cell['cell_s']:.0f}s, "
+                    f"{cell['s_per_epoch']:.4f} s/epoch",
+                    flush=True,
+                )
+    print(summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

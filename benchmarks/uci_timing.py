@@ -1,0 +1,112 @@
+"""Time per epoch of the Bayesian GPN against GPyTorch's 2-layer deep GP, side by side.
+
+Same process, same data (the training rows of split 0), same batch size; the two models'
+steps are timed in alternating blocks of ``--block`` steps, ``--repeats`` times, so that the
+load of a shared machine hits both alike. Reports the median seconds per epoch of each model and
+their ratio. Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/uci_timing.py --sets boston concrete --batch 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.uci import DATA_DIR, build_dgp  # noqa: E402
+from pyro_gpn._proto_bayes import ProtoVGPN  # noqa: E402
+from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
+from pyro_gpn.losses import gaussian_expected_nll  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sets", nargs="+", default=["boston", "concrete"])
+    p.add_argument("--batch", type=int, default=0, help="batch size (0: full batch)")
+    p.add_argument("--block", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    pyro.settings.set(module_local_params=True)
+    results = [time_set(name, a) for name in a.sets]
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def time_set(name: str, a: argparse.Namespace) -> dict:
+    """Alternating timing blocks on one set (module docstring)."""
+    import gpytorch
+    from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
+
+    data = load_uci_regression(name, DATA_DIR, split=0, download=False)
+    x, y = data.x_train, data.y_train
+    n = x.shape[0]
+    batch = n if a.batch <= 0 else min(a.batch, n)
+    steps_per_epoch = math.ceil(n / batch)
+    torch.manual_seed(0)
+    gpn = {
+        w: ProtoVGPN([data.num_features, 50, 1], weights=w, whiten=True) for w in ("point", "vi")
+    }
+    gpn_opt = {w: torch.optim.Adam(m.parameters(), lr=1e-2) for w, m in gpn.items()}
+    dgp = build_dgp(data.num_features)
+    dgp_opt = torch.optim.Adam(dgp.parameters(), lr=1e-2)
+    mll = DeepApproximateMLL(VariationalELBO(dgp.likelihood, dgp, n))
+
+    def gpn_step(w, idx):
+        m = gpn[w]
+        feats = m.hidden_moments(x[idx])
+        nll = gaussian_expected_nll(feats, y[idx], m.noise_std(), reduction="sum")
+        loss = (nll * n / len(idx) + m.vgpn.kl_divergence() + m.weight_regulariser()) / n
+        gpn_opt[w].zero_grad()
+        loss.backward()
+        gpn_opt[w].step()
+
+    def dgp_step(idx):
+        with gpytorch.settings.num_likelihood_samples(10):
+            dgp_opt.zero_grad()
+            loss = -mll(dgp(x[idx]), y[idx].reshape(-1))
+            loss.backward()
+            dgp_opt.step()
+
+    times = {"gpn_point": [], "gpn_vi": [], "dgp": []}
+    for _ in range(a.repeats):
+        for key in times:
+            t0 = time.perf_counter()
+            for _ in range(a.block):
+                idx = torch.randperm(n)[:batch]
+                if key == "dgp":
+                    dgp_step(idx)
+                else:
+                    gpn_step(key.split("_")[1], idx)
+            times[key].append((time.perf_counter() - t0) / a.block * steps_per_epoch)
+    row = {
+        "set": name,
+        "num_train": n,
+        "batch": batch,
+        "s_per_epoch_median": {k: statistics.median(v) for k, v in times.items()},
+        "s_per_epoch_all": times,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    med = row["s_per_epoch_median"]
+    row["ratio_dgp_over_gpn_vi"] = med["dgp"] / med["gpn_vi"]
+    row["ratio_dgp_over_gpn_point"] = med["dgp"] / med["gpn_point"]
+    print(json.dumps({k: v for k, v in row.items() if k != "s_per_epoch_all"}), flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The UCI harness's metric code (``benchmarks/uci.py``) against scipy, and the prototype's
+weight treatment (``pyro_gpn/_proto_bayes.py``) against Monte Carlo."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize, stats
+
+from benchmarks.uci import metrics_of
+
+
+def test_gaussian_metrics_match_scipy_in_original_units():
+    gen = torch.Generator().manual_seed(0)
+    mean = torch.randn(1, 300, generator=gen, dtype=torch.float64)
+    var = torch.rand(1, 300, generator=gen, dtype=torch.float64) + 0.05
+    y = torch.randn(300, generator=gen, dtype=torch.float64)
+    y_std = 3.7
+    got = metrics_of(mean, var, y, y_std)
+    m, s, t = mean[0].numpy() * y_std, var[0].sqrt().numpy() * y_std, y.numpy() * y_std
+    assert got["log_lik"] == pytest.approx(stats.norm.logpdf(t, m, s).mean(), abs=1e-10)
+    assert got["rmse"] == pytest.approx(np.sqrt(np.mean((t - m) ** 2)), rel=1e-10)
+    lo, hi = stats.norm.ppf(0.05, m, s), stats.norm.ppf(0.95, m, s)
+    assert got["coverage90"] == pytest.approx(np.mean((t >= lo) & (t <= hi)))
+
+
+def test_mixture_metrics_match_scipy():
+    gen = torch.Generator().manual_seed(1)
+    mean = 2 * torch.randn(3, 50, generator=gen, dtype=torch.float64)
+    var = torch.rand(3, 50, generator=gen, dtype=torch.float64) + 0.01
+    y = torch.randn(50, generator=gen, dtype=torch.float64)
+    got = metrics_of(mean, var, y, 1.0)
+    m, s, t = mean.numpy(), var.sqrt().numpy(), y.numpy()
+    dens = stats.norm.pdf(t[None], m, s).mean(0)
+    assert got["log_lik"] == pytest.approx(np.log(dens).mean(), abs=1e-10)
+    assert got["rmse"] == pytest.approx(np.sqrt(np.mean((t - m.mean(0)) ** 2)), rel=1e-10)
+    inside = []
+    for j in range(50):
+        cdf = lambda v, q, j=j: stats.norm.cdf(v, m[:, j], s[:, j]).mean() - q  # noqa: E731
+        lo = optimize.brentq(cdf, -50, 50, args=(0.05,), xtol=1e-12)
+        hi = optimize.brentq(cdf, -50, 50, args=(0.95,), xtol=1e-12)
+        inside.append(lo <= t[j] <= hi)
+    assert got["coverage90"] == pytest.approx(np.mean(inside))
+
+
+def test_identical_components_equal_one_gaussian():
+    mean, var, y = torch.randn(1, 40), torch.rand(1, 40) + 0.1, torch.randn(40, 1)
+    one = metrics_of(mean, var, y, 2.0)
+    many = metrics_of(mean.expand(4, -1), var.expand(4, -1), y, 2.0)
+    for key in one:
+        assert many[key] == pytest.approx(one[key], abs=1e-6)
+
+
+def test_metrics_reject_bad_shapes():
+    with pytest.raises(ValueError, match="mean and var"):
+        metrics_of(torch.zeros(3), torch.ones(3), torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="rows"):
+        metrics_of(torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(4), 1.0)
+
+
+def test_proto_vi_weights_moments_match_monte_carlo():
+    """With q(W) Gaussian, the first layer's closed-form output moments equal a Monte Carlo
+    average over weight draws (observed inputs: the propagation is exact)."""
+    import pyro
+
+    from pyro_gpn._proto_bayes import ProtoVGPN
+
+    with pyro.settings.context(module_local_params=True):
+        torch.manual_seed(0)
+        model = ProtoVGPN([3, 4, 1], weights="vi", weight_std_init=0.5, whiten=True)
+        layer = model.layers[0]
+        x = torch.randn(5, 3, dtype=torch.float64)
+        layer.double()
+        model.weight_log_std.double()
+        with torch.no_grad():
+            from pyro_gpn._proto_bayes import _layer_moments
+
+            got = _layer_moments(layer, x, model.weight_var(0), noise=True)
+            std = model.weight_var(0).sqrt()
+            draws = 40000
+            w = layer.weight + std * torch.randn(draws, 3, 4, dtype=torch.float64)
+            acts = torch.einsum("sm,kmn->ksn", x, w).reshape(-1, 4)
+            cmean, cvar = layer.conditional(acts, noise=True)
+            cmean, cvar = cmean.reshape(draws, 5, 4), cvar.reshape(draws, 5, 4)
+            mc_mean = cmean.mean(0)
+            mc_var = (cvar + cmean.square()).mean(0) - mc_mean.square()
+        se = (cmean.std(0) / math.sqrt(draws)).max()
+        assert torch.allclose(got.mean, mc_mean, atol=6 * float(se))
+        assert torch.allclose(got.variance, mc_var, rtol=0.05, atol=1e-3)
