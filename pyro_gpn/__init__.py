@@ -11,4 +11,22 @@ from .network import GPNNet
 
 __version__ = "0.1.0"
 
-__all__ = ["GPNLayer", "GPNNet", "Moments", "gpn_kernel", "squared_exponential", "__version__"]
+__all__ = [
+    "GPNLayer",
+    "GPNNet",
+    "Moments",
+    "gpn_kernel",
+    "load_run",
+    "squared_exponential",
+    "__version__",
+]
+
+
+def __getattr__(name: str):
+    """``pyro_gpn.load_run`` (:func:`pyro_gpn.experiments.saved.load_run`), imported on first
+    use so that importing the core does not import the orchestration package."""
+    if name == "load_run":
+        from .experiments.saved import load_run
+
+        return load_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,8 +60,12 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 
 
-class ChecksumError(RuntimeError):
-    """A data file's content does not match the checksum recorded for it."""
+class ChecksumError(OSError, RuntimeError):
+    """A data file's content does not match the checksum recorded for it.
+
+    An ``OSError`` (a damaged file, like :class:`pyro_gpn.io.CorruptFileError`) and, for code
+    written against earlier releases, still a ``RuntimeError``.
+    """
 
 
 class DataUnavailableError(FileNotFoundError):
