@@ -14,24 +14,7 @@ from .probe_cases import cases, classify
 
 KNOWN_FAILING = frozenset(
     {
-        "cli/evaluate-empty-model",
-        "cli/evaluate-flipped-model-tail",
-        "cli/evaluate-flipped-model-tensors",
-        "cli/evaluate-result-without-settings",
-        "cli/evaluate-sizes-edited",
-        "cli/evaluate-truncated-model",
-        "cli/evaluate-truncated-result",
-        "cli/train-2-concurrent",
-        "cli/train-3-concurrent",
-        "cli/train-ctrl-c",
         "cli/train-disk-full",
-        "cli/train-letter-flipped-data",
-        "cli/train-lr-1e6",
-        "cli/train-out-under-a-file",
-        "cli/train-over-finished-run",
-        "cli/train-read-only-folder",
-        "cli/train-resume-flipped-checkpoint",
-        "cli/train-resume-truncated-checkpoint",
         "data/from-arrays-nan",
         "evaluate/regression-task-on-labels",
         "layer/device-cuda-unavailable",
@@ -104,7 +87,7 @@ def _params():
         if case.id.startswith("cli/"):
             marks.append(pytest.mark.slow)
         if case.id in KNOWN_FAILING:
-            marks.append(pytest.mark.xfail(reason="issue 14: not fixed yet", strict=False))
+            marks.append(pytest.mark.xfail(reason="issue 14: not fixed yet", strict=True))
         yield pytest.param(case, id=case.id, marks=marks)
 
 

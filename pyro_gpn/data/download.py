@@ -209,6 +209,8 @@ def fetch(
         raise _unavailable(file, target, f"{file.path} is not in {root}", hint)
     try:
         _download(file, target)
+    except ChecksumError:  # an OSError, but not a network failure
+        raise
     except (OSError, http.client.HTTPException, ValueError) as error:  # URLError: an OSError
         reason = getattr(error, "reason", None) or error
         raise _unavailable(

@@ -106,11 +106,32 @@ def _forget_finished_run(out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def _check_checkpoint(out: Path) -> None:
+    """Fail early, naming the file, when ``--resume`` would continue from a damaged checkpoint
+    (verified against its checksum where it has one)."""
+    from ..inference.trainer import CHECKPOINT_NAME
+
+    path = out / CHECKPOINT_NAME
+    if not path.exists():
+        return
+    try:
+        pio.load_torch(path, require_checksum=pio.checksum_path(path).exists())
+    except pio.CorruptFileError as error:
+        raise pio.CorruptFileError(
+            error.path,
+            error.reason,
+            "--resume cannot continue from it: run the same command without --resume to start "
+            "afresh (with --overwrite if the folder holds a finished run)",
+        ) from error
+
+
 def _train_locked(args: argparse.Namespace, out: Path) -> int:
     from dataclasses import asdict
 
     from ..inference.trainer import Trainer, seed_everything
 
+    if args.resume:
+        _check_checkpoint(out)
     data = _load_data(args.dataset, args.data_dir, args.split)
     model_settings, schedule = from_args(ModelSettings, args), from_args(Schedule, args)
     settings = {"dataset": args.dataset, "split": args.split, **asdict(model_settings)}

@@ -241,3 +241,15 @@ def test_train_and_evaluate_classification(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == result["metrics"]["test"]
+
+
+def test_resume_from_a_damaged_checkpoint_names_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    checkpoint = out / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main([*TINY, "--max-epochs", "2", "--out", str(out), "--resume"]) == 1
+    err = _one_line_error(capsys)
+    assert "checkpoint.pt" in err and "without --resume" in err
+    assert main([*TINY, "--max-epochs", "2", "--out", str(out), "--overwrite"]) == 0
