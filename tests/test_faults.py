@@ -1,9 +1,10 @@
 """Issue 14's fault probe as tests: every case of ``tests/probe_cases.py`` ends clear or handled.
 
-The cases that do not yet -- the "before" picture in ``docs/results/fault_probe.md`` -- are
-expected failures listed in ``KNOWN_FAILING``; a fix turns its case into an XPASS: remove it from
-the list then, so that it is guarded from that commit on. The command-line cases start
-``python -m pyro_gpn.cli`` in subprocesses (about 10-60 s each) and are marked slow.
+The cases that do not yet -- the non-clear rows of ``docs/results/fault_probe.md`` -- are
+expected failures listed in ``KNOWN_FAILING``; they are strict, so a fix turns its case into a
+failing XPASS until it is removed from the list: from that commit on it is guarded. The
+command-line cases start ``python -m pyro_gpn.cli`` in subprocesses (about 10-60 s each) and are
+marked slow (``pytest -m slow -k cli``).
 """
 
 from __future__ import annotations
