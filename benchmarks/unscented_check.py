@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
         net.load_state_dict(state)
     net.eval()
-    weight, bias = net.readout.weight.mT.double(), net.readout.bias.double()
+    weight, bias = net.head.weight.double(), net.head.bias.double()
     with torch.no_grad():
         features = net.hidden(x)
         mean = features.mean.double()

@@ -48,18 +48,18 @@ def run(seed: int, variant: str, steps: int = 4000) -> str:
     vgpn = VariationalGPN([data.num_features, 4, 1], head="gaussian", whiten=True, **layer_kwargs)
     start = time.perf_counter()
     fit_svi(
-        vgpn.model, vgpn.guide, data.x_train, data.y_train, loss=ClosedFormELBO(),
+        vgpn.model, vgpn.guide, data.x_train, data.y_train, loss=ClosedFormELBO(vgpn),
         num_steps=steps, lr=lr, lr_decay=0.1, seed=seed, progress=False,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     with torch.no_grad():
-        pred = vgpn.predictive_moments(data.x_test)
+        pred = vgpn(data.x_test)
         y_std = float(data.y_std.reshape(-1)[0])
         rmse = float((pred.mean - data.y_test).square().mean().sqrt()) * y_std
         normal = torch.distributions.Normal(pred.mean, pred.variance.sqrt())
         log_lik = float(normal.log_prob(data.y_test).mean()) - math.log(y_std)
-        loss = ClosedFormELBO().loss(vgpn.model, vgpn.guide, data.x_train, data.y_train)
-        noise = float(vgpn.layers[-1].noise_std.reshape(-1)[0])
+        loss = ClosedFormELBO(vgpn).loss(vgpn.model, vgpn.guide, data.x_train, data.y_train)
+        noise = float(vgpn.noise_std.reshape(-1)[0])
     per_row = loss / data.x_train.shape[0]
     return (
         f"seed {seed} {variant:9s} test RMSE {rmse:.3f}  log-lik {log_lik:.3f}  "

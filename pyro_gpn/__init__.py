@@ -1,11 +1,19 @@
 """pyro_gpn: Gaussian Process Neurons on PyTorch and Pyro.
 
-Neurons whose activation function is learned, with a Gaussian-process prior over it
-("Gaussian Process Neurons Learn Stochastic Activation Functions"). See the README for a tour.
+Neurons whose activation function is learned, with a Gaussian-process prior over it:
+
+    S. Urban, M. Basalla, P. van der Smagt, "Gaussian Process Neurons Learn Stochastic
+    Activation Functions", arXiv:1711.11059 (2017).
+
+Docstrings cite the paper's equations by their LaTeX labels (``eq:gpn_vi_mu``, ...), which refer
+to the paper's LaTeX source (the arXiv source files). See the README for a tour and
+``docs/architecture.md`` for the layout.
 """
 
+from . import settings
+from .heads import GaussianHead, Prediction, SoftmaxHead
 from .kernels import gpn_kernel, squared_exponential
-from .layers import GPNLayer
+from .layers import GPNLayer, VariationalGPNLayer
 from .moments import Moments
 from .network import GPNNet
 
@@ -14,11 +22,16 @@ __version__ = "0.1.0"
 __all__ = [
     "GPNLayer",
     "GPNNet",
+    "GaussianHead",
     "Moments",
+    "Prediction",
+    "SoftmaxHead",
+    "VariationalGPNLayer",
+    "__version__",
     "gpn_kernel",
     "load_run",
+    "settings",
     "squared_exponential",
-    "__version__",
 ]
 
 

@@ -2,7 +2,11 @@
 
 Every public entry point checks its tensors here so that bad input raises a ``ValueError`` that
 names the argument, instead of a NaN or a wrong shape travelling silently through the network.
-Internal code that has already validated its inputs skips these checks.
+Form checks (:func:`check_tensor`, :func:`check_ndim`, :func:`check_shape`) always run; value
+checks (:func:`check_finite`, :func:`check_nonnegative`, :func:`check_positive`,
+:func:`check_psd`) read the tensor back to the host -- a device synchronisation -- and run only
+while :func:`pyro_gpn.settings.is_validation_enabled` (on by default, off inside the training
+loops).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from . import settings
 
 __all__ = [
     "check_finite",
@@ -51,6 +57,8 @@ def check_shape(name: str, value: Tensor, shape: Sequence[int | None]) -> Tensor
 
 
 def check_finite(name: str, value: Tensor) -> Tensor:
+    if not settings.is_validation_enabled():
+        return value
     if not bool(torch.isfinite(value).all()):
         bad = "NaN" if bool(torch.isnan(value).any()) else "infinite"
         raise ValueError(f"{name} contains {bad} values")
@@ -58,6 +66,8 @@ def check_finite(name: str, value: Tensor) -> Tensor:
 
 
 def check_nonnegative(name: str, value: Tensor) -> Tensor:
+    if not settings.is_validation_enabled():
+        return value
     check_finite(name, value)
     if bool((value < 0).any()):
         raise ValueError(f"{name} must be non-negative, got minimum {value.min().item():.3g}")
@@ -65,6 +75,8 @@ def check_nonnegative(name: str, value: Tensor) -> Tensor:
 
 
 def check_positive(name: str, value: Tensor) -> Tensor:
+    if not settings.is_validation_enabled():
+        return value
     check_finite(name, value)
     if bool((value <= 0).any()):
         raise ValueError(f"{name} must be positive, got minimum {value.min().item():.3g}")
@@ -77,9 +89,11 @@ def check_psd(name: str, value: Tensor, rtol: float = 1e-5) -> Tensor:
     Symmetry is checked to ``rtol`` of the largest entry; semi-definiteness by the smallest
     eigenvalue, allowing ``-rtol * max|eigenvalue|`` of round-off.
     """
-    check_finite(name, value)
     if value.dim() < 2 or value.shape[-1] != value.shape[-2]:
         raise ValueError(f"{name} must be a batch of square matrices, got {tuple(value.shape)}")
+    if not settings.is_validation_enabled():
+        return value
+    check_finite(name, value)
     scale = value.abs().amax().clamp_min(torch.finfo(value.dtype).tiny)
     if bool(((value - value.mT).abs() > rtol * scale).any()):
         raise ValueError(f"{name} must be symmetric")

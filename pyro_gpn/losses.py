@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import settings
 from ._validation import (
     check_finite,
     check_ndim,
@@ -37,10 +38,12 @@ from ._validation import (
 from .moments.gaussian import Moments
 
 __all__ = [
+    "check_labels",
     "gaussian_expected_nll",
     "gaussian_predictive_log_likelihood",
     "target_variance_penalty",
     "unscented_cross_entropy",
+    "unscented_points",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -78,17 +81,27 @@ def _check_target(target: Tensor, like: Tensor) -> None:
     check_finite("target", target)
 
 
-def _check_labels(target: Tensor, num_samples: int, num_classes: int) -> None:
+def check_labels(target: Tensor, num_samples: int, num_classes: int, name: str = "target") -> None:
+    """``target`` holds ``[S]`` integer labels in ``[0, C)`` (the range is a value check)."""
     if not isinstance(target, Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(target).__name__}")
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        raise ValueError(f"target must hold integer class labels, got dtype {target.dtype}")
-    check_shape("target", target, (num_samples,))
-    if num_samples and bool(((target < 0) | (target >= num_classes)).any()):
+        raise ValueError(f"{name} must hold integer class labels, got dtype {target.dtype}")
+    check_shape(name, target, (num_samples,))
+    if not (num_samples and settings.is_validation_enabled()):
+        return
+    if bool(((target < 0) | (target >= num_classes)).any()):
         raise ValueError(
-            f"target labels must lie in [0, {num_classes}), got range "
+            f"{name} labels must lie in [0, {num_classes}), got range "
             f"[{int(target.min())}, {int(target.max())}]"
         )
+
+
+def _check_kappa(kappa: float | None, num_features: int) -> float:
+    kappa = 0.0 if kappa is None else float(kappa)
+    if not math.isfinite(kappa) or num_features + kappa <= 0:
+        raise ValueError(f"kappa must satisfy N + kappa > 0 (N = {num_features}), got {kappa}")
+    return kappa
 
 
 def _psd_cholesky(cov: Tensor, max_tries: int = 4) -> Tensor:
@@ -292,34 +305,53 @@ def unscented_cross_entropy(
         check_tensor("bias", bias)
         check_shape("bias", bias, (num_classes,))
         check_finite("bias", bias)
-    _check_labels(target, features.num_samples, num_classes)
-    kappa = 0.0 if kappa is None else float(kappa)
-    if not math.isfinite(kappa) or num_features + kappa <= 0:
-        raise ValueError(f"kappa must satisfy N + kappa > 0 (N = {num_features}), got {kappa}")
+    check_labels(target, features.num_samples, num_classes)
+    kappa = _check_kappa(kappa, num_features)
 
     def to_logits(x: Tensor) -> Tensor:
         out = x if weight is None else x @ weight
         return out if bias is None else out + bias
 
-    centre = to_logits(features.mean)  # [S, C]
     if features.is_deterministic:
-        return F.cross_entropy(centre, target, reduction=reduction)
-
-    # rows of L^T (columns of L), mapped through W: offsets of the sigma-point logits, [S, N, C]
-    if features.cov is not None:
-        root_t = _psd_cholesky(features.cov).mT
-    else:
-        root_t = torch.diag_embed(features.var.sqrt())
-    offsets = math.sqrt(num_features + kappa) * (root_t if weight is None else root_t @ weight)
-    centre = centre.unsqueeze(1)
-    logits = torch.cat([centre, centre + offsets, centre - offsets], dim=1)  # [S, 2N+1, C]
-
+        return F.cross_entropy(to_logits(features.mean), target, reduction=reduction)
+    points, weights = unscented_points(features, kappa)  # [S, 2N+1, N], [2N+1]
+    logits = to_logits(points)  # [S, 2N+1, C]
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
-    w_centre = kappa / (num_features + kappa)
-    w_side = 0.5 / (num_features + kappa)
-    per_sample = w_centre * point_ce[:, 0] + w_side * point_ce[:, 1:].sum(-1)
+    per_sample = weights[0] * point_ce[:, 0] + weights[1] * point_ce[:, 1:].sum(-1)
     return _reduce(per_sample, reduction)
+
+
+def unscented_points(features: Moments, kappa: float | None = None) -> tuple[Tensor, Tensor]:
+    r"""Sigma points and weights of the unscented transform (``eq:unscented_sigma``).
+
+    ``x_0 = mu``, ``x_{+-i} = mu +- sqrt(N + kappa) L_{*i}`` with ``L L^T = Sigma``
+    (``sqrt(var)`` for diagonal moments, a jittered Cholesky factor for ``cov``), weights
+    ``kappa / (N + kappa)`` (centre) and ``1 / (2 (N + kappa))`` (every other point); see
+    :func:`unscented_cross_entropy` for the choice of ``kappa`` (``None``: 0).
+
+    Args:
+        features: Gaussian moments, mean ``[S, N]`` (a point mass gives ``2N`` copies of it).
+        kappa: spread parameter, ``N + kappa > 0``.
+
+    Returns:
+        ``points [S, 2N + 1, N]`` (centre, ``+`` points, ``-`` points) and the two weights
+        ``[w_centre, w_side]``.
+    """
+    num_features = features.num_features
+    kappa = _check_kappa(kappa, num_features)
+    mean = features.mean
+    if features.cov is not None:
+        root_t = _psd_cholesky(features.cov).mT
+    elif features.var is not None:
+        root_t = torch.diag_embed(features.var.sqrt())
+    else:
+        root_t = mean.new_zeros(mean.shape[0], num_features, num_features)
+    offsets = math.sqrt(num_features + kappa) * root_t  # rows: columns of L, [S, N, N]
+    centre = mean.unsqueeze(1)
+    points = torch.cat([centre, centre + offsets, centre - offsets], dim=1)
+    weights = mean.new_tensor([kappa / (num_features + kappa), 0.5 / (num_features + kappa)])
+    return points, weights
 
 
 # ---------------------------------------------------------------------------------- penalty

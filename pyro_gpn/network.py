@@ -1,23 +1,30 @@
-"""The central-limit GPN network.
+"""The GPN network: layers and a head, the one network every route uses.
 
 Paper, sections "Central Limit Activations" to "Evaluating the Loss".
 
-A feed-forward stack of :class:`~pyro_gpn.layers.GPNLayer` that propagates the mean and the
-variance (or full covariance) of every sample's activations from layer to layer in closed form,
-treating each layer's activations as Gaussian (the central-limit approximation). The result is a
-deterministic, differentiable training objective:
+A feed-forward stack of GPN layers (:mod:`pyro_gpn.layers`) under a head
+(:mod:`pyro_gpn.heads`). It propagates the mean and the variance (or full covariance) of every
+sample's activations from layer to layer in closed form, treating each layer's activations as
+Gaussian (the central-limit approximation), and hands the result to the head:
 
-* ``head="gaussian"`` (regression): the last GPN layer is the output; its noise ``sigma^L`` is
-  the observation noise and the objective is the expected Gaussian negative log-likelihood
+* ``head="gaussian"`` (:class:`~pyro_gpn.heads.GaussianHead`, regression): the last GPN layer is
+  the output; its response ``F^L`` is noise-free and the head's ``sigma`` is the observation
+  noise; the objective is the expected Gaussian negative log-likelihood
   ``eq:gpn_reg_loss_marginal_final``;
-* ``head="softmax"`` (classification): a final linear map ``A^{L+1} = X^L W^{L+1}`` to class
-  logits and the expected softmax cross-entropy by the unscented transform
-  (``eq:gpn_normal_unscented``). The paper's "16x30x15x26" is ``GPNNet([16, 30, 15, 26])``:
-  GPN layers of 30 and 15 units, then 26 logits.
+* ``head="softmax"`` (:class:`~pyro_gpn.heads.SoftmaxHead`, classification): a final linear map
+  ``A^{L+1} = X^L W^{L+1}`` to class logits and the expected softmax cross-entropy by the
+  unscented transform (``eq:gpn_normal_unscented``). The paper's "16x30x15x26" is
+  ``GPNNet([16, 30, 15, 26])``: GPN layers of 30 and 15 units, then 26 logits.
+
+The same network serves every route: the central-limit objective (:meth:`GPNNet.loss`), the
+variational one (layers with a ``q(U)`` response and :meth:`GPNNet.kl_divergence`, the sum of
+the layers' KL terms; :class:`~pyro_gpn.models.VariationalGPN`) and the sampled parametric one
+(:class:`~pyro_gpn.models.ParametricGPN` takes a network).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -25,13 +32,13 @@ from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from ._validation import check_finite, check_ndim, check_nonnegative, check_shape, check_tensor
-from .layers import GPNLayer
+from .heads import HEADS, Head, Prediction, check_sizes, make_head
+from .layers import GPNLayer, GPNLayerBase
+from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
 
 __all__ = ["GPNNet", "HEADS", "check_sizes", "input_moments"]
-
-HEADS = ("gaussian", "softmax")
 
 
 def input_moments(x: Tensor, x_var: Tensor | None = None) -> Moments:
@@ -52,113 +59,163 @@ def input_moments(x: Tensor, x_var: Tensor | None = None) -> Moments:
     return Moments(x, var=x_var, validate=False)
 
 
-def check_sizes(sizes: Sequence[int], head: str) -> list[int]:
-    """Validate network widths: at least 2 (gaussian head) or 3 (softmax head) positive ints."""
-    sizes = list(sizes)
-    min_len = 3 if head == "softmax" else 2
-    if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
-        raise ValueError(
-            f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
-        )
-    return sizes
-
-
 class GPNNet(PyroModule):
-    """A stack of parametric GPN layers trained with the deterministic closed-form objective.
+    """A stack of GPN layers under a head, with the deterministic closed-form objective.
 
     Args:
-        sizes: layer widths ``[M, N_1, ..., N_L]`` for ``head="gaussian"`` (the last GPN layer
-            is the output) or ``[M, N_1, ..., N_L, C]`` for ``head="softmax"`` (``C`` classes).
+        sizes: layer widths ``[M, N_1, ..., N_L]`` for a Gaussian head (the last GPN layer is
+            the output) or ``[M, N_1, ..., N_L, C]`` for a softmax head (``C`` classes).
         mode: ``"mean"``, ``"meanvar"`` or ``"cov"``: what is propagated between layers.
-        head: ``"gaussian"`` or ``"softmax"``.
-        unscented_kappa: the unscented transform's ``kappa`` for the softmax loss (``None``:
-            the default of :func:`pyro_gpn.losses.unscented_cross_entropy`).
-        **layer_kwargs: passed to every :class:`~pyro_gpn.layers.GPNLayer` (``num_inducing``,
-            ``share``, ``targets_init``, ``learn_inducing``, ``lengthscale_init``, ...).
+        head: ``"gaussian"``, ``"softmax"`` or a :class:`~pyro_gpn.heads.Head` that fits
+            ``sizes``.
+        unscented_kappa: the unscented transform's ``kappa`` of a softmax head built from its
+            name (``None``: the default of :func:`pyro_gpn.losses.unscented_cross_entropy`).
+        layer: the layer class (:class:`~pyro_gpn.layers.GPNLayer`, or
+            :class:`~pyro_gpn.layers.VariationalGPNLayer` for the variational route).
+        **layer_kwargs: passed to every layer (``num_inducing``, ``share``, ``targets_init``,
+            ``learn_inducing``, ``lengthscale_init``, ...); ``noise_std_init`` and ``share``
+            also set a Gaussian head's noise.
 
     Example:
         >>> net = GPNNet([4, 10, 3], mode="meanvar", head="softmax")
         >>> logits = net(torch.rand(5, 4))
         >>> logits.mean.shape, logits.cov.shape
         (torch.Size([5, 3]), torch.Size([5, 3, 3]))
+        >>> net.predict(torch.rand(5, 4)).probs.shape
+        torch.Size([5, 3])
     """
+
+    #: the propagation modes this network accepts
+    modes: tuple[str, ...] = MODES
+    #: the container of the layers: a plain ``nn.ModuleList`` keeps the layers' parameters out
+    #: of Pyro's global param store unless a Pyro model registers them (``pyro.module``);
+    #: ``PyroModule[nn.ModuleList]`` gives them ``PyroModule`` names (the variational GPN)
+    layer_container: type[nn.Module] = nn.ModuleList
 
     def __init__(
         self,
         sizes: Sequence[int],
         mode: Mode = "meanvar",
-        head: str = "softmax",
+        head: str | Head = "softmax",
         unscented_kappa: float | None = None,
+        layer: type[GPNLayerBase] = GPNLayer,
         **layer_kwargs,
     ) -> None:
         super().__init__()
-        sizes = list(sizes)
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        check_sizes(sizes, head)
-        self.sizes = sizes
+        if isinstance(head, str) and head not in HEADS:
+            raise ValueError(f"head must be one of {tuple(HEADS)} or a Head, got {head!r}")
+        if mode not in self.modes:
+            raise ValueError(f"mode must be one of {self.modes}, got {mode!r}")
+        if not isinstance(head, (str, Head)):
+            raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
+        self.sizes = sizes = check_sizes(sizes, head)
         self.mode = mode
-        self.head = head
-        self.unscented_kappa = unscented_kappa
-        gpn_sizes = sizes[:-1] if head == "softmax" else sizes
-        self.layers = nn.ModuleList(
-            GPNLayer(m, n, **layer_kwargs) for m, n in zip(gpn_sizes[:-1], gpn_sizes[1:])
+        kind = HEADS[head] if isinstance(head, str) else head
+        widths = kind.feature_sizes(sizes)
+        pairs = list(zip(widths[:-1], widths[1:], strict=True))
+        self.layers = self.layer_container(
+            layer(m, n, output_noise=(i < len(pairs) - 1 or kind.noisy_features), **layer_kwargs)
+            for i, (m, n) in enumerate(pairs)
         )
-        if head == "softmax":
-            factory = {"dtype": self.layers[0].weight.dtype, "device": self.layers[0].weight.device}
-            self.readout = nn.Linear(sizes[-2], sizes[-1], **factory)
-            nn.init.xavier_uniform_(self.readout.weight)
-            nn.init.zeros_(self.readout.bias)
-        else:
-            self.readout = None
+        weight = self.layers[0].weight
+        self.head = make_head(
+            head,
+            sizes,
+            noise_std_init=layer_kwargs.get("noise_std_init", 0.1),
+            shared_noise=layer_kwargs.get("share", "none") == "layer",
+            unscented_kappa=unscented_kappa,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def _upgrade_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
+        """Load v0.1 state dicts: the readout was a ``torch.nn.Linear`` (``weight [C, N]``) and
+        the observation noise the last layer's."""
+        moves = {
+            "readout.weight": ("weight", lambda w: w.mT.contiguous()),
+            "readout.bias": ("bias", None),
+            f"layers.{self.num_layers - 1}.noise_std_unconstrained": (
+                "noise_std_unconstrained",
+                None,
+            ),
+        }
+        head = self.head.state_dict()
+        for old, (new, convert) in moves.items():
+            if (
+                prefix + old in state_dict
+                and new in head
+                and prefix + "head." + new not in state_dict
+            ):
+                value = state_dict.pop(prefix + old)
+                state_dict[f"{prefix}head.{new}"] = value if convert is None else convert(value)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_layers(self) -> int:
+        """``L``, the number of GPN layers."""
+        return len(self.layers)
 
     @property
     def num_classes(self) -> int | None:
-        return self.sizes[-1] if self.head == "softmax" else None
+        """``C`` of a classification head, else ``None``."""
+        return getattr(self.head, "num_classes", None)
 
     @property
     def noise_std(self) -> Tensor:
-        """Observation noise std ``sigma^L`` of the gaussian head (``[N_L | 1]``)."""
-        if self.head != "gaussian":
+        """Observation noise std of the head (``[N_L | 1]``; Gaussian head)."""
+        if not hasattr(self.head, "noise_std"):
             raise AttributeError("noise_std is the observation noise of a gaussian head")
-        return self.layers[-1].noise_std
+        return self.head.noise_std
 
+    @property
+    def readout(self) -> _LegacyReadout:
+        """Deprecated: the readout lives in the head (``net.head.weight [N_L, C]``); this is a
+        ``torch.nn.Linear``-like view of it (``weight [C, N_L]``)."""
+        warnings.warn(
+            "GPNNet.readout is deprecated: use net.head (weight [N_L, C], bias, readout())",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _LegacyReadout(self.head)
+
+    # ------------------------------------------------------------------ evaluation
     def hidden(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
-        """What the head consumes: moments of the noise-free responses ``F^L`` (gaussian head)
-        or of the last GPN layer's outputs ``X^L`` (softmax head).
+        """What the head consumes: moments of the last GPN layer's outputs (with output noise
+        if the head takes noisy features, else of the noise-free responses ``F^L``).
 
         Args:
             x: ``[S, M]`` inputs.
             x_var: optional input variances ``[S, M]`` or covariances ``[S, M, M]``; ignored in
                 ``"mean"`` mode, which treats every variance as zero.
+
+        Shape:
+            ``x [S, M]`` -> :class:`Moments` ``[S, N_L]``.
         """
         moments = input_moments(x, x_var)
         if moments.num_features != self.sizes[0]:
             raise ValueError(f"x must have {self.sizes[0]} features, got {moments.num_features}")
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            noise = not (i == last and self.head == "gaussian")
-            moments = layer.propagate(moments, self.mode, noise=noise)
+        for layer in self.layers:
+            moments = layer.propagate(moments, self.mode)
         return moments
 
     def forward(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
-        """Predictive moments: outputs ``X^L`` (gaussian head) or logits (softmax head).
+        """The posterior predictive :class:`Moments`: outputs ``X^L`` (Gaussian head) or logits
+        (softmax head; a full covariance unless ``mode="mean"``).
 
-        The logits of a softmax head carry a full covariance (unless ``mode="mean"``): even with
-        independent ``X^L`` the readout correlates them.
+        Shape:
+            ``x [S, M]`` -> :class:`Moments` ``[S, D]`` (``D = N_L`` or ``C``).
         """
-        features = self.hidden(x, x_var)
-        if self.head == "softmax":
-            if features.is_deterministic:
-                return features.linear(self.readout.weight.mT, self.readout.bias)
-            return features.linear_full(self.readout.weight.mT, self.readout.bias)
-        noise_var = self.noise_std.square().expand(features.num_features)
-        if features.cov is not None:
-            return Moments(features.mean, cov=features.cov + torch.diag(noise_var), validate=False)
-        var = features.variance + noise_var
-        return Moments(features.mean, var=var, validate=False)
+        return self.head.predictive(self.hidden(x, x_var))
+
+    def expected_nll(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        """The head's expected negative log-likelihood of ``y`` under the propagated features.
+
+        Shape:
+            ``x [S, M]``, ``y [S, N_L]`` (Gaussian) or ``[S]`` labels (softmax) -> a scalar, or
+            ``[S]`` with ``reduction="none"``.
+        """
+        return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """The paper's deterministic training objective, averaged over the samples.
@@ -168,34 +225,42 @@ class GPNNet(PyroModule):
         (``eq:gpn_normal_unscented``) of labels ``y [S]``. Add :meth:`penalty` for maximum
         likelihood training (``eq:gpn_ls``).
         """
-        from . import losses
+        return self.expected_nll(x, y)
 
-        features = self.hidden(x)
-        if self.head == "gaussian":
-            return losses.gaussian_expected_nll(features, y, self.noise_std, reduction="mean")
-        return losses.unscented_cross_entropy(
-            features,
-            y,
-            self.readout.weight.mT,
-            self.readout.bias,
-            kappa=self.unscented_kappa,
-            reduction="mean",
-        )
+    def kl_divergence(self) -> Tensor:
+        """The sum of the layers' ``KL(q(U) || p(U))`` (zero for point-estimated targets), as a
+        deep GP's KL is the sum of its layers'."""
+        return sum(layer.kl_divergence() for layer in self.layers)
 
-    def penalty(self) -> Tensor:
-        """The target-variance penalty ``eq:gpn_ls`` summed over the layers."""
-        from .losses import target_variance_penalty
-
-        return target_variance_penalty([layer.target_variances for layer in self.layers])
+    def penalty(self, alpha: float = 0.1, beta: float = 1e-3) -> Tensor:
+        """The target-variance penalty ``eq:gpn_ls`` summed over the layers that have
+        penalised variances (zero if none)."""
+        variances = [layer.response.penalised_variances() for layer in self.layers]
+        variances = [v for v in variances if v is not None]
+        if not variances:
+            return self.layers[0].weight.new_zeros(())
+        return target_variance_penalty(variances, alpha=alpha, beta=beta)
 
     @torch.no_grad()
-    def predict(self, x: Tensor, x_var: Tensor | None = None) -> Moments | Tensor:
-        """Predictions without gradients: predictive :class:`Moments` (gaussian head) or class
-        probabilities ``[S, C]`` (softmax head, the softmax of the mean logits)."""
-        out = self(x, x_var)
-        if self.head == "softmax":
-            return out.mean.softmax(-1)
-        return out
+    def predict(self, x: Tensor, x_var: Tensor | None = None) -> Prediction:
+        """Predictions without gradients: mean and std (regression) or class probabilities and
+        their std under the features' Gaussian (classification), a
+        :class:`~pyro_gpn.heads.Prediction`.
+
+        Shape:
+            ``x [S, M]`` -> ``mean``, ``std`` ``[S, D]`` (``D = N_L`` or ``C``).
+        """
+        return self.head.predict(self.hidden(x, x_var))
 
     def extra_repr(self) -> str:
-        return f"sizes={self.sizes}, mode={self.mode!r}, head={self.head!r}"
+        return f"sizes={self.sizes}, mode={self.mode!r}"
+
+
+class _LegacyReadout:
+    """What ``GPNNet.readout`` was, a ``torch.nn.Linear`` (``weight [C, N]``), as a view."""
+
+    def __init__(self, head: Head) -> None:
+        self.weight, self.bias, self._head = head.weight.mT, head.bias, head
+
+    def __call__(self, features: Tensor) -> Tensor:
+        return self._head.readout(features)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pyro_gpn import GPNNet, Moments
+from pyro_gpn import GPNNet
 from tests.mc import assert_mc_mean, assert_mc_variance
 
 DT = torch.float64
@@ -19,7 +19,7 @@ def test_softmax_head_shapes_and_logit_covariance(mode):
     logits = net(x)
     assert logits.mean.shape == (7, 3)
     features = net.hidden(x)
-    w, b = net.readout.weight.mT, net.readout.bias
+    w, b = net.head.weight, net.head.bias
     torch.testing.assert_close(logits.mean, features.mean @ w + b)
     if mode == "mean":
         assert logits.is_deterministic and features.is_deterministic
@@ -67,6 +67,7 @@ def test_uncertain_inputs_propagate_and_match_monte_carlo():
         g = torch.Generator().manual_seed(0)
         xs = x + x_var.sqrt() * torch.randn(60000, 3, 2, dtype=DT, generator=g)
         mean, var = layer.conditional((xs @ layer.weight).reshape(-1, 3))
+        var = var + net.noise_std.square()  # the observation noise lives in the head
         mean, var = mean.reshape(60000, 3, 3), var.reshape(60000, 3, 3)
         ys = mean + var.sqrt() * torch.randn(mean.shape, dtype=DT, generator=g)
     assert_mc_mean(ys, uncertain.mean)
@@ -94,9 +95,15 @@ def test_objective_is_finite_and_differentiable():
 def test_predict():
     torch.manual_seed(0)
     net = GPNNet([3, 4, 5], head="softmax")
-    probs = net.predict(torch.rand(6, 3))
-    torch.testing.assert_close(probs.sum(-1), torch.ones(6))
-    assert isinstance(GPNNet([3, 2], head="gaussian").predict(torch.rand(2, 3)), Moments)
+    prediction = net.predict(torch.rand(6, 3))
+    assert prediction.task == "classification"
+    torch.testing.assert_close(prediction.probs.sum(-1), torch.ones(6))
+    assert bool((prediction.std > 0).all())
+    regression = GPNNet([3, 2], head="gaussian")
+    x = torch.rand(2, 3)
+    prediction = regression.predict(x)
+    torch.testing.assert_close(prediction.mean, regression(x).mean)
+    torch.testing.assert_close(prediction.std, regression(x).variance.sqrt())
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ pass instead of one forward pass of ``model`` and ``guide`` per particle.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from pyro.infer import ELBO
 from pyro.infer.util import torch_item
@@ -48,41 +50,47 @@ from ..models.variational import VariationalGPN
 __all__ = ["ClosedFormELBO", "closed_form_elbo"]
 
 
-def closed_form_elbo(vgpn: VariationalGPN, x: Tensor, y: Tensor | None = None) -> Tensor:
+def closed_form_elbo(
+    vgpn: VariationalGPN, x: Tensor, y: Tensor | None = None, num_data: int | None = None
+) -> Tensor:
     """The ELBO ``-L_reg + L_pred`` of ``vgpn`` on a (mini-)batch, differentiable, a scalar.
 
     Args:
-        vgpn: the variational GPN; its ``num_data`` sets the mini-batch scale ``S / B``.
+        vgpn: the variational GPN.
         x: ``[B, M]`` inputs.
         y: ``[B, N_L]`` targets (gaussian head) or ``[B]`` labels (softmax head).
+        num_data: ``S``, the size of the data set ``x`` is a batch of (default:
+            ``vgpn.num_data``, else ``B``); the likelihood is scaled by ``S / B``.
     """
     if y is None:
         raise ValueError("the closed-form ELBO needs observations y")
     batch = x.shape[0]
-    scale = 1.0 if vgpn.num_data is None else vgpn.num_data / batch
+    num_data = vgpn.num_data if num_data is None else num_data
+    scale = 1.0 if num_data is None else num_data / batch
     return scale * vgpn.expected_log_likelihood(x, y).sum() - vgpn.kl_divergence()
 
 
 class ClosedFormELBO(ELBO):
     """The deterministic ELBO of a :class:`~pyro_gpn.models.variational.VariationalGPN`.
 
-    A drop-in loss for :class:`pyro.infer.SVI`::
+    The objective takes its model explicitly (as GPyTorch's ``VariationalELBO(likelihood,
+    model, num_data)``), and is a drop-in loss for :class:`pyro.infer.SVI`::
 
-        svi = SVI(vgpn.model, vgpn.guide, optim, loss=ClosedFormELBO())
-        svi.step(x, y)
+        svi = SVI(vgpn.model, vgpn.guide, optim, loss=ClosedFormELBO(vgpn))
+        svi.step(x, y)                      # or svi.step(x_batch, y_batch, num_data=S)
 
-    It does not trace ``model`` and ``guide``: it finds the network they belong to (the bound
-    methods' ``__self__``, or the ``vgpn`` given here) and evaluates :func:`closed_form_elbo`
-    with the model's arguments ``(x, y)``. The evaluation runs inside the network's
-    ``pyro_method``\\ s, so every parameter goes through ``pyro.param`` and
+    It does not trace ``model`` and ``guide``: it evaluates :func:`closed_form_elbo` of its
+    network with the step's arguments ``(x, y, num_data)``. The evaluation runs inside the
+    network's ``pyro_method``\\ s, so every parameter goes through ``pyro.param`` and
     :class:`~pyro.infer.SVI` (which collects the parameters touched during
     :meth:`loss_and_grads`) optimises all of them. With ``pyro.settings``'
-    ``module_local_params`` use ``ClosedFormELBO()(vgpn.model, vgpn.guide)``, a
+    ``module_local_params`` use ``ClosedFormELBO(vgpn)(vgpn.model, vgpn.guide)``, a
     ``torch.nn.Module`` whose forward is :meth:`differentiable_loss`, with a torch optimiser.
 
     Args:
-        vgpn: the network, if ``model`` / ``guide`` are not its bound methods (e.g. wrapped
-            in poutine handlers, which this loss does not apply).
+        vgpn: the network whose ELBO this is. Deprecated: without it the network is found as
+            the owner of the bound method ``model`` (a ``DeprecationWarning``; removed in the
+            next release).
 
     Like Pyro's ELBOs, :meth:`loss` and :meth:`loss_and_grads` return the *negative* ELBO as a
     float; :meth:`differentiable_loss` returns it as a tensor.
@@ -90,39 +98,46 @@ class ClosedFormELBO(ELBO):
 
     def __init__(self, vgpn: VariationalGPN | None = None) -> None:
         super().__init__(num_particles=1, max_plate_nesting=1)
-        if vgpn is not None and not isinstance(vgpn, VariationalGPN):
+        if vgpn is None:
+            warnings.warn(
+                "ClosedFormELBO() without its network is deprecated: use ClosedFormELBO(vgpn)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        elif not isinstance(vgpn, VariationalGPN):
             raise TypeError(f"vgpn must be a VariationalGPN, got {type(vgpn).__name__}")
         self.vgpn = vgpn
 
     def _get_trace(self, model, guide, args, kwargs):
         raise NotImplementedError("ClosedFormELBO evaluates the ELBO without tracing")
 
-    def _network(self, model, guide) -> VariationalGPN:
-        if self.vgpn is not None:
-            return self.vgpn
-        owner = getattr(model, "__self__", None)
-        if not isinstance(owner, VariationalGPN):
-            raise ValueError(
-                "ClosedFormELBO needs the model to be VariationalGPN.model (a bound method) or "
-                "the network passed explicitly: ClosedFormELBO(vgpn)"
-            )
-        if getattr(guide, "__self__", None) is not owner:
-            raise ValueError("model and guide must be methods of the same VariationalGPN")
-        return owner
-
     def differentiable_loss(self, model, guide, *args, **kwargs) -> Tensor:
-        """The negative ELBO as a differentiable scalar tensor."""
-        vgpn = self._network(model, guide)
-        return -closed_form_elbo(vgpn, *args, **kwargs)
+        """The negative ELBO as a differentiable scalar tensor (``model`` and ``guide`` are
+        not called; ``args`` and ``kwargs`` are those of :func:`closed_form_elbo`)."""
+        return -closed_form_elbo(self.vgpn or _owner(model, guide), *args, **kwargs)
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         """The negative ELBO as a float (no gradients)."""
         with torch.no_grad():
             return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
 
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        """The negative ELBO as a float; accumulates its gradients into the parameters."""
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> Tensor:
+        """The negative ELBO (a detached scalar tensor: no device sync); accumulates its
+        gradients into the parameters."""
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         if loss.requires_grad:
             loss.backward(retain_graph=self.retain_graph)
-        return torch_item(loss)
+        return loss.detach()
+
+
+def _owner(model, guide) -> VariationalGPN:
+    """The deprecated discovery of the network from its bound ``model`` and ``guide``."""
+    owner = getattr(model, "__self__", None)
+    if not isinstance(owner, VariationalGPN):
+        raise ValueError(
+            "ClosedFormELBO needs its network: ClosedFormELBO(vgpn) (the model given is not "
+            "VariationalGPN.model)"
+        )
+    if getattr(guide, "__self__", None) is not owner:
+        raise ValueError("model and guide must be methods of the same VariationalGPN")
+    return owner

@@ -40,6 +40,7 @@ import torch
 from pyro.infer import MCMC, NUTS, Predictive
 from torch import Tensor
 
+from pyro_gpn.heads import Prediction
 from pyro_gpn.models.nonparametric import NonParametricGPN
 
 if TYPE_CHECKING:  # arviz is imported lazily: it is slow to import
@@ -94,6 +95,17 @@ class NUTSResult:
             raise ValueError("x_test was not given to run_nuts: there are no test predictions")
         y = self.posterior_predictive["y_test"].mT
         return y.squeeze(-1) if y.shape[-1] == 1 else y
+
+    def predict(self) -> Prediction:
+        """The posterior predictive of the test outputs as a :class:`~pyro_gpn.heads.Prediction`
+        (mean and standard deviation over the draws, noise included), the ``predict`` of the
+        other routes.
+
+        Shape:
+            ``[S_test]`` for one output, else ``[S_test, N_L]``.
+        """
+        draws = self.y_test
+        return Prediction(draws.mean(0), draws.std(0), "regression")
 
     def num_divergences(self) -> int:
         """Divergent transitions after warm-up, summed over chains."""

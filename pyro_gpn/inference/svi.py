@@ -9,31 +9,23 @@ trained by minimising a Pyro loss:
 * the variational GPN, with a sampled ``Trace_ELBO`` or the deterministic closed-form ELBO passed
   as ``loss``.
 
-**Mini-batches.** Two conventions are supported, chosen by the model's signature:
-
-* *plate subsampling* (a model and guide that take ``subsample_size``, e.g.
-  :class:`~pyro_gpn.models.parametric.ParametricGPN`): with ``batch_size = B < S`` the loop calls
-  ``model(x, y, subsample_size=B)`` and ``guide(x, y, subsample_size=B)`` with the *full* data;
-  both open their data plate as ``pyro.plate("data", S, subsample_size=subsample_size)`` and index
-  ``x`` and ``y`` with the plate's indices. Pyro draws the batch (the guide's ``data`` plate, if
-  any, is replayed in the model, so both see the same indices);
-* *sliced batches* (a model bound to an object with a ``num_data`` attribute, e.g.
-  :class:`~pyro_gpn.models.variational.VariationalGPN`, the ``pyro.contrib.gp`` convention): the
-  loop draws ``B`` distinct indices and passes ``x[idx], y[idx]``; the model scales its data
-  plate by ``num_data / B`` itself. ``num_data`` must equal ``S``.
-
-Either way every step draws a fresh random batch of ``B`` distinct samples, the sites inside the
-data plate are scaled by ``S / B`` and global sites (a KL term of global latents, a parameter
-penalty) are not, so every step is an unbiased estimate of the full-data loss.
+**The contract** (:mod:`pyro_gpn.models._contract`, the ``pyro.contrib.gp`` convention): every
+step calls ``model(x_batch, y_batch, num_data=S)`` and the same for the guide; the model opens
+its data plate with ``num_data`` and so scales the sites inside it by ``S / B``, while global
+sites (a KL term of global latents, a parameter penalty) are not scaled. With ``batch_size = B <
+S`` the loop draws ``B`` distinct random indices per step, so every step is an unbiased estimate
+of the full-data loss. The loop never inspects the model.
 
 **Safety.** The loss and every gradient are checked before the optimiser touches the
-parameters: a non-finite value raises :class:`FloatingPointError` naming the step and the
-offending parameters, and the parameters keep their last finite values.
+parameters, with one device synchronisation per step (the loss and a single all-finite flag
+read back together): a non-finite value raises :class:`FloatingPointError` naming the step and
+the offending parameters, and the parameters keep their last finite values. Inside the loop
+the library's value checks and Pyro's distribution checks are off
+(:func:`pyro_gpn.settings.validation`); the data are checked once on entry.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -47,6 +39,9 @@ from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.elbo import ELBO
 from pyro.infer.util import zero_grads
 from torch import Tensor
+
+from .. import settings
+from .._validation import check_finite
 
 __all__ = ["LOSSES", "SVIResult", "fit_svi"]
 
@@ -88,30 +83,6 @@ class SVIResult:
             raise ValueError("no steps were run")
         tail = self.losses[-10:]
         return sum(tail) / len(tail)
-
-
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # builtins and the like: let the call decide
-        return True
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
-def _check_num_data(model: Callable, num_data: int) -> None:
-    """Sliced mini-batches need a model that scales its data plate by ``num_data / B``."""
-    owner = getattr(model, "__self__", None)
-    if not hasattr(owner, "num_data"):
-        raise ValueError(
-            "batch_size needs mini-batches, but the model neither takes a subsample_size keyword "
-            "(open pyro.plate('data', S, subsample_size=subsample_size) in model and guide) nor "
-            "is the method of an object with a num_data attribute that scales the data plate"
-        )
-    if owner.num_data != num_data:
-        raise ValueError(
-            f"the model's num_data is {owner.num_data}, but x has {num_data} samples: set "
-            f"num_data={num_data} so that mini-batches are scaled to the full data set"
-        )
 
 
 def _make_loss(loss: str | ELBO | Callable, num_particles: int | None) -> ELBO | Callable:
@@ -164,25 +135,32 @@ def _make_optim(
 
 
 def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
-    """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values."""
+    """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values.
+
+    One device synchronisation: the loss and the all-finite flag of every gradient are read
+    back together; the offending parameters are looked up only on failure.
+    """
     with poutine.trace(param_only=True) as capture:
         loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
     sites = capture.trace.nodes.values()
     named = {site["name"]: site["value"].unconstrained() for site in sites}
     params = set(named.values())
-    loss = float(loss.detach() if isinstance(loss, Tensor) else loss)
+    loss = torch.as_tensor(loss).detach().to(torch.float64).reshape(())
+    grads = [p.grad for p in named.values() if p.grad is not None]
+    finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else True
+    loss, grads_finite = torch.stack([loss.cpu(), torch.as_tensor(finite).cpu().double()]).tolist()
     if not math.isfinite(loss):
         zero_grads(params)
         raise FloatingPointError(
             f"SVI loss is {loss} at step {step}; parameters were left at their last finite "
             "values (try a smaller lr, clip_norm, or check the data for outliers)"
         )
-    bad = [
-        name
-        for name, p in named.items()
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all())
-    ]
-    if bad:
+    if not grads_finite:
+        bad = [
+            name
+            for name, p in named.items()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+        ]
         zero_grads(params)
         raise FloatingPointError(
             f"non-finite gradients at step {step} (loss {loss:.6g}) for parameters {sorted(bad)}; "
@@ -219,8 +197,8 @@ def fit_svi(
     one optimiser step.
 
     Args:
-        model, guide: Pyro callables with signature ``(x, y, **kwargs)``; for mini-batches see
-            the module docstring.
+        model, guide: Pyro callables with signature ``(x, y, num_data=None, **kwargs)`` (the
+            contract in the module docstring).
         x: ``[S, ...]`` inputs (``S`` training samples along the first dimension).
         y: targets or ``None``.
         loss: ``"trace"`` (:class:`~pyro.infer.Trace_ELBO`), ``"trace_meanfield"``
@@ -246,15 +224,14 @@ def fit_svi(
             earlier run with the same name leaks into this one. ``PyroModule`` parameters live
             in their modules and are unaffected; set ``False`` to continue a run that keeps
             plain ``pyro.param`` sites.
-        model_kwargs: extra keyword arguments for the model and the guide.
+        model_kwargs: extra keyword arguments for the model and the guide (besides
+            ``num_data``, which the loop passes).
 
     Returns:
         :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
 
     Raises:
-        ValueError: for invalid arguments, or a model that supports neither mini-batch
-            convention (or whose ``num_data`` is not ``S``) when ``batch_size`` asks for
-            mini-batches.
+        ValueError: for invalid arguments.
         FloatingPointError: when a loss or a gradient is not finite (no update is applied).
     """
     if not isinstance(num_steps, int) or num_steps < 0:
@@ -264,17 +241,16 @@ def fit_svi(
     num_data = x.shape[0]
     if y is not None and (not isinstance(y, Tensor) or y.shape[:1] != x.shape[:1]):
         raise ValueError(f"y must be a tensor with {num_data} samples along its first dimension")
-    kwargs = dict(model_kwargs or {})
+    check_finite("x", x)
+    if y is not None and y.is_floating_point():
+        check_finite("y", y)
+    kwargs = {**(model_kwargs or {}), "num_data": num_data}
     slice_size = None
     if batch_size is not None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if batch_size < num_data:
-            if _accepts(model, "subsample_size") and _accepts(guide, "subsample_size"):
-                kwargs["subsample_size"] = batch_size
-            else:
-                _check_num_data(model, num_data)
-                slice_size = batch_size
+            slice_size = batch_size
     elbo = _make_loss(loss, num_particles)
     optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
     if clear_param_store:
@@ -292,12 +268,12 @@ def fit_svi(
     start = time.perf_counter()
     try:
         for step in range(1, num_steps + 1):
-            if slice_size is None:
-                value = _checked_step(svi, step, x, y, **kwargs)
-            else:
+            batch_x, batch_y = x, y
+            if slice_size is not None:
                 index = torch.randperm(num_data, device=x.device)[:slice_size]
-                batch_y = None if y is None else y[index]
-                value = _checked_step(svi, step, x[index], batch_y, **kwargs)
+                batch_x, batch_y = x[index], None if y is None else y[index]
+            with settings.validation(False):  # the data were checked on entry
+                value = _checked_step(svi, step, batch_x, batch_y, **kwargs)
             result.losses.append(value)
             if bar is not None:
                 bar.update()

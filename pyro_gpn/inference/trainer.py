@@ -44,8 +44,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .. import settings
 from .._validation import check_finite, check_ndim, check_tensor
-from ..losses import gaussian_predictive_log_likelihood
+from ..metrics import classification_error, gaussian_log_likelihood, mean_squared_error
 
 __all__ = ["TrainConfig", "TrainResult", "Trainer", "evaluate", "seed_everything"]
 
@@ -231,7 +232,7 @@ def evaluate(
       most probable class of the mean prediction, not of the averaged softmax);
     * regression: ``{"rmse": r, "log_likelihood": ll}``, the root mean squared error of the
       predictive mean over all samples and outputs, and the mean over samples of
-      ``log N(y | mean, var)`` (:func:`~pyro_gpn.losses.gaussian_predictive_log_likelihood`).
+      ``log N(y | mean, var)`` (:func:`~pyro_gpn.metrics.gaussian_log_likelihood`).
 
     Args:
         model: returns :class:`~pyro_gpn.moments.gaussian.Moments` from ``model(x)``.
@@ -251,13 +252,11 @@ def evaluate(
         for index in _batches(x.shape[0], batch_size):
             prediction = model(x[index])
             if task == "classification":
-                errors += float((prediction.mean.argmax(-1) != y[index]).sum())
+                errors += float(classification_error(prediction.mean, y[index], reduction="sum"))
             else:
                 target = y[index].reshape(prediction.mean.shape)
-                squared += float((prediction.mean - target).square().sum())
-                log_lik += float(
-                    gaussian_predictive_log_likelihood(prediction, target, reduction="sum")
-                )
+                squared += float(mean_squared_error(prediction.mean, target, reduction="sum"))
+                log_lik += float(gaussian_log_likelihood(prediction, target, reduction="sum"))
     finally:
         model.train(was_training)
     n = x.shape[0]
@@ -410,7 +409,15 @@ class Trainer:
         epoch: int,
         step: int,
     ) -> tuple[float, int]:
-        """One shuffled pass over the data; returns the mean objective and the step count."""
+        """One shuffled pass over the data; returns the mean objective and the step count.
+
+        Value checks are off (:func:`pyro_gpn.settings.validation`): the data were checked on
+        entry, and the loss is read back once per step (one device synchronisation).
+        """
+        with settings.validation(False):
+            return self._run_epoch(optimizer, generator, x, y, epoch, step)
+
+    def _run_epoch(self, optimizer, generator, x, y, epoch, step) -> tuple[float, int]:
         self.model.train()
         n, total = x.shape[0], 0.0
         order = torch.randperm(n, generator=generator).to(self.device)
@@ -431,12 +438,14 @@ class Trainer:
     def _validate(self, x: Tensor, y: Tensor, task: str, epoch: int, step: int) -> dict:
         """Validation loss (mean ``model.loss``, eval mode) and :func:`evaluate` metrics."""
         self.model.eval()
-        val_loss = _mean_loss(self.model, x, y, self.config.eval_batch_size)
+        with settings.validation(False):
+            val_loss = _mean_loss(self.model, x, y, self.config.eval_batch_size)
         if not math.isfinite(val_loss):
             raise FloatingPointError(
                 f"non-finite validation loss {val_loss} at epoch {epoch}, step {step}"
             )
-        metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
+        with settings.validation(False):
+            metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
         return {"val_loss": val_loss, **{f"val_{k}": v for k, v in metrics.items()}}
 
     @staticmethod

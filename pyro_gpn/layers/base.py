@@ -7,10 +7,20 @@ Neurons"). Given the activation, the response is Gaussian with
 
     E[f_n(a)] = alpha(a)^T beta_n,        Var[f_n(a)] = 1 - alpha(a)^T C_n alpha(a),
 
-``alpha_r(a) = k(a, V_rn)``; the output adds noise ``N(0, sigma_n^2)``. Subclasses differ only
-in where ``beta`` and ``C`` come from: :class:`~pyro_gpn.layers.GPNLayer` fits targets by
-maximum likelihood (``beta = kappa U``, ``C = kappa``), the variational layer keeps a Gaussian
-over the targets (``beta = K^-1 mu_U``, ``C = K^-1 - K^-1 Sigma_U K^-1``).
+``alpha_r(a) = k(a, V_rn)``; the output adds noise ``N(0, sigma_n^2)``. A layer is built from
+parts: the projection ``W``, the inducing grid ``V`` with its lengthscales, the output noise,
+and a :class:`Response` -- where ``beta`` and ``C`` come from:
+
+* :class:`~pyro_gpn.layers.parametric.VirtualObservations` (the layer
+  :class:`~pyro_gpn.layers.GPNLayer`): targets fitted by maximum likelihood,
+  ``beta = kappa U``, ``C = kappa``;
+* :class:`~pyro_gpn.layers.variational.VariationalTargets` (the layer
+  :class:`~pyro_gpn.layers.VariationalGPNLayer`): a Gaussian ``q(U)`` over the targets,
+  ``beta = K^-1 mu_U``, ``C = K^-1 - K^-1 Sigma_U K^-1``, and its KL divergence to the prior.
+
+The two layer classes are this class with a different default response; they declare no
+argument of their own. Response options (``targets_init``, ``q_cov``, ...) pass through to the
+response, and the response's attributes read (and assign) as the layer's (``layer.targets``).
 """
 
 from __future__ import annotations
@@ -26,13 +36,39 @@ from .._validation import check_finite, check_ndim, check_shape, check_tensor
 from ..moments.gaussian import Moments
 from ..moments.propagate import MODES, Mode, is_equidistant, response_moments
 
-__all__ = ["GPNLayerBase", "SHARE_OPTIONS"]
+__all__ = ["GPNLayerBase", "Response", "SHARE_OPTIONS"]
 
 SHARE_OPTIONS = ("none", "layer")
 
 
+class Response(PyroModule):
+    """How a unit's virtual observations give ``beta [G, R]`` and ``C [G, R, R]``.
+
+    ``G`` is the number of activation functions (``N``, or 1 with ``share="layer"``). A response
+    is built from the layer's initial grid, ``Response(points [G, R], lengthscales [G],
+    **options)``, and evaluated on the current one: every method gets the inducing points and
+    lengthscales in the layer's compute dtype, and returns results in that dtype.
+    """
+
+    def weights(self, points: Tensor, lengthscales: Tensor) -> tuple[Tensor, Tensor]:
+        """``beta [G, R]`` and ``C [G, R, R]`` of the conditional response."""
+        raise NotImplementedError
+
+    def mean_weights(self, points: Tensor, lengthscales: Tensor) -> Tensor:
+        """``beta`` alone (the means-only mode); override when cheaper than :meth:`weights`."""
+        return self.weights(points, lengthscales)[0]
+
+    def kl_divergence(self, points: Tensor, lengthscales: Tensor) -> Tensor:
+        """``KL(q(U) || p(U))`` summed over the functions; zero for point estimates."""
+        return points.new_zeros(())
+
+    def penalised_variances(self) -> Tensor | None:
+        """The variances the maximum-likelihood penalty ``eq:gpn_ls`` acts on, if any."""
+        return None
+
+
 class GPNLayerBase(PyroModule):
-    """Weights, inducing points, lengthscales and output noise of a layer of GPN units.
+    """A layer of GPN units: projection, inducing grid, output noise and a :class:`Response`.
 
     Args:
         in_features: ``M``, the number of inputs.
@@ -45,13 +81,20 @@ class GPNLayerBase(PyroModule):
         inducing_range: the interval the inducing points are spaced linearly in.
         lengthscale_init: initial lengthscale ``lambda`` (the authors' code: 0.4).
         noise_std_init: initial output noise standard deviation ``sigma``.
+        output_noise: give the layer output noise (``False``: no ``noise_std``; the last layer
+            below a Gaussian head, whose observation noise the head owns).
+        response: a :class:`Response` instance or class; ``None`` is the class's
+            :attr:`default_response`.
+        **response_options: passed to the response class (see
+            :class:`~pyro_gpn.layers.parametric.VirtualObservations`,
+            :class:`~pyro_gpn.layers.variational.VariationalTargets`).
         compute_dtype: dtype the GP algebra (``beta``, ``C`` and the output moments) is
             evaluated in; inputs, parameters and results keep their own dtype. The default,
             float64, is needed for float32 parameters: the output variance
             ``1 - tr[(C - beta beta^T) Omega] - mu^2`` subtracts numbers of order
             ``|beta|^2`` and ``|C|`` (hundreds to thousands once the target variances ``S``
-            are small), so float32 loses it entirely -- a variance of 1e-3 came out wrong by
-            1e-2 -- and gradient descent exploits the error. ``None`` computes in the
+            are small), so float32 loses it (``docs/results/docstring_notes.md``) and gradient
+            descent exploits the error. ``None`` computes in the
             parameters' dtype, which is what the fused float32 Triton kernels need
             (:mod:`pyro_gpn.moments.backend`); use it only with well-conditioned layers.
         dtype, device: of the parameters.
@@ -60,8 +103,12 @@ class GPNLayerBase(PyroModule):
         weight: ``[M, N]``, Glorot-uniform (paper, "Initialization").
         inducing_points: ``[N | 1, R]`` (a buffer unless ``learn_inducing``).
         lengthscales: ``[N | 1]``, positive (``PyroParam``).
-        noise_std: ``[N | 1]``, positive (``PyroParam``).
+        noise_std: ``[N | 1]``, positive (``PyroParam``), or ``None`` without output noise.
+        response: the :class:`Response`.
     """
+
+    #: the response class used when none is given
+    default_response: type[Response] | None = None
 
     def __init__(
         self,
@@ -69,13 +116,17 @@ class GPNLayerBase(PyroModule):
         out_features: int,
         num_inducing: int = 14,
         share: str = "none",
+        *,
         learn_inducing: bool = False,
         inducing_range: tuple[float, float] = (-2.0, 2.0),
         lengthscale_init: float = 0.4,
         noise_std_init: float = 0.1,
+        output_noise: bool = True,
+        response: Response | type[Response] | None = None,
         compute_dtype: torch.dtype | None = torch.float64,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        **response_options,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -125,9 +176,45 @@ class GPNLayerBase(PyroModule):
         self.lengthscales = PyroParam(
             torch.full((groups,), lengthscale_init, **factory), constraints.positive
         )
-        self.noise_std = PyroParam(
-            torch.full((groups,), noise_std_init, **factory), constraints.positive
-        )
+        if output_noise:
+            self.noise_std = PyroParam(
+                torch.full((groups,), noise_std_init, **factory), constraints.positive
+            )
+        else:
+            self.noise_std = None
+        response = self.default_response if response is None else response
+        if isinstance(response, type) and issubclass(response, Response):
+            response = response(points.detach(), self.lengthscales.detach(), **response_options)
+        elif not isinstance(response, Response):
+            raise TypeError(f"response must be a Response or its class, got {response!r}")
+        elif response_options:
+            raise TypeError(f"options {sorted(response_options)} need a response class")
+        self.response = response
+        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def _upgrade_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
+        """Load v0.1 state dicts, which kept the response's parameters on the layer."""
+        for name in self.response.state_dict():
+            old, new = prefix + name, f"{prefix}response.{name}"
+            if old in state_dict and new not in state_dict:
+                state_dict[new] = state_dict.pop(old)
+
+    # ------------------------------------------------------------------ the response's names
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            response = self.__dict__.get("_modules", {}).get("response")
+            if response is None or name.startswith("__"):
+                raise
+            return getattr(response, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        response = self.__dict__.get("_modules", {}).get("response")
+        if response is not None and name != "response" and _owns(response, name):
+            setattr(response, name, value)
+        else:
+            super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ numerics
     def to_compute(self, tensor: Tensor) -> Tensor:
@@ -150,15 +237,28 @@ class GPNLayerBase(PyroModule):
         steps = torch.arange(points.shape[-1], dtype=points.dtype, device=points.device)
         return first + (last - first) * steps / (points.shape[-1] - 1)
 
-    # ------------------------------------------------------------------ to override
+    def compute_grid(self) -> tuple[Tensor, Tensor]:
+        """Inducing points ``[N | 1, R]`` and lengthscales ``[N | 1]`` in :attr:`compute_dtype`."""
+        return self.compute_inducing_points(), self.to_compute(self.lengthscales)
+
+    # ------------------------------------------------------------------ the response
     def response_weights(self) -> tuple[Tensor, Tensor]:
         """``beta [N | 1, R]`` and ``C [N | 1, R, R]`` of the conditional response, in
         :attr:`compute_dtype`."""
-        raise NotImplementedError
+        return self.response.weights(*self.compute_grid())
 
     def response_mean_weights(self) -> Tensor:
-        """``beta`` alone, for the means-only mode; override when it is cheaper than both."""
-        return self.response_weights()[0]
+        """``beta`` alone, for the means-only mode."""
+        return self.response.mean_weights(*self.compute_grid())
+
+    def kl_divergence(self) -> Tensor:
+        """The response's ``KL(q(U) || p(U))`` over the functions, a scalar in the parameters'
+        dtype (zero for point-estimated targets)."""
+        return self.response.kl_divergence(*self.compute_grid()).to(self.weight.dtype)
+
+    def _compute_noise_var(self) -> Tensor | None:
+        """``sigma^2 [N | 1]`` in :attr:`compute_dtype`, or ``None`` without output noise."""
+        return None if self.noise_std is None else self.to_compute(self.noise_std.square())
 
     # ------------------------------------------------------------------ evaluation
     def conditional(self, activations: Tensor, noise: bool = True) -> tuple[Tensor, Tensor]:
@@ -178,6 +278,10 @@ class GPNLayerBase(PyroModule):
         check_tensor("activations", activations)
         check_shape("activations", activations, (None, self.out_features))
         check_finite("activations", activations)
+        return self._conditional(activations, noise)
+
+    def _conditional(self, activations: Tensor, noise: bool = True) -> tuple[Tensor, Tensor]:
+        """:meth:`conditional` without the argument checks (for the library's own draws)."""
         out_dtype = activations.dtype
         activations = self.to_compute(activations)
         beta, reduction = self.response_weights()
@@ -190,7 +294,7 @@ class GPNLayerBase(PyroModule):
             "snr,nrt,snt->sn", alpha, reduction.expand(self.out_features, -1, -1), alpha
         )
         var = (1 - quad).clamp_min(0).to(out_dtype)
-        if noise:
+        if noise and self.noise_std is not None:
             var = var + self.noise_std.square()
         return mean.to(out_dtype), var
 
@@ -205,10 +309,13 @@ class GPNLayerBase(PyroModule):
             mode: ``"mean"`` (all variances taken as zero, the paper's "GPN mean"),
                 ``"meanvar"`` (variances, ``eq:gpn_normal_Sigmatilde``) or ``"cov"`` (full
                 covariance, ``eq:gpn_normal_Sigmatilde_cov``).
-            noise: include the output noise ``sigma^2``.
+            noise: include the output noise ``sigma^2`` (if the layer has any).
 
         Returns:
             :class:`Moments` ``[S, N]``.
+
+        Shape:
+            inputs ``[S, M]`` -> outputs ``[S, N]`` (``var [S, N]`` or ``cov [S, N, N]``).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -238,13 +345,18 @@ class GPNLayerBase(PyroModule):
             self.to_compute(self.lengthscales),
             beta,
             reduction,
-            self.to_compute(self.noise_std.square()) if noise else None,
+            self._compute_noise_var() if noise else None,
             mode,
             equidistant=self._equidistant,
         )
         return outputs.to(out_dtype)
 
     def forward(self, inputs: Moments | Tensor, mode: Mode = "meanvar") -> Moments:
+        """:meth:`propagate` with output noise.
+
+        Shape:
+            inputs ``[S, M]`` -> :class:`Moments` ``[S, N]``.
+        """
         return self.propagate(inputs, mode)
 
     def extra_repr(self) -> str:
@@ -253,3 +365,11 @@ class GPNLayerBase(PyroModule):
             f"num_inducing={self.num_inducing}, share={self.share!r}, "
             f"learn_inducing={self.learn_inducing}"
         )
+
+
+def _owns(module: PyroModule, name: str) -> bool:
+    """Whether ``name`` is a parameter, ``PyroParam`` or buffer of ``module``."""
+    return any(
+        name in module.__dict__.get(store, ())
+        for store in ("_pyro_params", "_parameters", "_buffers")
+    )

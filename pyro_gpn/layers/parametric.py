@@ -22,20 +22,20 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 
 from ..moments.propagate import virtual_observation_weights
-from .base import GPNLayerBase
+from .base import GPNLayerBase, Response
 
-__all__ = ["GPNLayer", "TARGET_INITS"]
+__all__ = ["GPNLayer", "TARGET_INITS", "VirtualObservations"]
 
+#: initial targets of :class:`VirtualObservations`
 TARGET_INITS = ("random", "identity")
 
 
-class GPNLayer(GPNLayerBase):
-    """A layer of parametric Gaussian Process Neurons.
+class VirtualObservations(Response):
+    """Targets ``U`` and variances ``S`` as parameters (maximum likelihood).
 
     Args:
-        in_features, out_features, num_inducing, share, learn_inducing, inducing_range,
-        lengthscale_init, noise_std_init, compute_dtype, dtype, device: see
-            :class:`~pyro_gpn.layers.base.GPNLayerBase`.
+        points: ``[G, R]`` the layer's initial inducing points ``V``.
+        lengthscales: ``[G]`` its initial lengthscales (unused: the targets need no prior).
         targets_init: ``"random"`` (targets ``U ~ N(0, 1)``) or ``"identity"`` (``U = V``, an
             activation function close to the identity on the inducing range).
         target_variance_init: initial virtual-observation variance ``S`` (paper:
@@ -44,54 +44,26 @@ class GPNLayer(GPNLayerBase):
         jitter: added to the diagonal of ``K(V, V) + diag(S)`` before the Cholesky.
 
     Attributes:
-        targets: ``[N | 1, R]`` virtual-observation targets ``U``.
-        target_variances: ``[N | 1, R]`` positive variances ``S`` (``PyroParam``).
-
-    Example:
-        >>> layer = GPNLayer(3, 5)
-        >>> out = layer.propagate(torch.randn(8, 3), mode="meanvar")
-        >>> out.mean.shape, out.var.shape
-        (torch.Size([8, 5]), torch.Size([8, 5]))
+        targets: ``[G, R]`` virtual-observation targets ``U``.
+        target_variances: ``[G, R]`` positive variances ``S`` (``PyroParam``).
     """
 
     def __init__(
         self,
-        in_features: int,
-        out_features: int,
-        num_inducing: int = 14,
-        share: str = "none",
+        points: Tensor,
+        lengthscales: Tensor,
         targets_init: str = "random",
-        learn_inducing: bool = False,
-        inducing_range: tuple[float, float] = (-2.0, 2.0),
-        lengthscale_init: float = 0.4,
-        noise_std_init: float = 0.1,
         target_variance_init: float = math.sqrt(0.1),
         learn_target_variances: bool = True,
         jitter: float = 1e-6,
-        compute_dtype: torch.dtype | None = torch.float64,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(
-            in_features,
-            out_features,
-            num_inducing=num_inducing,
-            share=share,
-            learn_inducing=learn_inducing,
-            inducing_range=inducing_range,
-            lengthscale_init=lengthscale_init,
-            noise_std_init=noise_std_init,
-            compute_dtype=compute_dtype,
-            dtype=dtype,
-            device=device,
-        )
+        super().__init__()
         if targets_init not in TARGET_INITS:
             raise ValueError(f"targets_init must be one of {TARGET_INITS}, got {targets_init!r}")
         if not target_variance_init > 0:
             raise ValueError(f"target_variance_init must be positive, got {target_variance_init}")
         self.targets_init = targets_init
         self.jitter = jitter
-        points = self.inducing_points.detach()
         if targets_init == "identity":
             targets = points.clone()
         else:
@@ -103,24 +75,52 @@ class GPNLayer(GPNLayerBase):
         else:
             self.register_buffer("target_variances", variances)
 
-    def _weights(self, with_kappa: bool) -> tuple[Tensor | None, Tensor]:
+    def _weights(self, points: Tensor, lengthscales: Tensor, with_kappa: bool):
         return virtual_observation_weights(
-            self.compute_inducing_points(),
-            self.to_compute(self.targets),
-            self.to_compute(self.target_variances),
-            self.to_compute(self.lengthscales),
+            points,
+            self.targets.to(points.dtype),
+            self.target_variances.to(points.dtype),
+            lengthscales,
             jitter=self.jitter,
             with_kappa=with_kappa,
         )
 
-    def response_weights(self) -> tuple[Tensor, Tensor]:
+    def weights(self, points: Tensor, lengthscales: Tensor) -> tuple[Tensor, Tensor]:
         """``beta = kappa U`` and ``C = kappa`` (``eq:gpn_normal_alpha_kappa``)."""
-        kappa, beta = self._weights(with_kappa=True)
+        kappa, beta = self._weights(points, lengthscales, with_kappa=True)
         return beta, kappa
 
-    def response_mean_weights(self) -> Tensor:
+    def mean_weights(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``beta = (K(V, V) + diag(S))^-1 U`` by one solve, without forming ``kappa``."""
-        return self._weights(with_kappa=False)[1]
+        return self._weights(points, lengthscales, with_kappa=False)[1]
+
+    def penalised_variances(self) -> Tensor:
+        """``S``, which the penalty ``eq:gpn_ls`` keeps from collapsing."""
+        return self.target_variances
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", targets_init={self.targets_init!r}"
+        return f"targets_init={self.targets_init!r}"
+
+
+class GPNLayer(GPNLayerBase):
+    """A layer of parametric Gaussian Process Neurons: the layer with
+    :class:`VirtualObservations` as its response.
+
+    Args:
+        in_features, out_features, num_inducing, share, and the keywords of
+            :class:`~pyro_gpn.layers.base.GPNLayerBase` (``learn_inducing``, ``inducing_range``,
+            ``lengthscale_init``, ``noise_std_init``, ``compute_dtype``, ``dtype``, ...).
+        **response_options: of :class:`VirtualObservations` (``targets_init``,
+            ``target_variance_init``, ``learn_target_variances``, ``jitter``).
+
+    Attributes:
+        targets, target_variances: the response's ``U [N | 1, R]`` and ``S [N | 1, R]``.
+
+    Example:
+        >>> layer = GPNLayer(3, 5, targets_init="identity")
+        >>> out = layer.propagate(torch.randn(8, 3), mode="meanvar")
+        >>> out.mean.shape, out.var.shape
+        (torch.Size([8, 5]), torch.Size([8, 5]))
+    """
+
+    default_response = VirtualObservations

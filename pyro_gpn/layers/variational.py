@@ -20,7 +20,8 @@ posterior is a Gaussian per unit (or one for the layer with ``share="layer"``),
     q(f \mid a) = \mathcal{N}\big(\alpha^T \beta,\; 1 - \alpha^T \hat K \alpha\big), \qquad
     \beta = K^{-1}\hat\mu, \qquad \hat K = K^{-1} - K^{-1}\hat\Sigma K^{-1}.
 
-This is exactly the form :class:`~pyro_gpn.layers.base.GPNLayerBase` propagates, so
+This is exactly the form :class:`~pyro_gpn.layers.base.GPNLayerBase` propagates: the layer is
+the base with the response :class:`VariationalTargets`, so
 :meth:`~pyro_gpn.layers.base.GPNLayerBase.propagate` evaluates ``eq:gpn_vi_mu``,
 ``eq:gpn_vi_marginal_sigma_fl`` and ``eq:gpn_vi_marginal_sigma2_fl`` through the core
 (:func:`pyro_gpn.moments.response_moments`), and
@@ -38,7 +39,8 @@ This is exactly the form :class:`~pyro_gpn.layers.base.GPNLayerBase` propagates,
 * ``q_cov="full"``: ``S`` lower triangular with positive diagonal (``constraints.lower_cholesky``);
   ``q_cov="diag"``: ``S = diag(targets_scale)`` (``constraints.positive``).
 
-**KL term.** :meth:`VariationalGPNLayer.kl_divergence` is ``sum_n KL(q(U_n) || p(U_n))``
+**KL term.** :meth:`VariationalTargets.kl_divergence` (the layer's ``kl_divergence()``) is
+``sum_n KL(q(U_n) || p(U_n))``
 (``eq:gpn_vi_sampling_la``, with the constant ``-R/2`` per function that the paper drops, so the
 value is the exact KL divergence):
 
@@ -51,11 +53,13 @@ The same expression in whitened coordinates is ``KL(N(m, S S^T) || N(0, I))`` (K
 under the invertible map ``z -> L z``).
 
 **Cost.** One Cholesky of ``K`` per function and a few triangular solves:
-``O(G R^3)`` per evaluation of :meth:`response_weights` or :meth:`kl_divergence`
+``O(G R^3)`` per evaluation of :meth:`VariationalTargets.weights` or ``kl_divergence``
 (``G = N`` functions, or 1 with ``share="layer"``), independent of the number of samples.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from pyro.distributions import MultivariateNormal
@@ -64,30 +68,47 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 
 from ..kernels import squared_exponential
-from .base import GPNLayerBase
+from .base import GPNLayerBase, Response
 
-__all__ = ["Q_COVS", "TARGETS_INITS", "VariationalGPNLayer"]
+__all__ = ["Q_COVS", "VARIATIONAL_TARGET_INITS", "VariationalGPNLayer", "VariationalTargets"]
 
 Q_COVS = ("full", "diag")
-TARGETS_INITS = ("random", "identity", "zero")
+#: initial means of :class:`VariationalTargets` (the parametric layer's ``TARGET_INITS`` and
+#: ``"zero"``)
+VARIATIONAL_TARGET_INITS = ("random", "identity", "zero")
 
 
-class VariationalGPNLayer(GPNLayerBase):
-    """A layer of GPN units with a GP prior on the targets and a Gaussian variational posterior.
+def __getattr__(name: str):
+    if name == "TARGETS_INITS":
+        warnings.warn(
+            "TARGETS_INITS is deprecated, use VARIATIONAL_TARGET_INITS",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VARIATIONAL_TARGET_INITS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def prior_scale_tril(points: Tensor, lengthscales: Tensor, jitter: float) -> Tensor:
+    """``[G, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I`` (``eq:gpn_vi_puv``)."""
+    gram = squared_exponential(points, points, lengthscales)
+    eye = torch.eye(points.shape[-1], dtype=points.dtype, device=points.device)
+    return torch.linalg.cholesky(gram + jitter * eye)
+
+
+class VariationalTargets(Response):
+    """A GP prior on the targets and a Gaussian variational posterior ``q(U)`` per function.
 
     Args:
-        in_features, out_features, num_inducing, share, learn_inducing, inducing_range,
-        lengthscale_init, noise_std_init, compute_dtype, dtype, device: see
-            :class:`~pyro_gpn.layers.base.GPNLayerBase`.
+        points: ``[G, R]`` the layer's initial inducing points ``V``.
+        lengthscales: ``[G]`` its initial lengthscales (for the initial ``q``).
         q_cov: ``"full"`` (a full covariance per function, ``targets_scale_tril``) or
             ``"diag"`` (independent targets, ``targets_scale``).
         whiten: parametrise ``q`` on the whitened targets ``z = L^-1 U`` (see module docs).
         targets_init: initial mean of ``q(U)``: ``"identity"`` (default; ``mu_hat = V``, an
             activation function close to the identity on the inducing range), ``"random"`` (a
-            draw from the prior ``N(0, K)``) or ``"zero"``. Random prior draws -- wiggly
-            activation functions -- often leave the optimiser in the optimum where the output
-            noise explains the data (UCI yacht: 2 of 3 seeds, test RMSE about 11 against 0.3
-            from the identity; ``docs/results/routes.md``).
+            draw from the prior ``N(0, K)``) or ``"zero"``. How the starts compare on data:
+            ``docs/results/routes.md``.
         targets_scale_init: initial ``q`` scale as a fraction ``c`` of the prior:
             ``Sigma_hat = c^2 K`` (``"full"``, or ``S = c I`` whitened) and
             ``Sigma_hat = c^2 diag(K)`` for ``"diag"`` without whitening. ``c = 1`` with
@@ -95,54 +116,29 @@ class VariationalGPNLayer(GPNLayerBase):
         jitter: ``epsilon`` added to the diagonal of ``K(V, V)`` (the prior covariance).
 
     Attributes:
-        targets_loc: ``[N | 1, R]`` mean ``mu_hat`` of ``q(U)`` (``m`` of ``q(z)`` whitened).
-        targets_scale_tril: ``[N | 1, R, R]`` lower Cholesky factor of the ``q`` covariance
+        targets_loc: ``[G, R]`` mean ``mu_hat`` of ``q(U)`` (``m`` of ``q(z)`` whitened).
+        targets_scale_tril: ``[G, R, R]`` lower Cholesky factor of the ``q`` covariance
             (``q_cov="full"``; ``PyroParam`` with ``constraints.lower_cholesky``).
-        targets_scale: ``[N | 1, R]`` standard deviations (``q_cov="diag"``; positive).
-
-    Example:
-        >>> layer = VariationalGPNLayer(3, 5)
-        >>> out = layer.propagate(torch.randn(8, 3), mode="meanvar")
-        >>> float(layer.kl_divergence()) >= 0
-        True
+        targets_scale: ``[G, R]`` standard deviations (``q_cov="diag"``; positive).
     """
 
     def __init__(
         self,
-        in_features: int,
-        out_features: int,
-        num_inducing: int = 14,
-        share: str = "none",
+        points: Tensor,
+        lengthscales: Tensor,
         q_cov: str = "full",
         whiten: bool = False,
         targets_init: str = "identity",
         targets_scale_init: float = 0.1,
-        learn_inducing: bool = False,
-        inducing_range: tuple[float, float] = (-2.0, 2.0),
-        lengthscale_init: float = 0.4,
-        noise_std_init: float = 0.1,
         jitter: float = 1e-6,
-        compute_dtype: torch.dtype | None = torch.float64,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(
-            in_features,
-            out_features,
-            num_inducing=num_inducing,
-            share=share,
-            learn_inducing=learn_inducing,
-            inducing_range=inducing_range,
-            lengthscale_init=lengthscale_init,
-            noise_std_init=noise_std_init,
-            compute_dtype=compute_dtype,
-            dtype=dtype,
-            device=device,
-        )
+        super().__init__()
         if q_cov not in Q_COVS:
             raise ValueError(f"q_cov must be one of {Q_COVS}, got {q_cov!r}")
-        if targets_init not in TARGETS_INITS:
-            raise ValueError(f"targets_init must be one of {TARGETS_INITS}, got {targets_init!r}")
+        if targets_init not in VARIATIONAL_TARGET_INITS:
+            raise ValueError(
+                f"targets_init must be one of {VARIATIONAL_TARGET_INITS}, got {targets_init!r}"
+            )
         if not targets_scale_init > 0:
             raise ValueError(f"targets_scale_init must be positive, got {targets_scale_init}")
         if not jitter >= 0:
@@ -151,10 +147,10 @@ class VariationalGPNLayer(GPNLayerBase):
         self.whiten = bool(whiten)
         self.targets_init = targets_init
         self.jitter = float(jitter)
+        self.num_inducing = points.shape[-1]
 
         with torch.no_grad():
-            points = self.inducing_points.detach()
-            chol = self.prior_scale_tril().detach()
+            chol = prior_scale_tril(points, lengthscales, self.jitter)
             eye = torch.eye(self.num_inducing, dtype=points.dtype, device=points.device)
             if targets_init == "random":
                 white = torch.randn(points.shape, dtype=points.dtype, device=points.device)
@@ -180,71 +176,58 @@ class VariationalGPNLayer(GPNLayerBase):
                 )
 
     # ------------------------------------------------------------------ prior and posterior
-    def prior_scale_tril(self) -> Tensor:
-        """``[N | 1, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I``."""
-        return self._prior_scale_tril(self.inducing_points, self.lengthscales)
-
-    def _prior_scale_tril(self, points: Tensor, lengthscales: Tensor) -> Tensor:
-        gram = squared_exponential(points, points, lengthscales)
-        eye = torch.eye(points.shape[-1], dtype=points.dtype, device=points.device)
-        return torch.linalg.cholesky(gram + self.jitter * eye)
-
-    def _compute_prior_scale_tril(self) -> Tensor:
-        """:meth:`prior_scale_tril` evaluated in :attr:`compute_dtype`."""
-        return self._prior_scale_tril(
-            self.compute_inducing_points(), self.to_compute(self.lengthscales)
-        )
-
     def variational_scale_tril(self) -> Tensor:
-        """``[N | 1, R, R]`` lower Cholesky factor of the ``q`` covariance in the coordinates
+        """``[G, R, R]`` lower Cholesky factor of the ``q`` covariance in the coordinates
         of the targets' sample site (``U``, or ``z`` when whitened)."""
         if self.q_cov == "full":
             return self.targets_scale_tril
         return torch.diag_embed(self.targets_scale)
 
-    def target_prior(self) -> MultivariateNormal:
+    def target_prior(self, points: Tensor, lengthscales: Tensor) -> MultivariateNormal:
         """The prior of the targets' sample site: ``N(0, K)`` (``eq:gpn_vi_puv``), or
-        ``N(0, I)`` for the whitened ``z``; batch shape ``[N | 1]``, event shape ``[R]``."""
-        loc = torch.zeros_like(self.inducing_points)
+        ``N(0, I)`` for the whitened ``z``; batch shape ``[G]``, event shape ``[R]``."""
+        loc = torch.zeros_like(points)
         if self.whiten:
             eye = torch.eye(self.num_inducing, dtype=loc.dtype, device=loc.device)
             return MultivariateNormal(loc, scale_tril=eye.expand(loc.shape[0], -1, -1))
-        return MultivariateNormal(loc, scale_tril=self.prior_scale_tril())
+        return MultivariateNormal(
+            loc, scale_tril=prior_scale_tril(points, lengthscales, self.jitter)
+        )
 
     def target_posterior(self) -> MultivariateNormal:
         """The variational posterior ``q`` of the targets' sample site (``U``, or ``z``);
-        batch shape ``[N | 1]``, event shape ``[R]``."""
+        batch shape ``[G]``, event shape ``[R]``."""
         return MultivariateNormal(self.targets_loc, scale_tril=self.variational_scale_tril())
 
-    def kl_divergence(self) -> Tensor:
+    def kl_divergence(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``sum_n KL(q(U_n) || p(U_n))`` (``eq:gpn_vi_sampling_la`` with its constant), a scalar.
 
         Evaluated in whitened coordinates, ``KL(N(m, S S^T) || N(0, I))`` with ``m = L^-1 mu_hat``,
-        ``S = L^-1 chol(Sigma_hat)`` unless the layer is already whitened.
+        ``S = L^-1 chol(Sigma_hat)`` unless the response is already whitened.
         """
-        loc = self.to_compute(self.targets_loc)
-        tril = self.to_compute(self.variational_scale_tril())
+        loc = self.targets_loc.to(points.dtype)
+        tril = self.variational_scale_tril().to(points.dtype)
         if not self.whiten:
-            chol = self._compute_prior_scale_tril()
+            chol = prior_scale_tril(points, lengthscales, self.jitter)
             loc = torch.linalg.solve_triangular(chol, loc.unsqueeze(-1), upper=False).squeeze(-1)
             tril = torch.linalg.solve_triangular(chol, tril, upper=False)
         logdet = torch.diagonal(tril, dim1=-2, dim2=-1).abs().log().sum(-1)
         per_function = 0.5 * (tril.square().sum((-2, -1)) + loc.square().sum(-1))
         per_function = per_function - 0.5 * self.num_inducing - logdet
-        return per_function.sum().to(self.targets_loc.dtype)
+        return per_function.sum()
 
     # ------------------------------------------------------------------ responses
-    def response_weights(self) -> tuple[Tensor, Tensor]:
+    def weights(self, points: Tensor, lengthscales: Tensor) -> tuple[Tensor, Tensor]:
         """``beta = K^-1 mu_hat`` and ``C = Khat = K^-1 - K^-1 Sigma_hat K^-1``
         (``eq:gpn_vi_sampling_muhat_fl``, ``eq:gpn_vi_sampling_sigmahat_fl``).
 
         Returns:
-            ``beta [N | 1, R]`` and ``Khat [N | 1, R, R]`` (symmetric).
+            ``beta [G, R]`` and ``Khat [G, R, R]`` (symmetric).
         """
-        chol = self._compute_prior_scale_tril()
+        chol = prior_scale_tril(points, lengthscales, self.jitter)
         kinv = torch.cholesky_inverse(chol)
-        tril = self.to_compute(self.variational_scale_tril())
-        loc = self.to_compute(self.targets_loc)
+        tril = self.variational_scale_tril().to(points.dtype)
+        loc = self.targets_loc.to(points.dtype)
         if self.whiten:  # beta = L^-T m, Khat = L^-T (I - S S^T) L^-1
             beta = torch.linalg.solve_triangular(chol.mT, loc.unsqueeze(-1), upper=True)
             beta = beta.squeeze(-1)
@@ -254,6 +237,53 @@ class VariationalGPNLayer(GPNLayerBase):
             root = torch.cholesky_solve(tril, chol)  # K^-1 chol(Sigma_hat)
         khat = kinv - root @ root.mT
         return beta, 0.5 * (khat + khat.mT)
+
+    def target_weights(self, points: Tensor, lengthscales: Tensor, targets: Tensor):
+        """``K^-1 U [..., G, R]`` for values of the targets' site and ``K^-1 [G, R, R]``."""
+        chol = prior_scale_tril(points, lengthscales, self.jitter)
+        if self.whiten:  # K^-1 L z = L^-T z
+            weights = torch.linalg.solve_triangular(chol.mT, targets.unsqueeze(-1), upper=True)
+        else:
+            weights = torch.cholesky_solve(targets.unsqueeze(-1), chol)
+        return weights.squeeze(-1), torch.cholesky_inverse(chol)
+
+    def extra_repr(self) -> str:
+        return f"q_cov={self.q_cov!r}, whiten={self.whiten}, targets_init={self.targets_init!r}"
+
+
+class VariationalGPNLayer(GPNLayerBase):
+    """A layer of GPN units with a GP prior on the targets and a Gaussian variational posterior:
+    the layer with :class:`VariationalTargets` as its response.
+
+    Args:
+        in_features, out_features, num_inducing, share, and the keywords of
+            :class:`~pyro_gpn.layers.base.GPNLayerBase`.
+        **response_options: of :class:`VariationalTargets` (``q_cov``, ``whiten``,
+            ``targets_init``, ``targets_scale_init``, ``jitter``).
+
+    Attributes:
+        targets_loc, targets_scale_tril | targets_scale: the response's ``q`` parameters.
+
+    Example:
+        >>> layer = VariationalGPNLayer(3, 5)
+        >>> out = layer.propagate(torch.randn(8, 3), mode="meanvar")
+        >>> float(layer.kl_divergence()) >= 0
+        True
+    """
+
+    default_response = VariationalTargets
+
+    def prior_scale_tril(self) -> Tensor:
+        """``[N | 1, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I``."""
+        return prior_scale_tril(self.inducing_points, self.lengthscales, self.response.jitter)
+
+    def target_prior(self) -> MultivariateNormal:
+        """:meth:`VariationalTargets.target_prior` on the layer's grid (parameters' dtype)."""
+        return self.response.target_prior(self.inducing_points, self.lengthscales)
+
+    def target_posterior(self) -> MultivariateNormal:
+        """:meth:`VariationalTargets.target_posterior`."""
+        return self.response.target_posterior()
 
     def target_conditional(
         self, activations: Tensor, targets: Tensor, noise: bool = False
@@ -277,29 +307,16 @@ class VariationalGPNLayer(GPNLayerBase):
         """
         out_dtype = activations.dtype
         activations, targets = self.to_compute(activations), self.to_compute(targets)
-        chol = self._compute_prior_scale_tril()
-        if self.whiten:  # K^-1 L z = L^-T z
-            weights = torch.linalg.solve_triangular(chol.mT, targets.unsqueeze(-1), upper=True)
-        else:
-            weights = torch.cholesky_solve(targets.unsqueeze(-1), chol)
-        weights = weights.squeeze(-1)  # [..., N | 1, R], K^-1 U
-        kinv = torch.cholesky_inverse(chol)  # [N | 1, R, R]
-        alpha = squared_exponential(
-            activations.unsqueeze(-1),
-            self.compute_inducing_points(),
-            self.to_compute(self.lengthscales),
-        ).squeeze(-2)  # [..., S, N, R]
+        points, lengthscales = self.compute_grid()
+        weights, kinv = self.response.target_weights(points, lengthscales, targets)
+        alpha = squared_exponential(activations.unsqueeze(-1), points, lengthscales).squeeze(
+            -2
+        )  # [..., S, N, R]
         mean = (alpha * weights).sum(-1).to(out_dtype)
         quad = torch.einsum(
             "...nr,nrt,...nt->...n", alpha, kinv.expand(alpha.shape[-2], -1, -1), alpha
         )
         var = (1 - quad).clamp_min(0).to(out_dtype)
-        if noise:
+        if noise and self.noise_std is not None:
             var = var + self.noise_std.square()
         return mean, var.expand_as(mean)
-
-    def extra_repr(self) -> str:
-        return (
-            super().extra_repr()
-            + f", q_cov={self.q_cov!r}, whiten={self.whiten}, targets_init={self.targets_init!r}"
-        )

@@ -21,19 +21,17 @@ Dropout comes in two kinds, both "inverted" (kept units are scaled by ``1 / p`` 
   (exact, given the inputs' independence). ``a`` is then treated as Gaussian (the
   central-limit argument the paper also uses for GPN activations) and the mean and variance of
   ``tanh(a)`` are computed by Gauss--Hermite quadrature with ``quadrature_points`` nodes
-  (default 32) instead of Wang & Manning's probit-style closed forms. Measured against adaptive
-  quadrature for ``tanh``, worst case over means in ``[-3, 3]``: error 3e-6 at a pre-activation
-  standard deviation of 1, 2e-3 at 2, 2e-2 at 3; the probit form
-  ``E[tanh(a)] ~ tanh(mu / sqrt(1 + pi var / 2))`` errs by 2e-2 on the mean already at 1. The
-  cost is ``quadrature_points`` activation evaluations per unit and sample. The head's
-  logits are linear in the last hidden layer, so the softmax loss is the unscented expected
-  cross-entropy of :func:`pyro_gpn.losses.unscented_cross_entropy` on the (dropped-out) last
-  hidden layer. In ``eval()`` mode no dropout is applied and predictions are deterministic.
+  (default 32) instead of Wang & Manning's probit-style closed forms (their accuracy:
+  ``docs/results/docstring_notes.md``). The cost is ``quadrature_points`` activation
+  evaluations per unit and sample. The head's logits are linear in the last hidden layer, so
+  the softmax loss is the unscented expected cross-entropy of
+  :func:`pyro_gpn.losses.unscented_cross_entropy` on the (dropped-out) last hidden layer. In
+  ``eval()`` mode no dropout is applied and predictions are deterministic.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,13 +39,12 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_finite, check_shape, check_tensor
-from ..losses import gaussian_expected_nll, unscented_cross_entropy
+from ..heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
 from ..moments.gaussian import Moments
 
 __all__ = ["FixedActivationNet"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}
-_HEADS = ("softmax", "gaussian")
 
 
 def _dropout_moments(moments: Moments, keep: float) -> Moments:
@@ -92,9 +89,10 @@ class FixedActivationNet(nn.Module):
             same as ``dropout``; ``0``: dropout on the hidden layers only).
         fast_dropout: use the Gaussian (fast-dropout) approximation instead of sampled masks.
         quadrature_points: Gauss--Hermite points for the activation moments (fast dropout).
-        kappa: unscented-transform parameter for the softmax loss under fast dropout
+        unscented_kappa: unscented-transform parameter for the softmax loss under fast dropout
             (``None``: ``0``, see :func:`~pyro_gpn.losses.unscented_cross_entropy`).
         noise_std_init: initial ``noise_std`` of the Gaussian head.
+        kappa: deprecated spelling of ``unscented_kappa``.
     """
 
     def __init__(
@@ -106,17 +104,23 @@ class FixedActivationNet(nn.Module):
         input_dropout: float | None = None,
         fast_dropout: bool = False,
         quadrature_points: int = 32,
-        kappa: float | None = None,
+        unscented_kappa: float | None = None,
         noise_std_init: float = 1.0,
+        kappa: float | None = None,
     ) -> None:
         super().__init__()
+        if kappa is not None:
+            warnings.warn(
+                "kappa is deprecated, use unscented_kappa", DeprecationWarning, stacklevel=2
+            )
+            unscented_kappa = kappa
         sizes = [int(s) for s in sizes]
         if len(sizes) < 2 or any(s <= 0 for s in sizes):
             raise ValueError(f"sizes must hold at least two positive widths, got {sizes}")
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)}, got {activation!r}")
-        if head not in _HEADS:
-            raise ValueError(f"head must be one of {_HEADS}, got {head!r}")
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {tuple(HEADS)}, got {head!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
         input_dropout = dropout if input_dropout is None else input_dropout
@@ -128,17 +132,24 @@ class FixedActivationNet(nn.Module):
             raise ValueError(f"noise_std_init must be positive, got {noise_std_init}")
         self.sizes = sizes
         self.activation = activation
-        self.head = head
         self.dropout = float(dropout)
         self.input_dropout = float(input_dropout)
         self.fast_dropout = bool(fast_dropout)
-        self.kappa = kappa
+        with torch.random.fork_rng(devices=[]):  # reset_parameters draws the readout
+            self.head: Head = (
+                SoftmaxHead(sizes[-2], sizes[-1], unscented_kappa)
+                if HEADS[head].has_readout
+                else GaussianHead(sizes[-1], noise_std_init)
+            )
+        # the linear maps below the head: activated hidden maps, then (without a readout in
+        # the head) the linear output map
+        widths = self.head.feature_sizes(sizes)
         self.weights = nn.ParameterList(
-            [nn.Parameter(torch.empty(m, n)) for m, n in zip(sizes[:-1], sizes[1:], strict=True)]
+            [nn.Parameter(torch.empty(m, n)) for m, n in zip(widths[:-1], widths[1:], strict=True)]
         )
-        self.biases = nn.ParameterList([nn.Parameter(torch.empty(n)) for n in sizes[1:]])
-        if head == "gaussian":
-            self.log_noise_std = nn.Parameter(torch.full((sizes[-1],), math.log(noise_std_init)))
+        self.biases = nn.ParameterList([nn.Parameter(torch.empty(n)) for n in widths[1:]])
+        self.num_hidden = len(sizes) - 2
+        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
         # probabilists' Gauss-Hermite rule for E[f(a)], a ~ N(mu, var): nodes t, weights w
         nodes, weights = np.polynomial.hermite_e.hermegauss(quadrature_points)
         default = torch.get_default_dtype()
@@ -152,17 +163,37 @@ class FixedActivationNet(nn.Module):
 
     # ------------------------------------------------------------------ parameters
     def reset_parameters(self) -> None:
-        """Glorot-uniform weights, zero biases."""
-        for weight, bias in zip(self.weights, self.biases, strict=True):
+        """Glorot-uniform weights (the head's readout last), zero biases."""
+        for weight, bias in self.maps:
             nn.init.xavier_uniform_(weight)
             nn.init.zeros_(bias)
+
+    def _upgrade_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
+        """Load v0.1 state dicts: the readout was the last of ``weights``, the noise
+        ``log_noise_std``."""
+        last = len(self.weights)
+        moves = {
+            f"weights.{last}": "head.weight",
+            f"biases.{last}": "head.bias",
+            "log_noise_std": "head.noise_std_unconstrained",
+        }
+        for old, new in moves.items():
+            if prefix + old in state_dict and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+    @property
+    def maps(self) -> list[tuple[Tensor, Tensor]]:
+        """Every linear map ``(weight [in, out], bias [out])`` from the input to the head's
+        output, the softmax head's readout included."""
+        readout = [(self.head.weight, self.head.bias)] if self.head.has_readout else []
+        return [*zip(self.weights, self.biases, strict=True), *readout]
 
     @property
     def noise_std(self) -> Tensor:
         """``[D]`` observation noise standard deviation of the Gaussian head."""
-        if self.head != "gaussian":
+        if not hasattr(self.head, "noise_std"):
             raise AttributeError("noise_std exists only for head='gaussian'")
-        return self.log_noise_std.exp()
+        return self.head.noise_std
 
     def penalty(self) -> Tensor:
         """No regulariser: a zero scalar (the interface of :class:`pyro_gpn.GPNNet`)."""
@@ -194,40 +225,42 @@ class FixedActivationNet(nn.Module):
         check_shape("x", x, (None, self.sizes[0]))
         check_finite("x", x)
 
-    def _head_input(self, x: Tensor) -> Moments:
+    def hidden(self, x: Tensor) -> Moments:
+        """What the head consumes: the dropped-out last hidden layer (softmax head) or the
+        noise-free outputs ``F`` (Gaussian head).
+
+        Shape:
+            ``x [S, M]`` -> :class:`Moments` ``[S, H_k]`` (softmax) or ``[S, D]`` (Gaussian).
+        """
         self._check_input(x)
         moments = Moments(x, validate=False)
         rate = self.input_dropout
-        for weight, bias in zip(self.weights[:-1], self.biases[:-1], strict=True):
+        hidden = zip(self.weights[: self.num_hidden], self.biases[: self.num_hidden], strict=True)
+        for weight, bias in hidden:
             moments = self._activate(self._drop(moments, rate).linear(weight, bias))
             rate = self.dropout
-        return self._drop(moments, rate)
-
-    def hidden(self, x: Tensor) -> Moments:
-        """What the head consumes: the dropped-out last hidden layer (softmax head) or the
-        noise-free outputs ``F`` (Gaussian head); ``x`` is ``[S, M]``."""
-        features = self._head_input(x)
-        if self.head == "softmax":
-            return features
-        return features.linear(self.weights[-1], self.biases[-1])
+        moments = self._drop(moments, rate)
+        output = zip(self.weights[self.num_hidden :], self.biases[self.num_hidden :], strict=True)
+        for weight, bias in output:  # the linear output map below a head without readout
+            moments = moments.linear(weight, bias)
+        return moments
 
     def forward(self, x: Tensor) -> Moments:
-        """Moments of the logits ``[S, C]`` (softmax head) or of the predictive ``[S, D]``."""
-        features = self.hidden(x)
-        if self.head == "softmax":
-            return features.linear_full(self.weights[-1], self.biases[-1])
-        return Moments(
-            features.mean, var=features.variance + self.noise_std.square(), validate=False
-        )
+        """The predictive moments: of the logits (softmax head) or of the outputs.
+
+        Shape:
+            ``x [S, M]`` -> :class:`Moments` ``[S, C]`` or ``[S, D]``.
+        """
+        return self.head.predictive(self.hidden(x))
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """Mean training objective over the ``S`` samples (see the class docstring)."""
-        features = self.hidden(x)
-        if self.head == "softmax":
-            return unscented_cross_entropy(
-                features, y, self.weights[-1], self.biases[-1], kappa=self.kappa
-            )
-        return gaussian_expected_nll(features, y, self.noise_std)
+        return self.head.expected_nll(self.hidden(x), y)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor) -> Prediction:
+        """:class:`~pyro_gpn.heads.Prediction` of the head from the propagated moments."""
+        return self.head.predict(self.hidden(x))
 
     def extra_repr(self) -> str:
         kind = "fast" if self.fast_dropout else "standard"
@@ -236,4 +269,4 @@ class FixedActivationNet(nn.Module):
             if self.dropout > 0 or self.input_dropout > 0
             else ""
         )
-        return f"sizes={self.sizes}, activation={self.activation}, head={self.head}{drop}"
+        return f"sizes={self.sizes}, activation={self.activation}{drop}"

@@ -41,12 +41,12 @@ doubles the work and only reproduces the same estimator. The draws are recorded 
 ============================  =========  =====================================================
 site                          kind       value
 ============================  =========  =====================================================
-``data``                      plate      the samples (``subsample_size`` for mini-batches)
+``data``                      plate      the samples, scaled by ``num_data / B``
 ``X1`` .. ``X{L-1}``          determin.  drawn hidden outputs ``X^l_s ~ N(mu, Sigma + sigma^2)``
 ``F{L}`` (gaussian head)      determin.  drawn response ``F^L_s ~ N(mu_F, Sigma_F)`` (noise-free)
 ``y`` (gaussian head)         observed   ``N(F^L_s, (sigma^L)^2)``, event ``[N_L]``
 ``X{L}`` (softmax head)       determin.  drawn outputs of the last GPN layer (with noise)
-``logits`` (softmax head)     determin.  ``X^L_s W^{L+1} + b``
+``logits`` (softmax head)     determin.  ``X^L_s W^{L+1} + b`` (recorded by the head)
 ``y`` (softmax head)          observed   ``Categorical(logits)``
 ``target_variance_penalty``   factor     ``-S * L_S`` (``eq:gpn_ls``), when ``y`` is given
 ============================  =========  =====================================================
@@ -60,19 +60,20 @@ inequality it is never larger) with lower-variance gradients; for a single layer
 negative log-likelihood. The softmax head observes the class through the sampled logits
 (``eq:gpn_parametrized_loss_classification``).
 
-**Scaling.** Pyro's ELBO sums over samples (scaled by ``S / B`` under subsampling), so the SVI
-loss is ``S`` times the paper's per-sample mean. The penalty factor is therefore
-``-S * L_S``, and ``loss / S`` is the paper's ``L(theta) + L_S(theta)``.
+**Scaling.** Pyro's ELBO sums over samples (scaled by ``S / B`` for a mini-batch of ``B`` of
+``num_data = S``, :mod:`pyro_gpn.models._contract`), so the SVI loss is ``S`` times the paper's
+per-sample mean. The penalty factor is therefore ``-S * L_S``, and ``loss / S`` is the paper's
+``L(theta) + L_S(theta)``.
 
-**Sharing with the closed form.** :class:`ParametricGPN` wraps a :class:`~pyro_gpn.GPNNet` and
-owns no parameters of its own: :meth:`ParametricGPN.from_network` shares an existing network, so a
-network trained with the deterministic central-limit objective can be evaluated by sampling and
-vice versa (``gpn.network(x)``).
+**Sharing with the closed form.** :class:`ParametricGPN` takes a :class:`~pyro_gpn.GPNNet` (or
+builds one from ``sizes``) and owns no parameters of its own, so a network trained with the
+deterministic central-limit objective can be evaluated by sampling and vice versa;
+``gpn(x)`` is the network's closed-form predictive.
 
 Cost: one forward pass per particle, ``O(B sum_l (M_l N_l + N_l R^2))`` per step. The draws are
 not aware of a particle plate, so use ``Trace_ELBO(num_particles=k)`` without
-``vectorize_particles`` (:func:`~pyro_gpn.inference.svi.fit_svi` does); :meth:`predict` vectorises
-by stacking copies of the inputs instead.
+``vectorize_particles`` (:func:`~pyro_gpn.inference.svi.fit_svi` does);
+:meth:`~ParametricGPN.sample_predictive` vectorises by stacking copies of the inputs instead.
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ from pyro.infer import Predictive
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor
 
-from .._validation import check_finite, check_ndim, check_shape, check_tensor
-from ..losses import target_variance_penalty
+from ..heads import Head, Prediction
+from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..network import GPNNet
+from ._contract import check_batch, check_num_data, data_plate
 
 __all__ = ["LIKELIHOODS", "ParametricGPN"]
 
@@ -110,23 +112,25 @@ class ParametricGPN(PyroModule):
 
     The module holds a :class:`~pyro_gpn.GPNNet` (``self.network``) and adds the stochastic route:
     :meth:`model` (one sampled forward pass, the observation ``y``), an empty :meth:`guide`,
-    and :meth:`predict` (:class:`~pyro.infer.Predictive` samples). Train it with
-    :func:`pyro_gpn.inference.svi.fit_svi` (or ``SVI(gpn.model, gpn.guide, optim,
+    :meth:`predict` and :meth:`sample_predictive` (:class:`~pyro.infer.Predictive` draws). Train
+    it with :func:`pyro_gpn.inference.svi.fit_svi` (or ``SVI(gpn.model, gpn.guide, optim,
     Trace_ELBO())``); the SVI loss is ``S (L(theta) + L_S(theta))``
     (``eq:gpn_parametrized_loss`` + ``eq:gpn_ls``), see the module docstring.
 
     Args:
-        sizes: layer widths as for :class:`~pyro_gpn.GPNNet`: ``[M, N_1, ..., N_L]``
-            (``head="gaussian"``) or ``[M, N_1, ..., N_L, C]`` (``head="softmax"``).
-        head: ``"gaussian"`` (regression) or ``"softmax"`` (classification).
-        mode: the network's closed-form propagation mode (used by ``self.network(x)`` only).
-        likelihood: ``"expected"`` (the paper's objective) or ``"marginal"``, for the gaussian
-            head (see the module docstring); the softmax head ignores it.
+        network: the :class:`~pyro_gpn.GPNNet` to sample (shared, not copied), or its widths
+            ``sizes`` to build one: ``[M, N_1, ..., N_L]`` (``head="gaussian"``) or
+            ``[M, N_1, ..., N_L, C]`` (``head="softmax"``).
+        head, mode, **layer_kwargs: for a network built from ``sizes`` (see
+            :class:`~pyro_gpn.GPNNet`).
+        likelihood: ``"expected"`` (the paper's objective) or ``"marginal"``, for a head that
+            has a marginal observation (the Gaussian one; see the module docstring); other
+            heads ignore it.
         penalty: add the target-variance penalty ``eq:gpn_ls`` (paper: yes, for maximum
             likelihood) as a ``pyro.factor`` whenever ``y`` is observed (a training term; it is
             left out when the model generates ``y``).
         penalty_alpha, penalty_beta: ``alpha_S`` and ``beta_S`` of ``eq:gpn_ls``.
-        **layer_kwargs: passed to every :class:`~pyro_gpn.GPNLayer`.
+        num_data: default size ``S`` of the data set the model's batches come from.
 
     Example:
         >>> gpn = ParametricGPN([1, 4, 1], head="gaussian")
@@ -134,72 +138,55 @@ class ParametricGPN(PyroModule):
         >>> svi = pyro.infer.SVI(gpn.model, gpn.guide, pyro.optim.Adam({"lr": 1e-2}),
         ...                      pyro.infer.Trace_ELBO())
         >>> loss = svi.step(x, y)
-        >>> gpn.predict(x, num_samples=10)["y"].shape
-        torch.Size([10, 16, 1])
+        >>> gpn.predict(x, num_samples=10).mean.shape
+        torch.Size([16, 1])
     """
 
     def __init__(
         self,
-        sizes: Sequence[int],
-        head: str = "softmax",
+        network: GPNNet | Sequence[int],
+        head: str | Head = "softmax",
         mode: Mode = "meanvar",
         *,
         likelihood: str = "expected",
         penalty: bool = True,
         penalty_alpha: float = 0.1,
         penalty_beta: float = 1e-3,
+        num_data: int | None = None,
         **layer_kwargs,
     ) -> None:
         super().__init__()
-        self._attach(
-            GPNNet(sizes, mode=mode, head=head, **layer_kwargs),
-            likelihood,
-            penalty,
-            penalty_alpha,
-            penalty_beta,
-        )
-
-    @classmethod
-    def from_network(
-        cls,
-        network: GPNNet,
-        *,
-        likelihood: str = "expected",
-        penalty: bool = True,
-        penalty_alpha: float = 0.1,
-        penalty_beta: float = 1e-3,
-    ) -> ParametricGPN:
-        """Wrap an existing :class:`~pyro_gpn.GPNNet`, sharing (not copying) its parameters."""
-        if not isinstance(network, GPNNet):
-            raise TypeError(f"network must be a GPNNet, got {type(network).__name__}")
-        gpn = cls.__new__(cls)
-        PyroModule.__init__(gpn)
-        gpn._attach(network, likelihood, penalty, penalty_alpha, penalty_beta)
-        return gpn
-
-    def _attach(
-        self,
-        network: GPNNet,
-        likelihood: str,
-        penalty: bool,
-        penalty_alpha: float,
-        penalty_beta: float,
-    ) -> None:
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
         if not penalty_alpha >= 0:
             raise ValueError(f"penalty_alpha must be non-negative, got {penalty_alpha}")
         if not penalty_beta > 0:
             raise ValueError(f"penalty_beta must be positive, got {penalty_beta}")
+        if isinstance(network, GPNNet):
+            if layer_kwargs:
+                raise TypeError(f"options {sorted(layer_kwargs)} apply to a network from sizes")
+        elif isinstance(network, PyroModule) or not isinstance(network, Sequence):
+            raise TypeError(f"network must be a GPNNet or sizes, got {type(network).__name__}")
+        else:
+            network = GPNNet(network, mode=mode, head=head, **layer_kwargs)
         self.network = network
         self.likelihood = likelihood
         self.penalty = bool(penalty)
         self.penalty_alpha = float(penalty_alpha)
         self.penalty_beta = float(penalty_beta)
+        self.num_data = check_num_data(num_data)
+
+    @classmethod
+    def from_network(cls, network: GPNNet, **options) -> ParametricGPN:
+        """Wrap an existing :class:`~pyro_gpn.GPNNet`, sharing (not copying) its parameters;
+        the same as ``ParametricGPN(network, **options)``."""
+        if not isinstance(network, GPNNet):
+            raise TypeError(f"network must be a GPNNet, got {type(network).__name__}")
+        return cls(network, **options)
 
     # ------------------------------------------------------------------ properties
     @property
-    def head(self) -> str:
+    def head(self) -> Head:
         return self.network.head
 
     @property
@@ -209,26 +196,7 @@ class ParametricGPN(PyroModule):
     @property
     def num_layers(self) -> int:
         """``L``, the number of GPN layers."""
-        return len(self.network.layers)
-
-    # ------------------------------------------------------------------ checks
-    def _check_inputs(self, x: Tensor, y: Tensor | None) -> None:
-        check_tensor("x", x)
-        check_ndim("x", x, 2)
-        check_finite("x", x)
-        check_shape("x", x, (None, self.sizes[0]))
-        if y is None:
-            return
-        if self.head == "gaussian":
-            check_tensor("y", y)
-            check_shape("y", y, (x.shape[0], self.sizes[-1]))
-            check_finite("y", y)
-            return
-        if not isinstance(y, Tensor):
-            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
-        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
-            raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-        check_shape("y", y, (x.shape[0],))
+        return self.network.num_layers
 
     # ------------------------------------------------------------------ the model
     def sample_features(self, x: Tensor) -> tuple[list[Tensor], Tensor, Tensor]:
@@ -239,89 +207,82 @@ class ParametricGPN(PyroModule):
 
         Returns:
             ``hidden``: the drawn outputs ``[X^1, ..., X^{L-1}]`` (``[B, N_l]`` each);
-            ``mean``, ``var``: ``[B, N_L]`` moments of the last layer given ``X^{L-1}``:
-            of the noise-free response ``F^L`` for the gaussian head, of the output ``X^L``
-            (noise included) for the softmax head.
+            ``mean``, ``var``: ``[B, N_L]`` moments of the head's features given ``X^{L-1}``:
+            of the noise-free response ``F^L`` under a head that owns the observation noise,
+            else of the output ``X^L`` (noise included).
         """
         layers = self.network.layers
         hidden: list[Tensor] = []
         outputs = x
         for layer in layers[:-1]:
-            outputs = _normal_draw(*layer.conditional(outputs @ layer.weight, noise=True))
+            outputs = _normal_draw(*layer._conditional(outputs @ layer.weight))
             hidden.append(outputs)
         last = layers[-1]
-        mean, var = last.conditional(outputs @ last.weight, noise=self.head == "softmax")
+        mean, var = last._conditional(outputs @ last.weight)
         return hidden, mean, var
 
     @pyro_method
-    def model(
-        self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None
-    ) -> Tensor:
+    def model(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """One stochastic forward pass; observes ``y`` (see the module docstring for the sites).
 
         Args:
-            x: ``[S, M]`` inputs.
-            y: ``[S, N_L]`` targets (gaussian head), ``[S]`` integer labels (softmax head), or
+            x: ``[B, M]`` inputs (a batch of ``num_data`` samples).
+            y: ``[B, N_L]`` targets (gaussian head), ``[B]`` integer labels (softmax head), or
                 ``None`` to sample them.
-            subsample_size: mini-batch size ``B`` for the ``data`` plate (``None``: all
-                samples); the likelihood is scaled by ``S / B``.
+            num_data: ``S`` (default: the attribute, else ``B``); the likelihood is scaled by
+                ``S / B`` and the penalty by ``S``.
 
         Returns:
-            The mean of ``y`` for the drawn hidden outputs: ``[B, N_L]`` (``F^L`` or ``mu_F``) or
-            the logits ``[B, C]``.
+            The observed or sampled ``y``.
         """
-        self._check_inputs(x, y)
-        num_data = x.shape[0]
-        with pyro.plate("data", num_data, subsample_size=subsample_size, dim=-1) as index:
-            x_batch = x[index]
-            y_batch = None if y is None else y[index]
-            hidden, mean, var = self.sample_features(x_batch)
+        num_data = self.num_data if num_data is None else num_data
+        check_batch(self.head, self.sizes[0], x, y, num_data)
+        head = self.head
+        marginal = self.likelihood == "marginal" and hasattr(head, "marginal_observation")
+        with data_plate(x.shape[0], num_data, x.device):
+            hidden, mean, var = self.sample_features(x)
             for l, outputs in enumerate(hidden, start=1):
                 pyro.deterministic(f"X{l}", outputs, event_dim=1)
-            last = self.num_layers
-            if self.head == "gaussian":
-                noise_var = self.network.noise_std.square().expand(mean.shape)
-                if self.likelihood == "expected":
-                    response = _normal_draw(mean, var)
-                    pyro.deterministic(f"F{last}", response, event_dim=1)
-                    scale = noise_var.sqrt()
-                else:
-                    response, scale = mean, (var + noise_var).sqrt()
-                pyro.sample("y", dist.Normal(response, scale).to_event(1), obs=y_batch)
-                result = response
+            if marginal:
+                result = pyro.sample("y", head.marginal_observation(mean, var), obs=y)
             else:
-                outputs = _normal_draw(mean, var)
-                pyro.deterministic(f"X{last}", outputs, event_dim=1)
-                logits = pyro.deterministic("logits", self.network.readout(outputs), event_dim=1)
-                pyro.sample("y", dist.Categorical(logits=logits), obs=y_batch)
-                result = logits
+                features = _normal_draw(mean, var)
+                name = f"{'X' if head.noisy_features else 'F'}{self.num_layers}"
+                pyro.deterministic(name, features, event_dim=1)
+                result = head.observe("y", features, y)
         if self.penalty and y is not None:
-            pyro.factor("target_variance_penalty", -num_data * self.target_variance_penalty())
+            scale = x.shape[0] if num_data is None else num_data
+            pyro.factor("target_variance_penalty", -scale * self.target_variance_penalty())
         return result
 
     @pyro_method
-    def guide(self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None) -> None:
+    def guide(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> None:
         """The empty guide: the model has no latent sample sites (all parameters are point
         estimates and the hidden outputs are reparameterised draws inside the model)."""
         return None
 
-    def forward(
-        self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None
-    ) -> Tensor:
-        """Same as :meth:`model`."""
-        return self.model(x, y, subsample_size)
+    def forward(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
+        """The predictive :class:`Moments` of the network in closed form (the central-limit
+        approximation of what :meth:`model` samples).
+
+        Shape:
+            ``x [S, M]`` -> :class:`Moments` ``[S, D]``.
+        """
+        return self.network(x, x_var)
 
     def target_variance_penalty(self) -> Tensor:
         """``L_S`` of ``eq:gpn_ls`` over the network's layers."""
-        return target_variance_penalty(
-            [layer.target_variances for layer in self.network.layers],
-            alpha=self.penalty_alpha,
-            beta=self.penalty_beta,
-        )
+        return self.network.penalty(self.penalty_alpha, self.penalty_beta)
 
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
-    def predict(
+    def predict(self, x: Tensor, num_samples: int = 100, max_rows: int = 2**16) -> Prediction:
+        """Monte Carlo predictions from :meth:`sample_predictive`: mean and std of the outputs,
+        or the class probabilities averaged over the draws and their std."""
+        return self.head.predict_draws(self.sample_predictive(x, num_samples, True, max_rows), "y")
+
+    @torch.no_grad()
+    def sample_predictive(
         self,
         x: Tensor,
         num_samples: int = 100,
@@ -350,7 +311,7 @@ class ParametricGPN(PyroModule):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
-        self._check_inputs(x, None)
+        check_batch(self.head, self.sizes[0], x, None, None)
         if not parallel:
             samples = Predictive(self.model, num_samples=num_samples)(x)
         else:
@@ -364,7 +325,7 @@ class ParametricGPN(PyroModule):
                     value = value.reshape(copies, num_data, *value.shape[2:])
                     chunks.setdefault(name, []).append(value)
             samples = {name: torch.cat(values) for name, values in chunks.items()}
-        if self.head == "softmax":
+        if "logits" in samples:
             samples["probs"] = samples["logits"].softmax(-1)
         return samples
 

@@ -66,6 +66,10 @@ def test_result_layout_and_arviz_groups(gp_run):
     assert gp_run.samples["sigma1"].shape == (200, 1)
     assert gp_run.posterior_predictive["y_test"].shape == (200, 1, 8)
     assert gp_run.y_test.shape == (200, 8)
+    prediction = gp_run.predict()  # the predict of every route
+    torch.testing.assert_close(prediction.mean, gp_run.y_test.mean(0))
+    torch.testing.assert_close(prediction.std, gp_run.y_test.std(0))
+    assert prediction.task == "regression"
     assert gp_run.wall_time_s > 0
     idata = gp_run.to_arviz()
     assert {"posterior", "posterior_predictive", "sample_stats", "observed_data"} <= set(

@@ -206,7 +206,7 @@ class _KLAndMoments(torch.nn.Module):
 def test_gradcheck_kl_and_propagation_wrt_variational_parameters(kwargs):
     layer = _layer(m=2, n=2, num_inducing=4, **kwargs)
     scale = "targets_scale_tril" if layer.q_cov == "full" else "targets_scale"
-    names = ["layer.targets_loc", f"layer.{scale}_unconstrained"]
+    names = ["layer.response.targets_loc", f"layer.response.{scale}_unconstrained"]
     inputs = tuple(
         dict(_KLAndMoments(layer).named_parameters())[n].detach().clone().requires_grad_()
         for n in names

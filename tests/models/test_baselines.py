@@ -13,9 +13,9 @@ DTYPE = torch.float64
 
 def _manual_forward(net, x):
     h = x
-    for w, b in zip(net.weights[:-1], net.biases[:-1], strict=True):
+    for w, b in net.maps[:-1]:
         h = torch.tanh(h @ w + b)
-    return h, h @ net.weights[-1] + net.biases[-1]
+    return h, h @ net.maps[-1][0] + net.maps[-1][1]
 
 
 def _blobs(generator, n_per_class=40):
@@ -37,7 +37,7 @@ class TestInterface:
         loss = net.loss(x, torch.randint(0, 26, (8,)))
         assert loss.shape == () and torch.isfinite(loss)
         assert float(net.penalty()) == 0.0
-        assert [tuple(w.shape) for w in net.weights] == [(16, 30), (30, 15), (15, 26)]
+        assert [tuple(w.shape) for w, _ in net.maps] == [(16, 30), (30, 15), (15, 26)]
 
     def test_gaussian_head(self):
         torch.manual_seed(0)
@@ -53,13 +53,13 @@ class TestInterface:
     def test_glorot_uniform_init(self):
         torch.manual_seed(0)
         net = FixedActivationNet([200, 300, 10])
-        for w in net.weights:
+        for w, _ in net.maps:
             r = math.sqrt(6.0 / sum(w.shape))
             assert float(w.detach().abs().max()) <= r
             # U(-r, r) has variance r^2 / 3; the sample variance has relative s.e. sqrt(0.8 / n)
             rel = float(w.detach().var()) / (r * r / 3) - 1
             assert abs(rel) < 5 * math.sqrt(0.8 / w.numel())
-        assert all(float(b.detach().abs().max()) == 0.0 for b in net.biases)
+        assert all(float(b.detach().abs().max()) == 0.0 for _, b in net.maps)
 
     @pytest.mark.parametrize(
         "kwargs, match",
@@ -109,7 +109,7 @@ class TestDropout:
         # inverted dropout: the mask average of a linear map is the undropped map
         draws = torch.stack([net(x).mean for _ in range(4000)])
         se = draws.std(0) / math.sqrt(draws.shape[0])
-        exact = x @ net.weights[0] + net.biases[0]
+        exact = x @ net.maps[0][0] + net.maps[0][1]
         assert torch.all((draws.mean(0) - exact).abs() < 4 * se)
 
     def test_fast_dropout_linear_moments_exact(self):
@@ -122,7 +122,7 @@ class TestDropout:
 
         keep, draws = 0.7, 200_000
         mask = (torch.rand(draws, 4, 5, generator=g, dtype=DTYPE) < keep).to(DTYPE)
-        samples = (mask * x / keep) @ net.weights[0] + net.biases[0]  # [draws, S, C]
+        samples = (mask * x / keep) @ net.maps[0][0] + net.maps[0][1]  # [draws, S, C]
         centred = samples - samples.mean(0)
         mc_cov = torch.einsum("dsi,dsj->sij", centred, centred) / (draws - 1)
         mean_se = samples.std(0) / math.sqrt(draws)
@@ -162,7 +162,7 @@ class TestDropout:
         features = net.hidden(x)
 
         draws = 40_000
-        w, b = net.weights[0], net.biases[0]
+        w, b = net.maps[0]
         z1 = (torch.rand(draws, 3, m, generator=g, dtype=DTYPE) < keep).to(DTYPE)
         z2 = (torch.rand(draws, 3, h, generator=g, dtype=DTYPE) < keep).to(DTYPE)
         samples = z2 * torch.tanh((z1 * x / keep) @ w + b) / keep
@@ -181,7 +181,7 @@ class TestDropout:
         ).to(DTYPE)
         net.train()
         x = torch.rand(3, 5, generator=g, dtype=DTYPE)
-        units = torch.tanh(x @ net.weights[0] + net.biases[0])
+        units = torch.tanh(x @ net.maps[0][0] + net.maps[0][1])
         if fast:
             features = net.hidden(x)
             torch.testing.assert_close(features.mean, units)

@@ -103,7 +103,7 @@ def test_mini_batch_scaling():
     with pytest.raises(ValueError, match="num_data"):
         vgpn.model(x_big, y_big)
     # predictions may cover more rows than the training set (num_data scales observed data only)
-    assert vgpn.predictive_moments(x_big).mean.shape[0] == 71
+    assert vgpn(x_big).mean.shape[0] == 71
     assert poutine.trace(vgpn.model).get_trace(x_big).nodes["obs"]["value"].shape[0] == 71
 
 
@@ -126,10 +126,10 @@ def test_predict_agrees_with_predictive_moments_for_one_layer():
     config = dict(sizes=[2, 2], head="gaussian")
     vgpn = _net(config, targets_scale_init=0.5)
     x, _ = _data(config, batch=5)
-    samples = vgpn.predict(x, num_samples=4000)
+    samples = vgpn.sample_predictive(x, num_samples=4000)
     assert samples["obs"].shape == (4000, 5, 2)
     assert samples["layer0.targets"].shape == (4000, 1, 2, 5)  # plate-aligned
-    moments = vgpn.predictive_moments(x)
+    moments = vgpn(x)
     assert_mc_mean(samples["obs"], moments.mean, n_se=4.5)
     assert_mc_variance(samples["obs"], moments.var, n_se=4.5)
 
@@ -138,10 +138,10 @@ def test_predict_softmax_shapes_and_moments():
     config = CONFIGS[3]
     vgpn = _net(config)
     x, _ = _data(config, batch=5)
-    samples = vgpn.predict(x, num_samples=10)
+    samples = vgpn.sample_predictive(x, num_samples=10)
     assert samples["obs"].shape == (10, 5)
     assert samples["layer0.output"].shape == (10, 5, 3)
-    logits = vgpn.predictive_moments(x)
+    logits = vgpn(x)
     assert logits.mean.shape == (5, 4) and logits.cov.shape == (5, 4, 4)
 
 
@@ -156,10 +156,10 @@ def test_parameters_are_registered_with_the_param_store():
         "layers.0.weight",
         "layers.0.lengthscales",
         "layers.0.noise_std",
-        "layers.0.targets_loc",
-        "layers.0.targets_scale_tril",
-        "readout.weight",
-        "readout.bias",
+        "layers.0.response.targets_loc",
+        "layers.0.response.targets_scale_tril",
+        "head$$$weight",  # the head is a plain module: registered by pyro.module
+        "head$$$bias",
     }
     assert expected <= names
 

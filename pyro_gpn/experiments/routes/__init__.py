@@ -31,8 +31,7 @@ route trains on the training split alone, for a fixed budget of steps (:class:`R
 * ``log_lik``: mean over test points of ``log N(y | m, v)`` under a Gaussian predictive
   ``(m, v)``. For ``clt`` and both ``vgpn`` routes this is the model's closed-form predictive
   (:meth:`GPNNet.forward <pyro_gpn.GPNNet.forward>`,
-  :meth:`VariationalGPN.predictive_moments
-  <pyro_gpn.models.VariationalGPN.predictive_moments>`; the two ``vgpn`` routes are evaluated
+  which :class:`~pyro_gpn.models.VariationalGPN` inherits); the two ``vgpn`` routes are evaluated
   identically, so they differ only in the objective they were trained with). For the sampling
   routes (``nuts``, ``parametric-svi``) it is the **moment-matched Gaussian** of the predictive
   draws (noise included): their sample mean and variance. Mixtures over draws are not used,

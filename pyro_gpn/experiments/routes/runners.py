@@ -174,7 +174,7 @@ def _run_parametric(ctx: _Context, out: RouteResult) -> _Predictive:
     )
     out.wall_s = fit.wall_time
     out.details.update(steps=fit.num_steps, final_loss_per_row=fit.final_loss / fit.num_data)
-    draws = gpn.predict(ctx.x_eval, num_samples=budget.predictive_samples)["y"]
+    draws = gpn.sample_predictive(ctx.x_eval, num_samples=budget.predictive_samples)["y"]
     return _Predictive.from_draws(draws, "draws: moment-matched Gaussian, quantile interval")
 
 
@@ -225,7 +225,7 @@ def _vgpn_route(loss_name: str) -> _Runner:
 
         def predict() -> _Predictive:
             with torch.no_grad():
-                moments = vgpn.predictive_moments(ctx.x_eval)
+                moments = vgpn(ctx.x_eval)
             return _Predictive.gaussian(moments.mean, moments.variance, "closed-form Gaussian")
 
         start, evaluating = time.perf_counter(), 0.0
@@ -244,7 +244,7 @@ def _vgpn_route(loss_name: str) -> _Runner:
             vgpn.guide,
             data.x_train,
             data.y_train,
-            loss="trace" if trace else ClosedFormELBO(),
+            loss="trace" if trace else ClosedFormELBO(vgpn),
             num_steps=budget.svi_steps,
             lr=budget.vgpn_lr,
             lr_decay=budget.vgpn_lr_decay,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...layers.parametric import TARGET_INITS
-from ...layers.variational import TARGETS_INITS
+from ...layers.variational import VARIATIONAL_TARGET_INITS as TARGETS_INITS
 from ..options import nonnegative_int, option, positive_float, positive_int
 
 __all__ = ["ROUTES", "ROUTE_LABELS", "RouteBudget", "check_sizes"]

@@ -1,0 +1,339 @@
+r"""Heads: the likelihood at the top of a network, as objects.
+
+A head turns the moments (or one draw) of the *features* -- what the last GPN layer hands up --
+into everything that depends on the kind of target:
+
+==========================  ================================  ==================================
+                            :class:`GaussianHead`             :class:`SoftmaxHead`
+==========================  ================================  ==================================
+features                    noise-free responses ``F^L``      outputs ``X^L`` (noise included)
+parameters                  observation noise ``sigma``       readout ``W^{L+1} [N_L, C]``, ``b``
+:meth:`~Head.predictive`    ``N(mean, var + sigma^2)``        logit moments ``X W + b``
+:meth:`~Head.expected_nll`  ``eq:gpn_reg_loss_marginal_final`` ``eq:gpn_normal_unscented``
+:meth:`~Head.observe`       ``y ~ N(F, sigma^2)``             ``y ~ Categorical(X W + b)``
+:meth:`~Head.predict`       mean and std                      class probabilities and their std
+==========================  ================================  ==================================
+
+Every network (:class:`~pyro_gpn.GPNNet`, the Pyro models, the fixed-activation baselines) calls
+these methods and never asks which head it has. A new likelihood (Student-t, ordinal, ...) is a
+new subclass of :class:`Head`. Networks accept the names ``"gaussian"`` and ``"softmax"`` and
+build the head with :func:`make_head`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import Tensor, nn
+
+from ._validation import check_finite, check_shape, check_tensor
+from .losses import check_labels, gaussian_expected_nll, unscented_cross_entropy, unscented_points
+from .moments.gaussian import Moments
+
+__all__ = [
+    "HEADS",
+    "GaussianHead",
+    "Head",
+    "Prediction",
+    "SoftmaxHead",
+    "check_sizes",
+    "make_head",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """What ``predict`` returns on every route.
+
+    Attributes:
+        mean: regression: the predictive mean ``[S, D]``; classification: the predictive class
+            probabilities ``[S, C]`` (also as :attr:`probs`).
+        std: its uncertainty, same shape: the predictive standard deviation (regression) or the
+            standard deviation of the class probabilities under the posterior (classification).
+        task: ``"regression"`` or ``"classification"``.
+    """
+
+    mean: Tensor
+    std: Tensor
+    task: str
+
+    @property
+    def probs(self) -> Tensor:
+        """The class probabilities ``[S, C]`` (classification only)."""
+        if self.task != "classification":
+            raise AttributeError("probs exists for classification predictions only")
+        return self.mean
+
+
+class Head(nn.Module):
+    """The likelihood of the targets given the features; see the module docstring.
+
+    A plain ``torch.nn.Module``: inside a Pyro model its parameters are registered as
+    ``pyro.module`` parameters of the model, and outside one it never touches Pyro's param store.
+    Subclasses set :attr:`task`, :attr:`noisy_features` (the last GPN layer adds its output noise
+    before the head) and :attr:`has_readout` (``sizes`` ends with the head's own width, e.g. the
+    classes of a softmax readout), and implement the abstract methods.
+    """
+
+    task: str = ""
+    noisy_features: bool = True
+    has_readout: bool = False
+
+    @classmethod
+    def feature_sizes(cls, sizes: Sequence[int]) -> list[int]:
+        """The widths of the layers below the head, from a network's ``sizes``."""
+        sizes = list(sizes)
+        return sizes[:-1] if cls.has_readout else sizes
+
+    def check_target(self, y: Tensor, num_samples: int) -> None:
+        """Raise ``ValueError`` naming ``y`` unless it fits ``num_samples`` predictions."""
+        raise NotImplementedError
+
+    def predictive(self, features: Moments) -> Moments:
+        """Moments of the predictive quantity (outputs or logits), ``[S, D | C]``."""
+        raise NotImplementedError
+
+    def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
+        """``E[-log p(y | features)]`` under the features' Gaussian, reduced over samples."""
+        raise NotImplementedError
+
+    def observation(self, features: Tensor) -> dist.Distribution:
+        """``p(y | features)`` for one draw of the features ``[..., S, N_L]``."""
+        raise NotImplementedError
+
+    def observe(self, name: str, features: Tensor, y: Tensor | None) -> Tensor:
+        """The Pyro observation site ``name`` (inside the caller's data plate)."""
+        return pyro.sample(name, self.observation(features), obs=y)
+
+    def predict(self, features: Moments) -> Prediction:
+        """:class:`Prediction` from the features' moments, in closed form."""
+        raise NotImplementedError
+
+    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
+        """:class:`Prediction` from Monte Carlo draws ``[K, S, ...]`` of a model's sites."""
+        raise NotImplementedError
+
+
+class GaussianHead(Head):
+    """Regression: ``y = F + eps``, ``eps ~ N(0, diag(sigma^2))``.
+
+    Args:
+        num_outputs: ``D``, the width of the targets (and of the last GPN layer).
+        noise_std_init: initial observation noise standard deviation ``sigma``.
+        shared: one ``sigma`` for all outputs (``[1]``; the network's ``share="layer"``).
+        dtype, device: of the parameter.
+
+    Attributes:
+        noise_std: ``[D | 1]``, positive, the observation noise (paper: ``sigma^L``, the noise
+            of the last GPN layer); ``exp`` of the parameter ``noise_std_unconstrained``.
+    """
+
+    task = "regression"
+    noisy_features = False
+    has_readout = False
+
+    def __init__(
+        self,
+        num_outputs: int,
+        noise_std_init: float = 0.1,
+        shared: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(num_outputs, int) or num_outputs < 1:
+            raise ValueError(f"num_outputs must be a positive integer, got {num_outputs!r}")
+        if not noise_std_init > 0:
+            raise ValueError(f"noise_std_init must be positive, got {noise_std_init}")
+        self.num_outputs = num_outputs
+        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        width = 1 if shared else num_outputs
+        noise_std = torch.full((width,), float(noise_std_init), **factory)
+        self.noise_std_unconstrained = nn.Parameter(noise_std.log())
+
+    @property
+    def noise_std(self) -> Tensor:
+        return self.noise_std_unconstrained.exp()
+
+    def check_target(self, y: Tensor, num_samples: int) -> None:
+        check_tensor("y", y)
+        check_shape("y", y, (num_samples, self.num_outputs))
+        check_finite("y", y)
+
+    def predictive(self, features: Moments) -> Moments:
+        noise_var = self.noise_std.square().expand(features.num_features)
+        if features.cov is not None:
+            return Moments(features.mean, cov=features.cov + torch.diag(noise_var), validate=False)
+        return Moments(features.mean, var=features.variance + noise_var, validate=False)
+
+    def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
+        return gaussian_expected_nll(features, y, self.noise_std, reduction=reduction)
+
+    def observation(self, features: Tensor) -> dist.Distribution:
+        return dist.Normal(features, self.noise_std).to_event(1)
+
+    def marginal_observation(self, mean: Tensor, var: Tensor) -> dist.Distribution:
+        """``p(y) = N(mean, var + sigma^2)`` for Gaussian features ``N(mean, var)``."""
+        scale = (var + self.noise_std.square()).sqrt()
+        return dist.Normal(mean, scale).to_event(1)
+
+    def predict(self, features: Moments) -> Prediction:
+        predictive = self.predictive(features)
+        return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
+
+    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
+        draws = samples[obs_site]
+        return Prediction(draws.mean(0), draws.std(0), self.task)
+
+    def extra_repr(self) -> str:
+        return f"num_outputs={self.num_outputs}"
+
+
+class SoftmaxHead(Head):
+    """Classification: logits ``A = X W + b`` of the features, ``y ~ Categorical(A)``.
+
+    The expected cross-entropy uses the unscented transform with sigma points in the space of
+    the features (:func:`~pyro_gpn.losses.unscented_cross_entropy`); so does :meth:`predict`,
+    which averages the softmax over the same points.
+
+    Args:
+        in_features: ``N_L``, the width of the last GPN layer.
+        num_classes: ``C``.
+        unscented_kappa: ``kappa`` of the unscented transform (``None``: 0, see
+            :func:`~pyro_gpn.losses.unscented_cross_entropy`; the paper: ``3 - N_L``).
+        dtype, device: of the parameters.
+
+    Attributes:
+        weight: ``[N_L, C]`` readout (the layout of every weight in the library: ``x @ W``),
+            Glorot-uniform; drawn as the first release's ``torch.nn.Linear`` readout was, so
+            that fixed seeds give the same networks.
+        bias: ``[C]``, zero.
+    """
+
+    task = "classification"
+    noisy_features = True
+    has_readout = True
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        unscented_kappa: float | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_features", in_features), ("num_classes", num_classes)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.in_features = in_features
+        self.num_classes = num_classes
+        self.unscented_kappa = unscented_kappa
+        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        linear = nn.Linear(in_features, num_classes, **factory)  # the random stream of v0.1
+        nn.init.xavier_uniform_(linear.weight)
+        self.weight = nn.Parameter(linear.weight.detach().mT.contiguous())
+        self.bias = nn.Parameter(torch.zeros(num_classes, **factory))
+
+    @property
+    def num_outputs(self) -> int:
+        return self.num_classes
+
+    def readout(self, features: Tensor) -> Tensor:
+        """The logits ``features @ W + b``, ``[..., C]``."""
+        return features @ self.weight + self.bias
+
+    def check_target(self, y: Tensor, num_samples: int) -> None:
+        check_labels(y, num_samples, self.num_classes, name="y")
+
+    def predictive(self, features: Moments) -> Moments:
+        """Logit moments; a full covariance unless the features are a point mass (the readout
+        correlates even independent features)."""
+        if features.is_deterministic:
+            return features.linear(self.weight, self.bias)
+        return features.linear_full(self.weight, self.bias)
+
+    def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
+        return unscented_cross_entropy(
+            features, y, self.weight, self.bias, kappa=self.unscented_kappa, reduction=reduction
+        )
+
+    def observation(self, features: Tensor) -> dist.Distribution:
+        return dist.Categorical(logits=self.readout(features))
+
+    def observe(self, name: str, features: Tensor, y: Tensor | None) -> Tensor:
+        """Records the logits as the deterministic site ``"logits"`` and observes ``name``."""
+        logits = pyro.deterministic("logits", self.readout(features), event_dim=1)
+        return pyro.sample(name, dist.Categorical(logits=logits), obs=y)
+
+    def predict(self, features: Moments) -> Prediction:
+        """Softmax averaged over the unscented sigma points of the features (their mean and
+        standard deviation); a point mass gives the softmax of its logits and zero std."""
+        points, weights = unscented_points(features, self.unscented_kappa)
+        probs = self.readout(points).softmax(-1)  # [S, 2N + 1, C]
+        point_weights = torch.cat([weights[:1], weights[1:].expand(probs.shape[1] - 1)]).view(
+            1, -1, 1
+        )
+        mean = (point_weights * probs).sum(1)
+        var = (point_weights * (probs - mean.unsqueeze(1)).square()).sum(1)
+        if features.is_deterministic:
+            mean, var = probs[:, 0], torch.zeros_like(mean)
+        return Prediction(mean, var.clamp_min(0).sqrt(), self.task)
+
+    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
+        probs = samples["logits"].softmax(-1)
+        return Prediction(probs.mean(0), probs.std(0), self.task)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, num_classes={self.num_classes}"
+
+
+HEADS = {"gaussian": GaussianHead, "softmax": SoftmaxHead}
+"""The head names networks accept, and the classes they stand for."""
+
+
+def check_sizes(sizes: Sequence[int], head: str | Head | type[Head]) -> list[int]:
+    """Validate network widths: at least 2 (no readout) or 3 (readout) positive integers."""
+    sizes = list(sizes)
+    kind = HEADS[head] if isinstance(head, str) else head
+    min_len = 3 if kind.has_readout else 2
+    if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(
+            f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
+        )
+    return sizes
+
+
+def make_head(
+    head: str | Head,
+    sizes: Sequence[int],
+    *,
+    noise_std_init: float = 0.1,
+    shared_noise: bool = False,
+    unscented_kappa: float | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Head:
+    """The head of a network with widths ``sizes``: a :class:`Head` is checked and returned,
+    a name (``"gaussian"``, ``"softmax"``) builds one.
+
+    ``sizes`` is ``[M, N_1, ..., N_L]`` for a head without readout and ``[M, N_1, ..., N_L, C]``
+    for one with.
+    """
+    if isinstance(head, str) and head not in HEADS:
+        raise ValueError(f"head must be one of {tuple(HEADS)} or a Head, got {head!r}")
+    if not isinstance(head, (str, Head)):
+        raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
+    sizes = check_sizes(sizes, head)
+    if isinstance(head, Head):
+        width = head.feature_sizes(sizes)[-1]
+        if head.num_outputs != sizes[-1] or getattr(head, "in_features", width) != width:
+            raise ValueError(f"head {head} does not fit the network widths {sizes}")
+        return head
+    if HEADS[head].has_readout:
+        return SoftmaxHead(sizes[-2], sizes[-1], unscented_kappa, dtype=dtype, device=device)
+    return GaussianHead(sizes[-1], noise_std_init, shared_noise, dtype=dtype, device=device)
