@@ -29,6 +29,17 @@ __all__ = [
     "VariationalGPNLayer",
     "__version__",
     "gpn_kernel",
+    "load_run",
     "settings",
     "squared_exponential",
 ]
+
+
+def __getattr__(name: str):
+    """``pyro_gpn.load_run`` (:func:`pyro_gpn.experiments.saved.load_run`), imported on first
+    use so that importing the core does not import the orchestration package."""
+    if name == "load_run":
+        from .experiments.saved import load_run
+
+        return load_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,8 +60,12 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 
 
-class ChecksumError(RuntimeError):
-    """A data file's content does not match the checksum recorded for it."""
+class ChecksumError(OSError, RuntimeError):
+    """A data file's content does not match the checksum recorded for it.
+
+    An ``OSError`` (a damaged file, like :class:`pyro_gpn.io.CorruptFileError`) and, for code
+    written against earlier releases, still a ``RuntimeError``.
+    """
 
 
 class DataUnavailableError(FileNotFoundError):
@@ -205,6 +209,8 @@ def fetch(
         raise _unavailable(file, target, f"{file.path} is not in {root}", hint)
     try:
         _download(file, target)
+    except ChecksumError:  # an OSError, but not a network failure
+        raise
     except (OSError, http.client.HTTPException, ValueError) as error:  # URLError: an OSError
         reason = getattr(error, "reason", None) or error
         raise _unavailable(

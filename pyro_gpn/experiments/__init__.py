@@ -8,6 +8,7 @@ module                 what it holds
 =====================  ========================================================================
 :mod:`~.runs`          one training run: :class:`ModelSettings`, :func:`build_model`,
                        :class:`Schedule`, :func:`split_metrics`, :func:`machine_description`
+:mod:`~.saved`         a ``pyro-gpn train`` folder read back, verified: :func:`load_run`
 :mod:`~.paper`         the paper's Table ``tab:gpn_exp_errors`` as data (:data:`PAPER_RESULTS`),
                        its grid (:func:`grid_cells`) and runner (:func:`run_cell`,
                        :func:`run_grid`)
@@ -54,6 +55,7 @@ from .runs import (
     machine_description,
     split_metrics,
 )
+from .saved import TrainedRun, load_run
 
 __all__ = [
     "CLI_MODELS",
@@ -71,12 +73,14 @@ __all__ = [
     "RouteBudget",
     "RouteResult",
     "RunSettings",
+    "TrainedRun",
     "Schedule",
     "aggregate_markdown",
     "aggregate_runs",
     "build_model",
     "compare_routes",
     "grid_cells",
+    "load_run",
     "load_runs",
     "machine_description",
     "run_cell",

@@ -3,8 +3,11 @@
 Subcommands (``pyro-gpn <command> --help`` for the options, each with its default):
 
 * ``train``: train a GPN or a tanh baseline on a data set with the paper's schedule; writes
-  ``result.json`` (settings and train / validation / test metrics) and ``model.pt``;
-* ``evaluate``: load a ``train`` output folder and evaluate it on the test split;
+  ``model.pt`` and, last, ``result.json`` (settings and train / validation / test metrics),
+  each with a checksum (:mod:`pyro_gpn.io`), in a folder locked for the run
+  (:class:`~pyro_gpn.io.RunLock`); a finished run is not replaced without ``--overwrite``;
+* ``evaluate``: load a ``train`` output folder, verified (:func:`~.saved.load_run`), and
+  evaluate it on the test split;
 * ``reproduce``: run (or continue) the grid of the paper's Table ``tab:gpn_exp_errors`` and
   write ``paper_table.md`` / ``paper_table.json`` (:mod:`pyro_gpn.experiments.paper`);
 * ``demo``: train a GPN and a tanh network on the bundled yacht regression set (offline, about
@@ -20,12 +23,19 @@ Each subcommand is one ``add_<name>(subparsers)`` function that registers its pa
 options that fill a settings dataclass (:class:`~.runs.ModelSettings`, :class:`~.runs.Schedule`,
 :class:`~.paper.RunSettings`, :class:`~.routes.RouteBudget`) are generated from its fields
 (:mod:`~.options`).
+
+Errors a user can act on (a damaged file, a folder in use or already holding a run, a full or
+read-only disk, a data file that fails its checksum, a diverged training, a bad argument) end in
+one line ``pyro-gpn: error: <message>`` on stderr and exit status 1; ``--debug`` (or
+``PYRO_GPN_DEBUG=1``) shows the traceback instead. Ctrl-C ends with exit status 130 and says how
+to continue.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -35,6 +45,7 @@ from typing import Any
 
 import torch
 
+from .. import io as pio
 from .demo import add_demo_parser
 from .options import (
     HelpFormatter,
@@ -49,11 +60,10 @@ from .options import (
 from .paper import GRID_DATASETS, GRID_MODELS, RunSettings
 from .routes.cli import add_compare_parser
 from .runs import ModelSettings, Schedule, machine_description, split_metrics
+from .saved import FORMAT, MODEL_NAME, RESULT_NAME, data_shape, load_record, load_run
 
 __all__ = ["build_parser", "main", "split_metrics"]
 
-RESULT_NAME = "result.json"
-MODEL_NAME = "model.pt"
 _SPLITS = ("train", "val", "test")
 
 
@@ -66,8 +76,11 @@ def _load_data(dataset: str, data_dir: str | None, split: int, seed: int = 0) ->
 
     try:
         return load_dataset(dataset, data_dir=data_dir, seed=seed, split=split)
-    except (FileNotFoundError, OSError, ValueError) as error:
-        raise SystemExit(f"pyro-gpn: error: cannot load {dataset!r}: {error}") from error
+    except OSError as error:  # ChecksumError and DataUnavailableError included
+        message = f"cannot load {dataset!r}: {error}"
+        raise (OSError(error.errno, message) if error.errno else OSError(message)) from error
+    except ValueError as error:
+        raise ValueError(f"cannot load {dataset!r}: {error}") from error
 
 
 def _add_data_dir(parser: argparse.ArgumentParser) -> None:
@@ -76,12 +89,49 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------- train
 def _run_train(args: argparse.Namespace) -> int:
+    check_device(args.device)
+    out = Path(args.out or f"runs/{args.dataset}-{args.model}-seed{args.seed}")
+    with pio.RunLock(out):
+        pio.ensure_can_write(out, overwrite=args.overwrite or args.resume)
+        if args.overwrite and not args.resume:
+            _forget_finished_run(out)
+        return _train_locked(args, out)
+
+
+def _forget_finished_run(out: Path) -> None:
+    """Remove the files of a finished run that ``--overwrite`` replaces (``result.json`` first:
+    without it the folder no longer claims to hold a finished run)."""
+    for name in (RESULT_NAME, MODEL_NAME):
+        for path in (out / name, pio.checksum_path(out / name)):
+            path.unlink(missing_ok=True)
+
+
+def _check_checkpoint(out: Path) -> None:
+    """Fail early, naming the file, when ``--resume`` would continue from a damaged checkpoint
+    (verified against its checksum where it has one)."""
+    from ..inference.trainer import CHECKPOINT_NAME
+
+    path = out / CHECKPOINT_NAME
+    if not path.exists():
+        return
+    try:
+        pio.load_torch(path, require_checksum=pio.checksum_path(path).exists())
+    except pio.CorruptFileError as error:
+        raise pio.CorruptFileError(
+            error.path,
+            error.reason,
+            "--resume cannot continue from it: run the same command without --resume to start "
+            "afresh (with --overwrite if the folder holds a finished run)",
+        ) from error
+
+
+def _train_locked(args: argparse.Namespace, out: Path) -> int:
     from dataclasses import asdict
 
     from ..inference.trainer import Trainer, seed_everything
 
-    check_device(args.device)
-    out = Path(args.out or f"runs/{args.dataset}-{args.model}-seed{args.seed}")
+    if args.resume:
+        _check_checkpoint(out)
     data = _load_data(args.dataset, args.data_dir, args.split)
     model_settings, schedule = from_args(ModelSettings, args), from_args(Schedule, args)
     settings = {"dataset": args.dataset, "split": args.split, **asdict(model_settings)}
@@ -95,13 +145,26 @@ def _run_train(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     start = time.perf_counter()
-    result = Trainer(model, config).fit(
-        (data.x_train, data.y_train), (data.x_val, data.y_val), resume=args.resume
-    )
+    try:
+        result = Trainer(model, config).fit(
+            (data.x_train, data.y_train), (data.x_val, data.y_val), resume=args.resume
+        )
+    except ValueError as error:
+        if "nan" not in str(error).lower():
+            raise
+        # a distribution's argument check saw NaN: the optimisation diverged
+        raise FloatingPointError(
+            f"training diverged: non-finite values in the network ({_first_line(error)}); "
+            f"lower --lr (now {args.lr:g}); the checkpoint of the last finished epoch in {out} "
+            "is intact"
+        ) from error
     wall = time.perf_counter() - start
     metrics = {split: split_metrics(model, data, split, args.device) for split in _SPLITS}
     record = {
+        "format": FORMAT,
         "settings": {**settings, "seed": args.seed},
+        "data_shape": data_shape(data),
+        "data_dir": None if args.data_dir is None else str(Path(args.data_dir).resolve()),
         "metrics": metrics,
         "epochs": result.epochs,
         "best_epoch": result.best_epoch,
@@ -117,8 +180,8 @@ def _run_train(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "data": data.description,
     }
-    torch.save(model.state_dict(), out / MODEL_NAME)
-    (out / RESULT_NAME).write_text(json.dumps(record, indent=1) + "\n")
+    pio.save_torch(model.state_dict(), out / MODEL_NAME)
+    pio.save_json(record, out / RESULT_NAME)  # last: marks the run finished
     for split, values in metrics.items():
         print(f"{split:>5}: {_format_metrics(values)}")
     print(f"{result.epochs} epochs ({result.stop_reason}) in {wall:.1f} s; wrote {out}")
@@ -158,6 +221,11 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue from the checkpoint in --out"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a finished run in --out (without it such a folder is refused)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_threads(parser)
     parser.set_defaults(func=_run_train)
@@ -166,16 +234,19 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------------------------- evaluate
 def _run_evaluate(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    result_path, model_path = run_dir / RESULT_NAME, run_dir / MODEL_NAME
-    for path in (result_path, model_path):
-        if not path.exists():
-            raise SystemExit(f"pyro-gpn: error: {path} not found; is this a `train` output?")
     check_device(args.device)
-    settings = json.loads(result_path.read_text())["settings"]
-    data = _load_data(settings["dataset"], args.data_dir, settings["split"])
-    model = ModelSettings.from_record(settings).build(data)
-    model.load_state_dict(torch.load(model_path, map_location="cpu", weights_only=True))
-    model.to(args.device)
+    record, verified = load_record(run_dir)  # before the data: a damaged folder fails fast
+    settings = record["settings"]
+    data_dir = args.data_dir or record.get("data_dir")
+    data = _load_data(settings["dataset"], data_dir, settings["split"])
+    run = load_run(run_dir, device=args.device, data=data)
+    if not run.verified:
+        print(
+            f"pyro-gpn: warning: {run_dir} has no checksums (written before format 2): its "
+            "files are not verified",
+            file=sys.stderr,
+        )
+    model = run.model
     metrics = split_metrics(model, data, "test", args.device)
     if args.json:
         print(json.dumps(metrics))
@@ -193,7 +264,11 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", help="the --out folder of `pyro-gpn train`")
-    _add_data_dir(parser)
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with the raw data files (None: the one recorded by `train`, else the default)",
+    )
     add_device(parser)
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.set_defaults(func=_run_evaluate)
@@ -283,10 +358,46 @@ def build_parser() -> argparse.ArgumentParser:
         "compare inference routes.",
     )
     parser.add_argument("--version", action="version", version=f"pyro-gpn {__version__}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for add in _COMMANDS:
         add(subparsers)
+    for sub in subparsers.choices.values():  # also accepted after the command
+        sub.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
+        )
     return parser
+
+
+_DEBUG_HELP = "show the traceback of an error (also PYRO_GPN_DEBUG=1)"
+
+#: Errors that end the command with one line on stderr and exit status 1 (no traceback).
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    pio.CorruptFileError,  # an OSError; MissingFileError included
+    pio.RunInUseError,
+    pio.RunExistsError,
+    OSError,  # disk full, read-only folder, ChecksumError and DataUnavailableError of the data
+    FloatingPointError,  # a diverged training
+    ValueError,  # argument checks
+)
+
+_INTERRUPTED = {
+    "train": "interrupted; continue with the same command and --resume (the checkpoint of the "
+    "last finished epoch is kept)",
+    "reproduce": "interrupted; run the same command again to continue the grid",
+}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _debugging(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("PYRO_GPN_DEBUG", "") not in (
+        "",
+        "0",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,7 +407,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command = "pyro-gpn " + shlex.join(argv)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if _debugging(args):
+            raise
+        print(f"pyro-gpn: {_INTERRUPTED.get(args.subcommand, 'interrupted')}", file=sys.stderr)
+        return 130
+    except USER_ERRORS as error:
+        if _debugging(args):
+            raise
+        message = str(error).strip() or type(error).__name__
+        print(f"pyro-gpn: error: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from .options import HelpFormatter, add_options, add_threads, from_args, nonnegative_int
-from .runs import ModelSettings, Schedule, build_model, machine_description, split_metrics
+from .runs import (
+    ModelSettings,
+    Schedule,
+    build_model,
+    machine_description,
+    split_metrics,
+    write_atomically,
+)
 
 __all__ = ["add_demo_parser", "run_demo"]
 
@@ -79,7 +86,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
     }
-    (out / "demo.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_atomically(out / "demo.json", json.dumps(record, indent=1) + "\n")
     return 0
 
 

@@ -36,7 +36,7 @@ JSON per run to ``<out>/paper_runs/<dataset>__<model>__<init>__<share>__seed<k>.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .. import io as pio
 from ..inference.trainer import (
     BEST_MODEL_NAME,
     CHECKPOINT_NAME,
@@ -307,30 +308,34 @@ def run_cell(
         input_dropout=settings.input_dropout,
     )
     out_dir = None if work_dir is None else Path(work_dir) / cell.run_id
-    if out_dir is not None:
-        _drop_checkpoint_of_another_protocol(out_dir, settings)
-    config = TrainConfig(
-        batch_size=settings.batch_size,
-        max_epochs=settings.max_epochs or 1_000_000,
-        patience=settings.patience,
-        seed=cell.seed,
-        device=settings.device,
-        task="classification",
-        out_dir=None if out_dir is None else str(out_dir),
-        progress=settings.progress,
-    )
-    dropout = settings.dropout_record if name == "tanh-fastdropout" else None
-    start = time.perf_counter()
-    result = Trainer(model, config).fit(
-        (data.x_train, data.y_train), (data.x_val, data.y_val), resume=out_dir is not None
-    )
-    errors = {
-        f"{split}_error": evaluate(
-            model, getattr(data, f"x_{split}").to(config.device),
-            getattr(data, f"y_{split}").to(config.device), "classification",
-        )["error"]
-        for split in ("train", "val", "test")
-    }  # fmt: skip
+    # the work folder is this process's alone while the cell runs (a second `reproduce` on the
+    # same grid gets RunInUseError instead of interleaving checkpoints)
+    lock = contextlib.nullcontext() if out_dir is None else pio.RunLock(out_dir)
+    with lock:
+        if out_dir is not None:
+            _drop_checkpoint_of_another_protocol(out_dir, settings)
+        config = TrainConfig(
+            batch_size=settings.batch_size,
+            max_epochs=settings.max_epochs or 1_000_000,
+            patience=settings.patience,
+            seed=cell.seed,
+            device=settings.device,
+            task="classification",
+            out_dir=None if out_dir is None else str(out_dir),
+            progress=settings.progress,
+        )
+        dropout = settings.dropout_record if name == "tanh-fastdropout" else None
+        start = time.perf_counter()
+        result = Trainer(model, config).fit(
+            (data.x_train, data.y_train), (data.x_val, data.y_val), resume=out_dir is not None
+        )
+        errors = {
+            f"{split}_error": evaluate(
+                model, getattr(data, f"x_{split}").to(config.device),
+                getattr(data, f"y_{split}").to(config.device), "classification",
+            )["error"]
+            for split in ("train", "val", "test")
+        }  # fmt: skip
     record = {
         **asdict(cell),
         "run_id": cell.run_id,
@@ -361,7 +366,7 @@ def run_cell(
     }
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(runs_dir / f"{cell.run_id}.json", json.dumps(record, indent=1) + "\n")
+    write_atomically(runs_dir / f"{cell.run_id}.json", _json_text(record))
     return record
 
 
@@ -393,20 +398,47 @@ def _same_protocol(record: dict[str, Any], settings: RunSettings) -> bool:
 
 
 def _drop_checkpoint_of_another_protocol(run_dir: Path, settings: RunSettings) -> None:
-    """Delete ``run_dir``'s checkpoint if it was trained with another batch size or patience.
+    """Delete ``run_dir``'s checkpoint if it cannot be continued under ``settings``.
 
-    Such a checkpoint cannot be continued under ``settings`` (its learning-rate schedule and
-    mini-batches differ); a different epoch cap, in contrast, is continued.
+    That is a checkpoint trained with another batch size or patience (its learning-rate
+    schedule and mini-batches differ; a different epoch cap, in contrast, is continued) and one
+    that is damaged (:class:`~pyro_gpn.io.CorruptFileError`: truncated by a full disk, a
+    checksum that does not match): the cell is then run from the start.
     """
     path = run_dir / CHECKPOINT_NAME
     if not path.exists():
         return
-    config = torch.load(path, map_location="cpu", weights_only=False).get("config", {})
-    if config.get("batch_size") != settings.batch_size or config.get("patience") != (
-        settings.patience
+    try:
+        checkpoint = pio.load_torch(path, require_checksum=pio.checksum_path(path).exists())
+        config = checkpoint.get("config", {}) if isinstance(checkpoint, dict) else {}
+    except pio.CorruptFileError:
+        config = None
+    if (
+        config is None
+        or config.get("batch_size") != settings.batch_size
+        or config.get("patience") != (settings.patience)
     ):
-        path.unlink()
-        (run_dir / BEST_MODEL_NAME).unlink(missing_ok=True)
+        for name in (CHECKPOINT_NAME, BEST_MODEL_NAME):
+            (run_dir / name).unlink(missing_ok=True)
+            pio.checksum_path(run_dir / name).unlink(missing_ok=True)
+
+
+def _json_text(record: Any) -> str:
+    import json
+
+    return json.dumps(record, indent=1) + "\n"
+
+
+def _finished_record(path: Path) -> dict[str, Any] | None:
+    """The run file ``path`` if it exists and is intact JSON; ``None`` means: run the cell
+    (a damaged file, e.g. cut short by a full disk, is replaced by the new run's)."""
+    if not path.exists():
+        return None
+    try:
+        record = pio.load_json(path, require_checksum=False)
+    except pio.CorruptFileError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def run_grid(
@@ -443,7 +475,8 @@ def run_grid(
     settings = settings or RunSettings()
     for cell in cells:
         path = runs_dir / f"{cell.run_id}.json"
-        if path.exists() and _same_protocol(json.loads(path.read_text()), settings):
+        record = _finished_record(path)
+        if record is not None and _same_protocol(record, settings):
             report["skipped"].append(cell.run_id)
             continue
         if time_budget_s is not None and time.perf_counter() - start >= time_budget_s:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import io as pio
 from .paper import GRID_DATASETS, PAPER_GRID, PAPER_LAYER_SIZES, PAPER_RESULTS, PAPER_SEEDS
 from .runs import write_atomically
 
@@ -26,7 +27,8 @@ def load_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         return []
-    return [json.loads(path.read_text()) for path in sorted(runs_dir.glob("*.json"))]
+    # a damaged file is a CorruptFileError naming it (not a bare JSONDecodeError)
+    return [pio.load_json(path, require_checksum=False) for path in sorted(runs_dir.glob("*.json"))]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:

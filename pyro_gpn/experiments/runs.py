@@ -206,8 +206,12 @@ def machine_description(device: str = "cpu") -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file of this process and a rename, so
-    that readers and concurrent writers never see a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write ``text`` (UTF-8) to ``path`` with :func:`pyro_gpn.io.atomic_write`: a temporary
+    file unique to the process and the call, then a rename, so that readers and concurrent
+    writers never see a half-written file and a failed write leaves the previous version.
+
+    No checksum file: these are the result files committed under ``docs/results``."""
+    from .. import io as pio
+
+    data = text.encode("utf-8")
+    pio.atomic_write(path, lambda handle: handle.write(data), checksum=False)

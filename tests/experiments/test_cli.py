@@ -74,9 +74,136 @@ def test_train_tanh_baseline_and_resume(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_evaluate_rejects_a_folder_without_a_run(tmp_path):
-    with pytest.raises(SystemExit, match="result.json"):
-        main(["evaluate", str(tmp_path)])
+def test_evaluate_rejects_a_folder_without_a_run(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pyro-gpn: error: ") and "result.json" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------- faults
+TINY = ["train", "yacht", "--max-epochs", "1", "--sizes", "4", "--quiet"]
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pyro-gpn: error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_train_refuses_a_finished_run_without_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    first = (out / "model.pt").read_bytes()
+    assert main([*TINY, "--seed", "1", "--out", str(out)]) == 1
+    assert "--overwrite" in _one_line_error(capsys)
+    assert (out / "model.pt").read_bytes() == first  # untouched
+    assert main([*TINY, "--seed", "1", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "result.json").read_text())["settings"]["seed"] == 1
+    assert (out / "model.pt").read_bytes() != first
+    assert not (out / ".lock").exists()  # released
+
+
+def test_train_refuses_a_folder_in_use(tmp_path, capsys):
+    from pyro_gpn.io import RunLock
+
+    out = tmp_path / "run"
+    with RunLock(out):  # another run holds the folder (flock is per open file)
+        assert main([*TINY, "--out", str(out)]) == 1
+    assert "in use" in _one_line_error(capsys)
+    assert not (out / "result.json").exists()
+
+
+def test_train_refuses_an_output_folder_under_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main([*TINY, "--out", str(tmp_path / "f" / "run")]) == 1
+    assert str(tmp_path / "f") in _one_line_error(capsys)
+
+
+def test_ctrl_c_says_how_to_continue(tmp_path, monkeypatch, capsys):
+    from pyro_gpn.inference import trainer
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Trainer, "fit", interrupted)
+    assert main([*TINY, "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / ".lock").exists()
+
+
+def test_divergence_is_a_floating_point_error_with_advice(tmp_path, monkeypatch, capsys):
+    from pyro_gpn.inference import trainer
+
+    def diverged(self, *args, **kwargs):
+        raise ValueError("Expected parameter loc to satisfy Real(), but found NaN values")
+
+    monkeypatch.setattr(trainer.Trainer, "fit", diverged)
+    assert main([*TINY, "--lr", "1e6", "--out", str(tmp_path / "run")]) == 1
+    err = _one_line_error(capsys)
+    assert "diverged" in err and "--lr" in err and "1e+06" in err
+    with pytest.raises(FloatingPointError, match="diverged"):
+        main([*TINY, "--lr", "1e6", "--out", str(tmp_path / "run"), "--debug"])
+    monkeypatch.setenv("PYRO_GPN_DEBUG", "1")
+    with pytest.raises(FloatingPointError):
+        main([*TINY, "--lr", "1e6", "--out", str(tmp_path / "run")])
+
+
+def test_data_checksum_error_is_one_line(tmp_path, monkeypatch, capsys):
+    from pyro_gpn.data import ChecksumError
+
+    def corrupted(name, **kwargs):
+        raise ChecksumError(f"{tmp_path}/letter-recognition.data is corrupted")
+
+    assert issubclass(ChecksumError, OSError) and issubclass(ChecksumError, RuntimeError)
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", corrupted)
+    assert main(["train", "letter", "--quiet", "--out", str(tmp_path / "o")]) == 1
+    err = _one_line_error(capsys)
+    assert "'letter'" in err and "letter-recognition.data" in err
+
+
+def test_evaluate_damaged_model_is_one_line_and_debug_shows_it(tmp_path, capsys):
+    from pyro_gpn.io import CorruptFileError
+
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    data = bytearray((out / "model.pt").read_bytes())
+    data[-40] ^= 0xFF
+    (out / "model.pt").write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["evaluate", str(out)]) == 1
+    assert "model.pt" in _one_line_error(capsys) and not capsys.readouterr().out
+    with pytest.raises(CorruptFileError):
+        main(["--debug", "evaluate", str(out)])
+
+
+def test_evaluate_reuses_the_recorded_data_dir(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def loader(name, data_dir=None, **kwargs):
+        seen.append(data_dir)
+        return tiny_classification(name, data_dir, **kwargs)
+
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", loader)
+    out, data_dir = tmp_path / "run", tmp_path / "data"
+    argv = ["train", "letter", "--sizes", "4", "--max-epochs", "1", "--quiet"]
+    assert main([*argv, "--out", str(out), "--data-dir", str(data_dir)]) == 0
+    assert main(["evaluate", str(out)]) == 0
+    assert main(["evaluate", str(out), "--data-dir", str(tmp_path / "elsewhere")]) == 0
+    assert seen == [str(data_dir), str(data_dir.resolve()), str(tmp_path / "elsewhere")]
+    capsys.readouterr()
+
+
+def test_every_option_has_help_and_debug_everywhere():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "train" in a.choices)
+    for name, sub in subparsers.choices.items():
+        options = {opt for action in sub._actions for opt in action.option_strings}
+        assert "--debug" in options, name
+    train = subparsers.choices["train"]
+    overwrite = next(a for a in train._actions if "--overwrite" in a.option_strings)
+    assert overwrite.help and not overwrite.default
 
 
 def test_reproduce_runs_the_grid_once_and_skips_finished_runs(tmp_path, monkeypatch, capsys):
@@ -114,3 +241,15 @@ def test_train_and_evaluate_classification(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == result["metrics"]["test"]
+
+
+def test_resume_from_a_damaged_checkpoint_names_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    checkpoint = out / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main([*TINY, "--max-epochs", "2", "--out", str(out), "--resume"]) == 1
+    err = _one_line_error(capsys)
+    assert "checkpoint.pt" in err and "without --resume" in err
+    assert main([*TINY, "--max-epochs", "2", "--out", str(out), "--overwrite"]) == 0

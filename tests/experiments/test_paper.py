@@ -136,3 +136,47 @@ def test_run_grid_time_budget_starts_nothing_when_spent(tmp_path):
     report = run_grid(tmp_path, cells, time_budget_s=0.0, loader=tiny_classification)
     assert report["pending"] == [c.run_id for c in cells]
     assert not (tmp_path / "paper_runs").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_run_grid_drops_a_damaged_checkpoint_and_reruns_the_cell(tmp_path, damage):
+    cells = grid_cells(["letter"], ["tanh"], [0])
+    work = tmp_path / "work"
+    settings = RunSettings(max_epochs=1, batch_size=16)
+    run = lambda: run_grid(
+        tmp_path, cells, settings, work_dir=work, loader=tiny_classification, log=lambda _: None
+    )
+    run()
+    checkpoint = work / cells[0].run_id / "checkpoint.pt"
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    (tmp_path / "paper_runs" / f"{cells[0].run_id}.json").unlink()
+    assert run()["finished"] == [cells[0].run_id]  # not torch's unpickling error
+    saved = torch.load(checkpoint, weights_only=True)  # a fresh, whole checkpoint
+    assert saved["result"]["epochs"] == 1
+
+
+def test_run_grid_reruns_a_cell_whose_run_file_is_damaged(tmp_path):
+    cells = grid_cells(["letter"], ["tanh"], [0])
+    settings = RunSettings(max_epochs=1, batch_size=16)
+    run = lambda: run_grid(tmp_path, cells, settings, loader=tiny_classification, log=print)
+    run()
+    path = tmp_path / "paper_runs" / f"{cells[0].run_id}.json"
+    path.write_text(path.read_text()[:50])  # cut short (full disk under an older version)
+    assert run()["finished"] == [cells[0].run_id]
+    assert json.loads(path.read_text())["epochs"] == 1
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_run_cell_locks_its_work_folder(tmp_path):
+    from pyro_gpn.experiments.paper import run_cell
+    from pyro_gpn.io import RunInUseError, RunLock
+
+    cell = grid_cells(["letter"], ["tanh"], [0])[0]
+    settings = RunSettings(max_epochs=1, batch_size=16)
+    work = tmp_path / "work"
+    with RunLock(work / cell.run_id), pytest.raises(RunInUseError, match=cell.run_id):
+        run_cell(cell, tmp_path / "runs", settings, work, loader=tiny_classification)
+    assert not (tmp_path / "runs").exists()
+    run_cell(cell, tmp_path / "runs", settings, work, loader=tiny_classification)
+    assert not (work / cell.run_id / ".lock").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import HelpFormatter, add_options, from_args, nonnegative_int, positive_int
-from ..runs import machine_description
+from ..runs import machine_description, write_atomically
 from .runners import compare_routes
 from .settings import ROUTES, RouteBudget
 
@@ -97,7 +97,7 @@ def run_compare_cli(args: argparse.Namespace) -> int:
         result.to_markdown(),
         "",
     ]
-    (out / "compare.md").write_text("\n".join(text))
+    write_atomically(out / "compare.md", "\n".join(text))
     print(f"table: {out / 'compare.md'}")
     if not args.no_plot:
         import matplotlib
