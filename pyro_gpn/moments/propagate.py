@@ -49,7 +49,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from ..kernels import squared_exponential
-from .backend import use_fused
+from .backend import cpu_parameter_kernels, select_backend
 from .gaussian import Moments
 
 __all__ = [
@@ -92,6 +92,13 @@ def virtual_observation_weights(
         definite for positive ``S``; the batched ``R x R`` inverse is the cheapest stable way to
         get both at once for the small ``R`` a GPN uses.
     """
+    if cpu_parameter_kernels(inducing_points, targets, target_variances, lengthscales):
+        from .cpu_kernels import cpu_virtual_observation_weights
+
+        kappa, beta = cpu_virtual_observation_weights(
+            inducing_points, targets, target_variances, lengthscales, jitter
+        )
+        return (kappa if with_kappa else None), beta
     gram = squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
     if not with_kappa:
@@ -272,9 +279,26 @@ def response_moments(
     ls2 = lengthscales.square()
 
     # eq:gpn_normal_mu with psi from eq:gpn_normal_E_alpha
-    if use_fused(mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var):
+    kind = select_backend(
+        mean,
+        var,
+        lengthscales,
+        beta,
+        variance_reduction,
+        noise_var,
+        inducing_points=inducing_points,
+        equidistant=equidistant,
+    )
+    if kind != "reference":
         return _fused_response_moments(
-            activations, inducing_points, lengthscales, beta, variance_reduction, noise_var, mode
+            activations,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            noise_var,
+            mode,
+            kind,
         )
     width_psi = 2 * (ls2 + var)
     amplitude_psi = (ls2 / (ls2 + var)).sqrt()
@@ -321,13 +345,40 @@ def _fused_response_moments(
     variance_reduction: Tensor | None,
     noise_var: Tensor | None,
     mode: Mode,
+    kind: str = "triton",
 ) -> Moments:
-    """:func:`response_moments` through the Triton kernels of :mod:`pyro_gpn.moments.fused`."""
+    """:func:`response_moments` through the fused kernels: ``kind`` ``"triton"``
+    (:mod:`pyro_gpn.moments.fused`) or ``"cpu"`` (:mod:`pyro_gpn.moments.cpu_kernels`).
+
+    In ``"cov"`` mode the CPU kernels give the diagonal (the variances) and the off-diagonal
+    cross term comes from :func:`_cross_second_moment`, as on the reference path.
+    """
+    mean = activations.mean
+    var = None if activations.is_deterministic else activations.variance
+    if kind == "cpu":
+        from .cpu_kernels import cpu_response_mean, cpu_response_meanvar
+
+        if mode == "mean":
+            return Moments(
+                cpu_response_mean(mean, var, inducing_points, lengthscales, beta), validate=False
+            )
+        var = activations.variance if var is None else var
+        out_mean, out_var = cpu_response_meanvar(
+            mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var
+        )
+        if mode == "meanvar":
+            return Moments(out_mean, var=out_var, validate=False)
+        if activations.cov is None:
+            return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+        cross = _cross_second_moment(mean, activations.cov, inducing_points, lengthscales, beta)
+        out_cov = cross - out_mean.unsqueeze(-1) * out_mean.unsqueeze(-2)
+        eye = torch.eye(mean.shape[-1], dtype=torch.bool, device=mean.device)
+        out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
+        return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+
     from .fused import fused_response_cov, fused_response_mean, fused_response_meanvar
 
-    mean, var = activations.mean, activations.var
     if mode == "mean":
-        var = None if activations.is_deterministic else activations.variance
         out = fused_response_mean(mean, var, inducing_points, lengthscales, beta)
         return Moments(out, validate=False)
     if mode == "cov" and activations.cov is not None:

@@ -1,0 +1,302 @@
+"""Numba kernels of :mod:`pyro_gpn.moments.cpu_kernels` (imported on first use: imports numba).
+
+All arrays are float64 and C-contiguous. A parameter array with leading dimension 1 is shared
+by all units (index ``n * min(shape[0] - 1, 1)``). Formulas and derivations: see
+:mod:`pyro_gpn.moments.cpu_kernels`.
+"""
+
+# ruff: noqa: E501
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_OPTS)
+def gsum(x, h, K, w, wts, acc, coef, grad):
+    """``sum_k wts[k] E_k`` with ``E_k = exp(-(x - k h)^2 / w)`` and its first two
+    moments ``sum wts E e``, ``sum wts E e^2`` (``e = x - k h``); if ``grad``,
+    ``acc[k] += coef * E_k``."""
+    f = np.floor(x / h + 0.5)  # nearest centre, clamped in floating point (NaN -> 0)
+    if not f > 0.0:
+        f = 0.0
+    if f > K - 1.0:
+        f = K - 1.0
+    j0 = int(f)
+    delta = x - j0 * h
+    E0 = math.exp(-delta * delta / w)
+    g0 = wts[j0] * E0
+    g1 = g0 * delta
+    g2 = g1 * delta
+    if grad:
+        acc[j0] += coef * E0
+    if K > 1:
+        up = j0 < K - 1
+        down = j0 > 0
+        hh = h * h
+        if up and down:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = q_up * q_dn
+        elif up:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = 0.0
+            rho = math.exp(-2.0 * hh / w)
+        else:
+            q_up = 0.0
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = math.exp(-2.0 * hh / w)
+        E = E0
+        q = q_up
+        for k in range(j0 + 1, K):
+            E *= q
+            q *= rho
+            e = x - k * h
+            t = wts[k] * E
+            g0 += t
+            t *= e
+            g1 += t
+            g2 += t * e
+            if grad:
+                acc[k] += coef * E
+        E = E0
+        q = q_dn
+        for k in range(j0 - 1, -1, -1):
+            E *= q
+            q *= rho
+            e = x - k * h
+            t = wts[k] * E
+            g0 += t
+            t *= e
+            g1 += t
+            g2 += t * e
+            if grad:
+                acc[k] += coef * E
+    return g0, g1, g2
+
+
+@njit(parallel=True, **_OPTS)
+def meanvar_fwd(mu, v, V, lam, beta, P, noise, with_var, mean, var, pre):
+    S, N = mu.shape
+    R = V.shape[1]
+    K = P.shape[1]
+    dummy = np.zeros(1)
+    for n in prange(N):
+        iv = n * min(V.shape[0] - 1, 1)
+        x0 = V[iv, 0]
+        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        p = P[n * min(P.shape[0] - 1, 1)]
+        nz = noise[n * min(noise.shape[0] - 1, 1)]
+        for s in range(S):
+            m = mu[s, n]
+            vv = v[s, n]
+            x = m - x0
+            c1 = l2 + vv
+            g0, _, _ = gsum(x, h, R, 2.0 * c1, b, dummy, 0.0, False)
+            mn = math.sqrt(l2 / c1) * g0
+            mean[s, n] = mn
+            if with_var:
+                c2 = l2 + 2.0 * vv
+                t0, _, _ = gsum(x, 0.5 * h, K, c2, p, dummy, 0.0, False)
+                pr = 1.0 - math.sqrt(l2 / c2) * t0 - mn * mn
+                pre[s, n] = pr
+                var[s, n] = max(pr, 0.0) + nz
+
+
+@njit(parallel=True, **_OPTS)
+def meanvar_bwd(mu, v, V, lam, beta, P, mean, pre, gmean, gvar, with_var, dmu, dv, dlam, dbeta, dP):
+    S, N = mu.shape
+    R = V.shape[1]
+    K = P.shape[1]
+    for n in prange(N):
+        iv = n * min(V.shape[0] - 1, 1)
+        x0 = V[iv, 0]
+        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        l2 = lm * lm
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        p = P[n * min(P.shape[0] - 1, 1)]
+        acc_b = dbeta[n]
+        acc_p = dP[n]
+        acc_l2 = 0.0
+        for s in range(S):
+            m = mu[s, n]
+            vv = v[s, n]
+            x = m - x0
+            gm = gmean[s, n]
+            G = 0.0
+            if with_var:
+                if pre[s, n] >= 0.0:
+                    G = gvar[s, n]
+                gm -= 2.0 * G * mean[s, n]
+            c1 = l2 + vv
+            a1 = math.sqrt(l2 / c1)
+            g0, g1, g2 = gsum(x, h, R, 2.0 * c1, b, acc_b, gm * a1, True)
+            # d mean / d (mu, v, lambda^2)
+            ic1 = 1.0 / c1
+            half = 0.5 * a1 * g2 * ic1 * ic1
+            dm_mu = -a1 * g1 * ic1
+            dm_v = -0.5 * a1 * g0 * ic1 + half
+            dm_l2 = 0.5 * a1 * g0 * (1.0 / l2 - ic1) + half
+            gmu = gm * dm_mu
+            gv = gm * dm_v
+            gl2 = gm * dm_l2
+            if with_var and G != 0.0:
+                c2 = l2 + 2.0 * vv
+                a2 = math.sqrt(l2 / c2)
+                gt = -G
+                t0, t1, t2 = gsum(x, 0.5 * h, K, c2, p, acc_p, gt * a2, True)
+                ic2 = 1.0 / c2
+                dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
+                gmu += gt * (-2.0 * a2 * t1 * ic2)
+                gv += gt * (2.0 * dt_c2)
+                gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
+            dmu[s, n] = gmu
+            dv[s, n] = gv
+            acc_l2 += gl2
+        dlam[n] = 2.0 * lm * acc_l2
+
+
+@njit(**_OPTS)
+def midpoint_fwd(C, beta, lam, V, P):
+    G, K = P.shape
+    R = V.shape[1]
+    for n in range(G):
+        c = C[n * min(C.shape[0] - 1, 1)]
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        iv = n * min(V.shape[0] - 1, 1)
+        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        a = h * h / (4.0 * lm * lm)
+        for k in range(K):
+            P[n, k] = 0.0
+        for r in range(R):
+            for t in range(R):
+                j = r - t
+                P[n, r + t] += (c[r, t] - b[r] * b[t]) * math.exp(-a * j * j)
+
+
+@njit(**_OPTS)
+def midpoint_bwd(C, beta, lam, V, gP, dC, dbeta, dlam):
+    G, K = gP.shape
+    R = V.shape[1]
+    for n in range(G):
+        c = C[n * min(C.shape[0] - 1, 1)]
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        iv = n * min(V.shape[0] - 1, 1)
+        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        a = h * h / (4.0 * lm * lm)
+        gl = 0.0
+        for r in range(R):
+            db = 0.0
+            for t in range(R):
+                j = r - t
+                d = math.exp(-a * j * j)
+                g = gP[n, r + t] * d
+                dC[n, r, t] = g
+                db -= 2.0 * g * b[t]
+                gl += g * (c[r, t] - b[r] * b[t]) * 2.0 * a * j * j / lm
+            dbeta[n, r] = db
+        dlam[n] = gl
+
+
+@njit(**_OPTS)
+def vow_fwd(V, U, Svar, lam, jitter, kappa, beta):
+    G, R = U.shape
+    A = np.empty((R, R))
+    L = np.empty((R, R))
+    Li = np.empty((R, R))
+    for n in range(G):
+        lm = lam[n]
+        for r in range(R):
+            for t in range(R):
+                d = V[n, r] - V[n, t]
+                A[r, t] = math.exp(-0.5 * d * d / (lm * lm))
+            A[r, r] += Svar[n, r] + jitter
+        # Cholesky A = L L^T
+        for j in range(R):
+            s = A[j, j]
+            for k in range(j):
+                s -= L[j, k] * L[j, k]
+            if not s > 0.0:
+                return False
+            ljj = math.sqrt(s)
+            L[j, j] = ljj
+            for i in range(j + 1, R):
+                s = A[i, j]
+                for k in range(j):
+                    s -= L[i, k] * L[j, k]
+                L[i, j] = s / ljj
+            for i in range(j):
+                L[i, j] = 0.0
+        # Li = L^-1 (lower triangular)
+        for j in range(R):
+            Li[j, j] = 1.0 / L[j, j]
+            for i in range(j + 1, R):
+                s = 0.0
+                for k in range(j, i):
+                    s -= L[i, k] * Li[k, j]
+                Li[i, j] = s / L[i, i]
+            for i in range(j):
+                Li[i, j] = 0.0
+        # kappa = Li^T Li, beta = kappa U
+        for r in range(R):
+            for t in range(r, R):
+                s = 0.0
+                for k in range(t, R):
+                    s += Li[k, r] * Li[k, t]
+                kappa[n, r, t] = s
+                kappa[n, t, r] = s
+        for r in range(R):
+            s = 0.0
+            for t in range(R):
+                s += kappa[n, r, t] * U[n, t]
+            beta[n, r] = s
+    return True
+
+
+@njit(**_OPTS)
+def vow_bwd(V, U, lam, kappa, beta, gK, gb, dU, dS, dlam):
+    G, R = U.shape
+    M = np.empty((R, R))
+    T = np.empty((R, R))
+    for n in range(G):
+        lm = lam[n]
+        # M = sym(gK + gb U^T)
+        for r in range(R):
+            for t in range(R):
+                M[r, t] = 0.5 * (
+                    gK[n, r, t] + gK[n, t, r] + gb[n, r] * U[n, t] + gb[n, t] * U[n, r]
+                )
+        for r in range(R):
+            s = 0.0
+            for t in range(R):
+                s += kappa[n, r, t] * gb[n, t]
+            dU[n, r] = s
+        # dA = -kappa M kappa
+        for r in range(R):
+            for t in range(R):
+                s = 0.0
+                for k in range(R):
+                    s += kappa[n, r, k] * M[k, t]
+                T[r, t] = s
+        gl = 0.0
+        for r in range(R):
+            for t in range(R):
+                s = 0.0
+                for k in range(R):
+                    s += T[r, k] * kappa[n, k, t]
+                if r == t:
+                    dS[n, r] = -s
+                else:
+                    d = V[n, r] - V[n, t]
+                    d2 = d * d / (lm * lm)
+                    gl -= s * math.exp(-0.5 * d2) * d2 / lm
+        dlam[n] = gl
