@@ -67,6 +67,35 @@ MODES: tuple[str, ...] = ("mean", "meanvar", "cov")
 #: Upper bound on the elements of one ``Lambda`` chunk in the covariance path.
 COV_CHUNK_ELEMENTS = 2**22
 
+#: Gauss-Hermite nodes of the variance path in the narrow regime (see :func:`response_moments`).
+GH_NODES = 24
+
+#: The narrow regime: activation standard deviation at most this multiple of the lengthscale.
+GH_MAX_STD_RATIO = 0.75
+
+
+@functools.lru_cache(maxsize=16)
+def gauss_hermite(
+    num_nodes: int, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Probabilists' Gauss-Hermite rule: nodes ``z`` and weights ``w`` (summing to 1) with
+    ``E[g(Z)] ~ sum_i w_i g(z_i)`` for ``Z ~ N(0, 1)``, exact for polynomials of degree
+    ``< 2 num_nodes``. Each ``[num_nodes]``."""
+    import numpy as np
+
+    nodes, weights = np.polynomial.hermite_e.hermegauss(num_nodes)
+    weights = weights / weights.sum()
+    return (
+        torch.tensor(nodes, dtype=dtype, device=device),
+        torch.tensor(weights, dtype=dtype, device=device),
+    )
+
+
+def _safe_sqrt(x: Tensor) -> Tensor:
+    """``sqrt(max(x, 0))`` with a zero (not infinite) derivative at ``x <= 0``."""
+    positive = x > 0
+    return torch.where(positive, torch.where(positive, x, 1).sqrt(), 0)
+
 
 def virtual_observation_weights(
     inducing_points: Tensor,
@@ -75,7 +104,8 @@ def virtual_observation_weights(
     lengthscales: Tensor,
     jitter: float = 0.0,
     with_kappa: bool = True,
-) -> tuple[Tensor | None, Tensor]:
+    with_cholesky: bool = False,
+) -> tuple[Tensor | None, Tensor] | tuple[Tensor | None, Tensor, Tensor]:
     """GP-regression weights of the virtual observations (``eq:gpn_normal_alpha_kappa``).
 
     Args:
@@ -85,12 +115,18 @@ def virtual_observation_weights(
         lengthscales: ``[N | 1]``.
         jitter: added to the diagonal of ``K(V, V) + diag(S)``.
         with_kappa: also return ``kappa`` (needed for variances, not for means).
+        with_cholesky: also return the lower Cholesky factor ``L`` of ``K(V, V) + diag(S)``,
+            the ``variance_cholesky`` of :func:`response_moments` (the accurate conditional
+            variance ``1 - |L^-1 alpha(a)|^2``).
 
     Returns:
-        ``kappa = (K(V, V) + diag(S))^-1`` of shape ``[N | 1, R, R]`` (or ``None``) and
-        ``beta = kappa U`` of shape ``[N | 1, R]``. ``K(V, V) + diag(S)`` is symmetric positive
-        definite for positive ``S``; the batched ``R x R`` inverse is the cheapest stable way to
-        get both at once for the small ``R`` a GPN uses.
+        ``kappa = (K(V, V) + diag(S))^-1`` of shape ``[N | 1, R, R]`` (or ``None``),
+        ``beta = kappa U`` of shape ``[N | 1, R]``, and with ``with_cholesky`` ``L``
+        ``[N | 1, R, R]``. ``beta`` comes from two triangular solves with ``L``. ``kappa`` is
+        the LU-based inverse, symmetrised: measured against 50-digit arithmetic
+        (``docs/results/accuracy.md``) it gives ``alpha^T kappa alpha`` more accurately than
+        ``cholesky_inverse`` when ``K + S`` is ill-conditioned; where that matters the variance
+        path uses ``L`` instead.
     """
     if cpu_parameter_kernels(inducing_points, targets, target_variances, lengthscales):
         from .cpu_kernels import cpu_virtual_observation_weights
@@ -101,11 +137,38 @@ def virtual_observation_weights(
         return (kappa if with_kappa else None), beta
     gram = squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
-    if not with_kappa:
-        return None, torch.linalg.solve(gram, targets)
-    kappa = torch.linalg.inv(gram)
-    kappa = 0.5 * (kappa + kappa.mT)
-    return kappa, (kappa @ targets.unsqueeze(-1)).squeeze(-1)
+    chol = safe_cholesky(gram)
+    beta = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)
+    kappa = None
+    if with_kappa:
+        kappa = torch.linalg.inv(gram)
+        kappa = 0.5 * (kappa + kappa.mT)
+    if with_cholesky:
+        return kappa, beta, chol
+    return kappa, beta
+
+
+def safe_cholesky(matrix: Tensor, max_tries: int = 4) -> Tensor:
+    """Lower Cholesky factor of the symmetric positive definite ``[..., R, R]`` ``matrix``.
+
+    When rounding makes a numerically singular ``matrix`` (a long lengthscale and a target
+    variance near the dtype's resolution) indefinite, retries with ``10^k * eps * max diag``
+    added to the diagonal, ``k = 0 .. max_tries - 1``, and raises a clear error after that.
+    """
+    chol, info = torch.linalg.cholesky_ex(matrix)
+    if not bool((info > 0).any()):
+        return chol
+    eps = torch.finfo(matrix.dtype).eps
+    scale = torch.diagonal(matrix, dim1=-2, dim2=-1).amax(-1, keepdim=True).detach()
+    for k in range(max_tries):
+        extra = torch.diag_embed((10.0**k * eps * scale).expand(matrix.shape[:-1]))
+        chol, info = torch.linalg.cholesky_ex(matrix + extra)
+        if not bool((info > 0).any()):
+            return chol
+    raise ValueError(
+        "K(V, V) + diag(S) is not positive definite in "
+        f"{matrix.dtype} (increase the target variances or the jitter, or compute in float64)"
+    )
 
 
 def is_equidistant(inducing_points: Tensor, rtol: float = 1e-6) -> bool:
@@ -247,6 +310,7 @@ def response_moments(
     noise_var: Tensor | None = None,
     mode: Mode = "meanvar",
     equidistant: bool | None = None,
+    variance_cholesky: Tensor | None = None,
 ) -> Moments:
     """Moments of a GPN layer's outputs given the moments of its activations.
 
@@ -265,6 +329,24 @@ def response_moments(
             variances, ``eq:gpn_normal_Sigmatilde``) or ``"cov"`` (full covariance,
             ``eq:gpn_normal_Sigmatilde_cov``).
         equidistant: passed to :func:`midpoint_expansion` (``None`` detects).
+        variance_cholesky: optional ``[N | 1, R, R]`` lower ``L`` with
+            ``C = (L L^T)^-1`` exactly (the parametric GPN: the Cholesky factor of
+            ``K(V, V) + diag(S)``, :func:`virtual_observation_weights` with
+            ``with_cholesky=True``). In the narrow regime the conditional variance is then
+            ``1 - |L^-1 alpha(a)|^2``, accurate where ``alpha^T C alpha`` with an explicit ``C``
+            loses ``eps * cond(K + S)`` (float32 and small ``S``). Must not be given when ``C``
+            has another form (the variational ``Khat``).
+
+    Numerics (``docs/results/accuracy.md``): the variance is computed per sample and unit in
+    one of two regimes. *Broad* (``v > (GH_MAX_STD_RATIO * lambda)^2``): the closed form
+    ``1 - tr[(C - beta beta^T) Omega] - mu^2``, exact in exact arithmetic and accurate when the
+    Gaussian is wide against the kernel. *Narrow*: Gauss-Hermite quadrature with
+    :data:`GH_NODES` nodes of the centred spread of ``m(a)`` and of the conditional variance
+    (:func:`_node_values`), which does not cancel the ``|beta|^2``-sized terms that make the
+    closed form lose up to all digits when ``K + S`` is ill-conditioned. The mean is always the
+    closed form ``psi^T beta`` (a linear form in ``beta``). ``"cov"`` mode uses the same
+    variances on its diagonal and the same regimes for the off-diagonal (see
+    :func:`_cross_covariance`).
 
     Returns:
         :class:`Moments` of the outputs: ``mean`` only, ``mean`` and ``var``, or ``mean`` and
@@ -309,7 +391,7 @@ def response_moments(
     if mode == "mean":
         return Moments(out_mean, validate=False)
 
-    # eq:gpn_normal_Sigmatilde through the midpoint expansion of tr[(C - beta beta^T) Omega]
+    # eq:gpn_normal_Sigmatilde, broad regime: midpoint expansion of tr[(C - beta beta^T) Omega]
     matrix = variance_reduction - beta.unsqueeze(-1) * beta.unsqueeze(-2)
     mid_centers, mid_weights = midpoint_expansion(
         inducing_points, matrix, lengthscales, equidistant
@@ -321,7 +403,17 @@ def response_moments(
         _expand_units(mid_centers, num_units),
         _expand_units(mid_weights, num_units),
     )
-    out_var = (1 - trace - out_mean.square()).clamp_min(0)
+    out_var = 1 - trace - out_mean.square()
+
+    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a)
+    narrow = var <= (GH_MAX_STD_RATIO**2) * ls2
+    nodes = None
+    if bool(narrow.any()):
+        nodes = _node_values(
+            mean, var, inducing_points, lengthscales, beta, variance_reduction, variance_cholesky
+        )
+        out_var = torch.where(narrow, nodes.variance, out_var)
+    out_var = out_var.clamp_min(0)
     if noise_var is not None:
         out_var = out_var + noise_var
     if mode == "meanvar" or activations.cov is None:
@@ -329,12 +421,63 @@ def response_moments(
             return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
         return Moments(out_mean, var=out_var, validate=False)
 
-    # eq:gpn_normal_Sigmatilde_cov: off-diagonal from Lambda contracted with beta, in chunks
-    cross = _cross_second_moment(mean, activations.cov, inducing_points, lengthscales, beta)
-    out_cov = cross - out_mean.unsqueeze(-1) * out_mean.unsqueeze(-2)
+    # eq:gpn_normal_Sigmatilde_cov: off-diagonal covariances, in chunks of samples
+    out_cov = _cross_covariance(
+        mean, activations.cov, inducing_points, lengthscales, beta, out_mean, nodes, narrow
+    )
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
     out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
     return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+
+
+class _NodeValues:
+    """The mean function at the Gauss-Hermite nodes of each activation (narrow regime)."""
+
+    def __init__(self, centred: Tensor, variance: Tensor, std: Tensor, weights: Tensor):
+        self.centred = centred  # [S, N, G]: m(a_i) - sum_i w_i m(a_i)
+        self.variance = variance  # [S, N]: E[1 - alpha^T C alpha] + Var[m(a)], noise-free
+        self.std = std  # [S, N]
+        self.weights = weights  # [G]
+
+
+def _node_values(
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+) -> _NodeValues:
+    r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
+
+    With ``a_i = mu + sqrt(v) z_i``: ``m_i = alpha(a_i)^T beta`` (a linear form: accurate
+    however large and alternating ``beta`` is), ``q_i = alpha(a_i)^T C alpha(a_i)`` or, given
+    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve (accurate
+    to ~eps where an explicit ``C`` loses ``eps * cond(K + S)``), and
+    ``Var = sum_i w_i [(1 - q_i) + (m_i - sum_j w_j m_j)^2]``: no cancellation of terms of size
+    ``|beta|^2``.
+    """
+    num_units = mean.shape[-1]
+    z, w = gauss_hermite(GH_NODES, mean.dtype, mean.device)
+    std = _safe_sqrt(var)
+    nodes = mean.unsqueeze(-1) + std.unsqueeze(-1) * z  # [S, N, G]
+    points = inducing_points.expand(num_units, -1)
+    ls2 = lengthscales.expand(num_units).square()
+    diff = nodes.unsqueeze(-1) - points.unsqueeze(-2)  # [S, N, G, R]
+    alpha = (diff.square() * (-0.5 / ls2)[:, None, None]).exp()
+    values = torch.einsum("sngr,nr->sng", alpha, beta.expand(num_units, -1))
+    centred = values - (values @ w).unsqueeze(-1)
+    if variance_cholesky is not None:
+        chol = variance_cholesky.expand(num_units, -1, -1)
+        rhs = alpha.permute(1, 3, 0, 2).reshape(num_units, alpha.shape[-1], -1)  # [N, R, S*G]
+        solved = torch.linalg.solve_triangular(chol, rhs, upper=False)
+        quad = solved.square().sum(-2).reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
+    else:
+        reduction = variance_reduction.expand(num_units, -1, -1)
+        quad = torch.einsum("sngr,nrt,sngt->sng", alpha, reduction, alpha)
+    variance = ((1 - quad) + centred.square()) @ w
+    return _NodeValues(centred, variance, std, w)
 
 
 def _fused_response_moments(
@@ -406,68 +549,129 @@ def _fused_response_moments(
     return Moments(out_mean, var=out_var, validate=False)
 
 
-def _cross_second_moment_chunk(
-    mean: Tensor, cov: Tensor, inducing_points: Tensor, lengthscales: Tensor, beta: Tensor
+def _cross_covariance_chunk(
+    mean: Tensor,
+    cov: Tensor,
+    out_mean: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    centred: Tensor | None,
+    std: Tensor | None,
+    narrow: Tensor | None,
 ) -> Tensor:
-    """``sum_rt beta_rn beta_tm Lambda_rtnm`` for the unit pairs ``n < m``, ``[S, N (N - 1) / 2]``.
+    r"""``Cov[f_n, f_m]`` for the unit pairs ``n < m``, ``[S, N (N - 1) / 2]``.
 
-    ``Lambda`` (``eq:gpn_normal_lambda``, corrected) factorises into per-unit Gaussians and one
-    coupling term, ``Lambda_rt = s * g_r * h_t * exp(rho d_r d_t)`` with ``rho = Sigma_nm / D``,
-    so only the coupling is ``R x R`` per pair; it is contracted with the per-unit factors by a
-    batched matrix product.
+    *Broad* pairs: ``sum_rt beta_rn beta_tm Lambda_rtnm - mu_n mu_m`` with ``Lambda``
+    (``eq:gpn_normal_lambda``, corrected) written with its exponent completed to a square,
+
+    .. math::
+
+        \Lambda_{rt} = \frac{\lambda_n \lambda_m}{\sqrt{D}}
+            \exp\Big(-\frac{d_{rn}^2}{2 c_n}\Big)
+            \exp\Big(-\frac{c_n (d_{tm} - \Sigma_{nm} d_{rn} / c_n)^2}{2 D}\Big),
+
+    both factors ``<= 1`` (no overflow times underflow), and
+    ``D = lambda_n^2 lambda_m^2 + lambda_n^2 Sigma_mm + lambda_m^2 Sigma_nn
+    + (Sigma_nn Sigma_mm - Sigma_nm^2)`` (no cancellation as the correlation nears +-1).
+
+    *Narrow* pairs (both units narrow, see :func:`response_moments`): with the Gauss-Hermite
+    nodes ``a_ni`` of ``a_n`` and the mean function's centred values there (``centred``),
+    ``Cov = sum_i w_i (m_n(a_ni) - E m_n) (g_m(a_ni) - E g_m)`` where
+    ``g_m(x) = E[m_m(a_m) | a_n = x]`` is ``psi^T beta_m`` under the conditional Gaussian
+    ``N(mu_m + Sigma_nm / Sigma_nn (x - mu_n), Sigma_mm - Sigma_nm^2 / Sigma_nn)``: linear
+    forms in ``beta`` only, consistent with the diagonal's Gauss-Hermite variance.
     """
     num_units = mean.shape[-1]
     rows, cols = torch.triu_indices(num_units, num_units, offset=1, device=mean.device)
     ls = lengthscales.expand(num_units)
+    ls2 = ls.square()
     beta = beta.expand(num_units, -1)
-    width = ls.square() + torch.diagonal(cov, dim1=-2, dim2=-1)  # c_n = lambda_n^2 + Sigma_nn
-    c_n, c_m, cross = width[:, rows], width[:, cols], cov[:, rows, cols]  # [S, P]
-    det = c_n * c_m - cross.square()
-    dist = inducing_points.expand(num_units, -1) - mean.unsqueeze(-1)  # d_rn = V_rn - mu_n
+    points = inducing_points.expand(num_units, -1)
+    var = torch.diagonal(cov, dim1=-2, dim2=-1)
+    var_n, var_m, cross = var[:, rows], var[:, cols], cov[:, rows, cols]  # [S, P]
+    c_n = ls2[rows] + var_n
+    det = (
+        ls2[rows] * ls2[cols]
+        + ls2[rows] * var_m
+        + ls2[cols] * var_n
+        + (var_n * var_m - cross.square()).clamp_min(0)
+    )
+    dist = points - mean.unsqueeze(-1)  # d_rn = V_rn - mu_n, [S, N, R]
     d_n, d_m = dist[:, rows], dist[:, cols]  # [S, P, R]
-    half_inv = 0.5 / det
-    left = beta[rows] * (-d_n.square() * (c_m * half_inv).unsqueeze(-1)).exp()
-    right = beta[cols] * (-d_m.square() * (c_n * half_inv).unsqueeze(-1)).exp()
-    rho = (cross / det).unsqueeze(-1)
-    coupling = ((rho * d_n).unsqueeze(-1) * d_m.unsqueeze(-2)).exp_()  # [S, P, R, R]
-    quad = (left * (coupling @ right.unsqueeze(-1)).squeeze(-1)).sum(-1)
-    return ls[rows] * ls[cols] / det.sqrt() * quad
+    left = beta[rows] * (-d_n.square() / (2 * c_n).unsqueeze(-1)).exp()
+    shift = (cross / c_n).unsqueeze(-1) * d_n  # [S, P, R]
+    coupling = (d_m.unsqueeze(-2) - shift.unsqueeze(-1)).square_()
+    coupling = coupling.mul_((-c_n / (2 * det))[..., None, None]).exp_()  # [S, P, R, R]
+    quad = (left * (coupling @ beta[cols].unsqueeze(-1)).squeeze(-1)).sum(-1)
+    broad = ls[rows] * ls[cols] / det.sqrt() * quad - out_mean[:, rows] * out_mean[:, cols]
+    if centred is None:
+        return broad
+
+    z, w = gauss_hermite(centred.shape[-1], mean.dtype, mean.device)
+    std_n = std[:, rows]
+    slope = torch.where(std_n > 0, cross / torch.where(std_n > 0, std_n, 1), 0)  # Sigma_nm / sd_n
+    cond_var = (var_m - slope.square()).clamp_min(0)
+    width = ls2[cols] + cond_var  # [S, P]
+    centre = mean[:, cols].unsqueeze(-1) + slope.unsqueeze(-1) * z  # [S, P, G]
+    expo = (centre.unsqueeze(-1) - points[cols].unsqueeze(-2)).square()  # [S, P, G, R]
+    expo = expo.mul_((-0.5 / width)[..., None, None]).exp_()
+    cond_mean = (ls2[cols] / width).sqrt().unsqueeze(-1) * torch.einsum(
+        "spgr,pr->spg", expo, beta[cols]
+    )
+    cond_mean = cond_mean - (cond_mean @ w).unsqueeze(-1)
+    gh = (centred[:, rows] * cond_mean) @ w
+    return torch.where(narrow[:, rows] & narrow[:, cols], gh, broad)
 
 
-def _cross_second_moment(
-    mean: Tensor, cov: Tensor, inducing_points: Tensor, lengthscales: Tensor, beta: Tensor
+def _cross_covariance(
+    mean: Tensor,
+    cov: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    out_mean: Tensor,
+    nodes: _NodeValues | None,
+    narrow: Tensor,
 ) -> Tensor:
-    """``E[mu_n(a) mu_m(a)] = sum_rt beta_rn beta_tm Lambda_rtnm`` off the diagonal, ``[S, N, N]``.
+    """Off-diagonal output covariances ``[S, N, N]`` (zero diagonal), see
+    :func:`_cross_covariance_chunk`.
 
-    Evaluated in chunks of samples with at most :data:`COV_CHUNK_ELEMENTS` entries of
-    ``Lambda`` each; under autograd each chunk is checkpointed, so the backward pass recomputes
-    it instead of storing it.
+    Evaluated in chunks of samples with at most :data:`COV_CHUNK_ELEMENTS` entries of the
+    per-pair ``[R, R]`` (``Lambda``) and ``[G, R]`` (node) tensors each; under autograd each
+    chunk is checkpointed, so the backward pass recomputes it instead of storing it.
     """
     num_samples, num_units = mean.shape
-    per_sample = max(1, num_units * (num_units - 1) // 2) * inducing_points.shape[-1] ** 2
+    num_points = inducing_points.shape[-1]
+    per_pair = num_points * max(num_points, GH_NODES if nodes is not None else 0)
+    per_sample = max(1, num_units * (num_units - 1) // 2) * per_pair
     chunk = max(1, COV_CHUNK_ELEMENTS // per_sample)
+    extra = (None, None, None) if nodes is None else (nodes.centred, nodes.std, narrow)
+
+    def rows(tensor: Tensor | None, start: int) -> Tensor | None:
+        return None if tensor is None else tensor[start : start + chunk]
+
     if chunk >= num_samples:
-        pairs = _cross_second_moment_chunk(mean, cov, inducing_points, lengthscales, beta)
+        pairs = _cross_covariance_chunk(
+            mean, cov, out_mean, inducing_points, lengthscales, beta, *extra
+        )
         return _pairs_to_matrix(pairs, num_units)
     needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (mean, cov, inducing_points, lengthscales, beta)
+        t is not None and t.requires_grad
+        for t in (mean, cov, out_mean, inducing_points, lengthscales, beta, *extra)
     )
     parts = []
     for start in range(0, num_samples, chunk):
-        args = (mean[start : start + chunk], cov[start : start + chunk])
+        args = (rows(mean, start), rows(cov, start), rows(out_mean, start))
+        args = (*args, inducing_points, lengthscales, beta, *(rows(t, start) for t in extra))
         if needs_grad:
             parts.append(
                 torch.utils.checkpoint.checkpoint(
-                    _cross_second_moment_chunk,
-                    *args,
-                    inducing_points,
-                    lengthscales,
-                    beta,
-                    use_reentrant=False,
+                    _cross_covariance_chunk, *args, use_reentrant=False
                 )
             )
         else:
-            parts.append(_cross_second_moment_chunk(*args, inducing_points, lengthscales, beta))
+            parts.append(_cross_covariance_chunk(*args))
     return _pairs_to_matrix(torch.cat(parts), num_units)
 
 
