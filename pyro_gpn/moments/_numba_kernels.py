@@ -80,10 +80,14 @@ def gsum(x, h, K, w, wts, acc, coef, grad):
 
 
 @njit(parallel=True, **_OPTS)
-def meanvar_fwd(mu, v, V, lam, beta, P, noise, with_var, mean, var, pre):
+def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean, var, pre):
+    """Means and variances; ``P`` midpoint weights of ``C - beta beta^T`` (broad regime),
+    ``PC`` those of ``C`` with ``z``, ``wq`` the Gauss-Hermite rule (narrow regime:
+    ``v <= ratio2 * lambda^2``)."""
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
+    Q = z.shape[0]
     dummy = np.zeros(1)
     for n in prange(N):
         iv = n * min(V.shape[0] - 1, 1)
@@ -92,7 +96,9 @@ def meanvar_fwd(mu, v, V, lam, beta, P, noise, with_var, mean, var, pre):
         l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
         b = beta[n * min(beta.shape[0] - 1, 1)]
         p = P[n * min(P.shape[0] - 1, 1)]
+        pc = PC[n * min(PC.shape[0] - 1, 1)]
         nz = noise[n * min(noise.shape[0] - 1, 1)]
+        mvals = np.empty(Q)
         for s in range(S):
             m = mu[s, n]
             vv = v[s, n]
@@ -102,18 +108,40 @@ def meanvar_fwd(mu, v, V, lam, beta, P, noise, with_var, mean, var, pre):
             mn = math.sqrt(l2 / c1) * g0
             mean[s, n] = mn
             if with_var:
-                c2 = l2 + 2.0 * vv
-                t0, _, _ = gsum(x, 0.5 * h, K, c2, p, dummy, 0.0, False)
-                pr = 1.0 - math.sqrt(l2 / c2) * t0 - mn * mn
+                if vv <= ratio2 * l2:  # narrow: Gauss-Hermite over a = m + sqrt(v) z
+                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    mbar = 0.0
+                    eq = 0.0
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                        qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        mvals[i] = mi
+                        mbar += wq[i] * mi
+                        eq += wq[i] * (1.0 - qi)
+                    spread = 0.0
+                    for i in range(Q):
+                        d = mvals[i] - mbar
+                        spread += wq[i] * d * d
+                    pr = eq + spread
+                else:  # broad: closed form 1 - tr[(C - beta beta^T) Omega] - mean^2
+                    c2 = l2 + 2.0 * vv
+                    t0, _, _ = gsum(x, 0.5 * h, K, c2, p, dummy, 0.0, False)
+                    pr = 1.0 - math.sqrt(l2 / c2) * t0 - mn * mn
                 pre[s, n] = pr
                 var[s, n] = max(pr, 0.0) + nz
 
 
 @njit(parallel=True, **_OPTS)
-def meanvar_bwd(mu, v, V, lam, beta, P, mean, pre, gmean, gvar, with_var, dmu, dv, dlam, dbeta, dP):
+def meanvar_bwd(
+    mu, v, V, lam, beta, P, PC, z, wq, ratio2, mean, pre, gmean, gvar, with_var,
+    dmu, dv, dlam, dbeta, dP, dPC,
+):  # fmt: skip
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
+    Q = z.shape[0]
+    dummy = np.zeros(1)
     for n in prange(N):
         iv = n * min(V.shape[0] - 1, 1)
         x0 = V[iv, 0]
@@ -122,41 +150,74 @@ def meanvar_bwd(mu, v, V, lam, beta, P, mean, pre, gmean, gvar, with_var, dmu, d
         l2 = lm * lm
         b = beta[n * min(beta.shape[0] - 1, 1)]
         p = P[n * min(P.shape[0] - 1, 1)]
+        pc = PC[n * min(PC.shape[0] - 1, 1)]
         acc_b = dbeta[n]
         acc_p = dP[n]
+        acc_pc = dPC[n]
         acc_l2 = 0.0
+        mvals = np.empty(Q)
         for s in range(S):
             m = mu[s, n]
             vv = v[s, n]
             x = m - x0
             gm = gmean[s, n]
             G = 0.0
+            narrow = False
             if with_var:
                 if pre[s, n] >= 0.0:
                     G = gvar[s, n]
-                gm -= 2.0 * G * mean[s, n]
+                narrow = vv <= ratio2 * l2
+                if not narrow:
+                    gm -= 2.0 * G * mean[s, n]
             c1 = l2 + vv
             a1 = math.sqrt(l2 / c1)
             g0, g1, g2 = gsum(x, h, R, 2.0 * c1, b, acc_b, gm * a1, True)
             # d mean / d (mu, v, lambda^2)
             ic1 = 1.0 / c1
             half = 0.5 * a1 * g2 * ic1 * ic1
-            dm_mu = -a1 * g1 * ic1
-            dm_v = -0.5 * a1 * g0 * ic1 + half
-            dm_l2 = 0.5 * a1 * g0 * (1.0 / l2 - ic1) + half
-            gmu = gm * dm_mu
-            gv = gm * dm_v
-            gl2 = gm * dm_l2
+            gmu = gm * (-a1 * g1 * ic1)
+            gv = gm * (-0.5 * a1 * g0 * ic1 + half)
+            gl2 = gm * (0.5 * a1 * g0 * (1.0 / l2 - ic1) + half)
             if with_var and G != 0.0:
-                c2 = l2 + 2.0 * vv
-                a2 = math.sqrt(l2 / c2)
-                gt = -G
-                t0, t1, t2 = gsum(x, 0.5 * h, K, c2, p, acc_p, gt * a2, True)
-                ic2 = 1.0 / c2
-                dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
-                gmu += gt * (-2.0 * a2 * t1 * ic2)
-                gv += gt * (2.0 * dt_c2)
-                gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
+                if narrow:
+                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    mbar = 0.0
+                    da_sum = 0.0
+                    dz_sum = 0.0
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                        _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * wq[i], True)
+                        mvals[i] = mi
+                        mbar += wq[i] * mi
+                        # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
+                        da = 2.0 * wq[i] * q1 / l2
+                        da_sum += da
+                        dz_sum += da * z[i]
+                        gl2 -= G * wq[i] * q2 / (l2 * l2)
+                        mvals[i] = mi
+                        # the m-part needs mbar: second pass below; stash m1, m2 via recompute
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        coef = 2.0 * wq[i] * (mvals[i] - mbar)
+                        _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
+                        da = -coef * m1 / l2
+                        da_sum += da
+                        dz_sum += da * z[i]
+                        gl2 += G * coef * m2 / (2.0 * l2 * l2)
+                    gmu += G * da_sum
+                    if sd > 0.0:
+                        gv += G * dz_sum / (2.0 * sd)
+                else:
+                    c2 = l2 + 2.0 * vv
+                    a2 = math.sqrt(l2 / c2)
+                    gt = -G
+                    t0, t1, t2 = gsum(x, 0.5 * h, K, c2, p, acc_p, gt * a2, True)
+                    ic2 = 1.0 / c2
+                    dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
+                    gmu += gt * (-2.0 * a2 * t1 * ic2)
+                    gv += gt * (2.0 * dt_c2)
+                    gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
             dmu[s, n] = gmu
             dv[s, n] = gv
             acc_l2 += gl2

@@ -164,6 +164,7 @@ def select_backend(
     *tensors: Tensor | None,
     inducing_points: Tensor | None = None,
     equidistant: bool | None = None,
+    cpu_unsupported: str | None = None,
 ) -> str:
     """The implementation that evaluates an expression of ``tensors``: ``"reference"``,
     ``"cpu"`` or ``"triton"``, by the backend in force (module docstring).
@@ -172,6 +173,8 @@ def select_backend(
         tensors: every tensor entering the expression (``None`` entries are ignored).
         inducing_points: the layer's ``V`` (the CPU kernels need them fixed and equidistant).
         equidistant: whether ``V`` is known to be equidistant (``None``: checked here).
+        cpu_unsupported: the reason the CPU kernels cannot evaluate this expression (a mode or
+            an argument they do not cover), or ``None``.
 
     Raises:
         RuntimeError: a forcing backend (``"fused"``, ``"cpu"``, ``"triton"``) that cannot run,
@@ -187,16 +190,15 @@ def select_backend(
     if name == "auto":
         if on_cuda:
             return "triton" if _triton_problem(present) is None else "reference"
-        if _cpu_problem(present, inducing_points, equidistant) is None:
+        if cpu_unsupported is None and _cpu_problem(present, inducing_points, equidistant) is None:
             return "cpu"
         return "reference"
     if name == "fused":
         name = "triton" if on_cuda else "cpu"
-    problem = (
-        _triton_problem(present)
-        if name == "triton"
-        else _cpu_problem(present, inducing_points, equidistant)
-    )
+    if name == "triton":
+        problem = _triton_problem(present)
+    else:
+        problem = cpu_unsupported or _cpu_problem(present, inducing_points, equidistant)
     if problem is not None:
         raise RuntimeError(f"backend({get_backend()!r}) cannot run here: {problem}")
     return name

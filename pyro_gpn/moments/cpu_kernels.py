@@ -85,6 +85,19 @@ def _k(name: str):
     return getattr(module, name)
 
 
+@functools.cache
+def _gauss_hermite_cached() -> tuple[np.ndarray, np.ndarray]:
+    from .propagate import GH_NODES
+
+    z, w = np.polynomial.hermite_e.hermegauss(GH_NODES)
+    return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
+
+
+def _gauss_hermite() -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and normalised weights of the narrow-regime rule (same as the reference's)."""
+    return _gauss_hermite_cached()
+
+
 def _np(t: Tensor | None) -> np.ndarray | None:
     """Contiguous float64 numpy view (or copy) of a CPU tensor."""
     if t is None:
@@ -108,6 +121,12 @@ def _units(num_units: int, *params: Tensor | None) -> int:
     return num_units if any(p is not None and p.shape[0] > 1 for p in params) else 1
 
 
+def _ratio2() -> float:
+    from .propagate import GH_MAX_STD_RATIO
+
+    return float(GH_MAX_STD_RATIO) ** 2
+
+
 # ---------------------------------------------------------------------------------------------
 # autograd functions
 # ---------------------------------------------------------------------------------------------
@@ -118,21 +137,27 @@ class _MeanVar(torch.autograd.Function):
     def forward(ctx: FunctionCtx, mu, v, V, lam, beta, C, noise_var):
         with_var = C is not None
         S, N = mu.shape
+        R = V.shape[1]
         mu_, V_, lam_, beta_ = _np(mu), _np(V), _np(lam), _np(beta)
         v_ = np.zeros((S, N)) if v is None else _np(v)
         if with_var:
             G = max(C.shape[0], beta.shape[0], lam.shape[0], V.shape[0])
-            P_ = np.empty((G, 2 * V.shape[1] - 1))
+            P_, PC_ = np.empty((G, 2 * R - 1)), np.empty((G, 2 * R - 1))
             C_ = _np(C)
             _k("midpoint_fwd")(C_, beta_, lam_, V_, P_)
+            _k("midpoint_fwd")(C_, np.zeros((1, R)), lam_, V_, PC_)
         else:
-            P_, C_ = np.zeros((1, 1)), None
+            P_ = PC_ = np.zeros((1, 1))
+            C_ = None
+        z, wq = _gauss_hermite()
         noise_ = np.zeros(1) if noise_var is None else _np(noise_var)
         mean = np.empty((S, N))
         var = np.empty((S, N)) if with_var else mean
         pre = np.empty((S, N)) if with_var else mean
-        _k("meanvar_fwd")(mu_, v_, V_, lam_, beta_, P_, noise_, with_var, mean, var, pre)
-        ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, mean, pre)
+        _k("meanvar_fwd")(
+            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), noise_, with_var, mean, var, pre
+        )
+        ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre)
         ctx.with_var = with_var
         ctx.has_v = v is not None
         ctx.like = (mu, V, lam, beta, C, noise_var)
@@ -144,21 +169,22 @@ class _MeanVar(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gmean, gvar=None):
-        mu_, v_, V_, lam_, beta_, C_, P_, mean, pre = ctx.arrays
+        mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre = ctx.arrays
         mu, V, lam, beta, C, noise_var = ctx.like
         with_var = ctx.with_var
         S, N = mu_.shape
+        R = V_.shape[1]
         gm = np.zeros((S, N)) if gmean is None else _np(gmean)
-        gv = gm if (gvar is None or not with_var) else _np(gvar)
-        if with_var and gvar is None:
-            gv = np.zeros((S, N))
+        gv = np.zeros((S, N)) if (gvar is None or not with_var) else _np(gvar)
         dmu, dv = np.empty((S, N)), np.empty((S, N))
         dlam = np.empty(N)
-        dbeta = np.zeros((N, beta_.shape[1]))
-        dP = np.zeros((N, P_.shape[1]))
+        dbeta = np.zeros((N, R))
+        dP, dPC = np.zeros((N, P_.shape[1])), np.zeros((N, P_.shape[1]))
+        z, wq = _gauss_hermite()
         _k("meanvar_bwd")(
-            mu_, v_, V_, lam_, beta_, P_, mean, pre, gm, gv, with_var, dmu, dv, dlam, dbeta, dP
-        )
+            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), mean, pre, gm, gv, with_var,
+            dmu, dv, dlam, dbeta, dP, dPC,
+        )  # fmt: skip
         need = ctx.needs_input_grad
         g_lam = _reduce(dlam, lam) if need[3] else None
         g_beta = _reduce(dbeta, beta) if need[4] else None
@@ -166,15 +192,16 @@ class _MeanVar(torch.autograd.Function):
         if with_var:
             G = P_.shape[0]
             if G == 1:
-                dP = dP.sum(0, keepdims=True)
-            R = V_.shape[1]
+                dP, dPC = dP.sum(0, keepdims=True), dPC.sum(0, keepdims=True)
             dC, dbeta2, dlam2 = np.empty((G, R, R)), np.empty((G, R)), np.empty(G)
             _k("midpoint_bwd")(C_, beta_, lam_, V_, dP, dC, dbeta2, dlam2)
+            dC3, dbeta3, dlam3 = np.empty((G, R, R)), np.empty((G, R)), np.empty(G)
+            _k("midpoint_bwd")(C_, np.zeros((1, R)), lam_, V_, dPC, dC3, dbeta3, dlam3)
             if need[3]:
-                g_lam = g_lam + _reduce(dlam2, lam)
+                g_lam = g_lam + _reduce(dlam2 + dlam3, lam)
             if need[4]:
                 g_beta = g_beta + _reduce(dbeta2, beta)
-            g_C = _reduce(dC, C) if need[5] else None
+            g_C = _reduce(dC + dC3, C) if need[5] else None
         g_noise = None
         if noise_var is not None and need[6]:
             g_noise = _reduce(gv.sum(0), noise_var)

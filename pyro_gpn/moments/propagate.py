@@ -368,8 +368,10 @@ def response_moments(
         beta,
         variance_reduction,
         noise_var,
+        variance_cholesky,
         inducing_points=inducing_points,
         equidistant=equidistant,
+        cpu_unsupported=_cpu_unsupported(mode, activations, variance_cholesky),
     )
     if kind != "reference":
         return _fused_response_moments(
@@ -480,6 +482,17 @@ def _node_values(
     return _NodeValues(centred, variance, std, w)
 
 
+def _cpu_unsupported(
+    mode: str, activations: Moments, variance_cholesky: Tensor | None
+) -> str | None:
+    """Why the CPU kernels cannot evaluate this :func:`response_moments` call (or ``None``)."""
+    if mode == "cov" and activations.cov is not None:
+        return "the fused CPU kernels have no full-covariance (cross-term) path yet"
+    if mode != "mean" and variance_cholesky is not None:
+        return "the fused CPU kernels take an explicit C, not variance_cholesky"
+    return None
+
+
 def _fused_response_moments(
     activations: Moments,
     inducing_points: Tensor,
@@ -493,8 +506,8 @@ def _fused_response_moments(
     """:func:`response_moments` through the fused kernels: ``kind`` ``"triton"``
     (:mod:`pyro_gpn.moments.fused`) or ``"cpu"`` (:mod:`pyro_gpn.moments.cpu_kernels`).
 
-    In ``"cov"`` mode the CPU kernels give the diagonal (the variances) and the off-diagonal
-    cross term comes from :func:`_cross_second_moment`, as on the reference path.
+    The CPU kernels cover ``"mean"`` and ``"meanvar"`` (and ``"cov"`` without an activation
+    covariance), with an explicit ``C`` (see :func:`_cpu_unsupported`).
     """
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
@@ -511,13 +524,7 @@ def _fused_response_moments(
         )
         if mode == "meanvar":
             return Moments(out_mean, var=out_var, validate=False)
-        if activations.cov is None:
-            return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
-        cross = _cross_second_moment(mean, activations.cov, inducing_points, lengthscales, beta)
-        out_cov = cross - out_mean.unsqueeze(-1) * out_mean.unsqueeze(-2)
-        eye = torch.eye(mean.shape[-1], dtype=torch.bool, device=mean.device)
-        out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
-        return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
 
     from .fused import fused_response_cov, fused_response_mean, fused_response_meanvar
 
