@@ -112,6 +112,11 @@ def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean
                     sd = math.sqrt(vv) if vv > 0.0 else 0.0
                     mbar = 0.0
                     eq = 0.0
+                    if sd == 0.0:  # all nodes coincide: var = 1 - q(mu), no spread
+                        qi, _, _ = gsum(x, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        pre[s, n] = 1.0 - qi
+                        var[s, n] = max(1.0 - qi, 0.0) + nz
+                        continue
                     for i in range(Q):
                         xi = x + sd * z[i]
                         mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
@@ -184,6 +189,14 @@ def meanvar_bwd(
                     mbar = 0.0
                     da_sum = 0.0
                     dz_sum = 0.0
+                    if sd == 0.0:  # all nodes coincide (weights sum to 1): var = 1 - q(mu)
+                        _, q1, q2 = gsum(x, 0.5 * h, K, l2, pc, acc_pc, -G, True)
+                        gmu += G * 2.0 * q1 / l2
+                        gl2 -= G * q2 / (l2 * l2)
+                        dmu[s, n] = gmu
+                        dv[s, n] = gv
+                        acc_l2 += gl2
+                        continue
                     for i in range(Q):
                         xi = x + sd * z[i]
                         mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
@@ -195,8 +208,6 @@ def meanvar_bwd(
                         da_sum += da
                         dz_sum += da * z[i]
                         gl2 -= G * wq[i] * q2 / (l2 * l2)
-                        mvals[i] = mi
-                        # the m-part needs mbar: second pass below; stash m1, m2 via recompute
                     for i in range(Q):
                         xi = x + sd * z[i]
                         coef = 2.0 * wq[i] * (mvals[i] - mbar)
@@ -297,29 +308,53 @@ def vow_fwd(V, U, Svar, lam, jitter, kappa, beta):
                 L[i, j] = s / ljj
             for i in range(j):
                 L[i, j] = 0.0
-        # Li = L^-1 (lower triangular)
-        for j in range(R):
-            Li[j, j] = 1.0 / L[j, j]
-            for i in range(j + 1, R):
-                s = 0.0
-                for k in range(j, i):
-                    s -= L[i, k] * Li[k, j]
-                Li[i, j] = s / L[i, i]
-            for i in range(j):
-                Li[i, j] = 0.0
-        # kappa = Li^T Li, beta = kappa U
+        # beta = A^-1 U by the two triangular solves with L (as cholesky_solve)
+        for r in range(R):
+            acc = U[n, r]
+            for k in range(r):
+                acc -= L[r, k] * beta[n, k]
+            beta[n, r] = acc / L[r, r]
+        for r in range(R - 1, -1, -1):
+            acc = beta[n, r]
+            for k in range(r + 1, R):
+                acc -= L[k, r] * beta[n, k]
+            beta[n, r] = acc / L[r, r]
+        # kappa = A^-1 by Gauss-Jordan elimination with partial pivoting (an LU inverse, as
+        # torch.linalg.inv), symmetrised
+        for r in range(R):
+            for t in range(R):
+                Li[r, t] = 1.0 if r == t else 0.0
+        for col in range(R):
+            piv = col
+            big = abs(A[col, col])
+            for r in range(col + 1, R):
+                if abs(A[r, col]) > big:
+                    big = abs(A[r, col])
+                    piv = r
+            if piv != col:
+                for t in range(R):
+                    tmp = A[col, t]
+                    A[col, t] = A[piv, t]
+                    A[piv, t] = tmp
+                    tmp = Li[col, t]
+                    Li[col, t] = Li[piv, t]
+                    Li[piv, t] = tmp
+            inv = 1.0 / A[col, col]
+            for t in range(R):
+                A[col, t] *= inv
+                Li[col, t] *= inv
+            for r in range(R):
+                if r != col:
+                    f = A[r, col]
+                    if f != 0.0:
+                        for t in range(R):
+                            A[r, t] -= f * A[col, t]
+                            Li[r, t] -= f * Li[col, t]
         for r in range(R):
             for t in range(r, R):
-                s = 0.0
-                for k in range(t, R):
-                    s += Li[k, r] * Li[k, t]
-                kappa[n, r, t] = s
-                kappa[n, t, r] = s
-        for r in range(R):
-            s = 0.0
-            for t in range(R):
-                s += kappa[n, r, t] * U[n, t]
-            beta[n, r] = s
+                sym = 0.5 * (Li[r, t] + Li[t, r])
+                kappa[n, r, t] = sym
+                kappa[n, t, r] = sym
     return True
 
 

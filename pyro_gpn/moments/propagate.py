@@ -128,13 +128,18 @@ def virtual_observation_weights(
         ``cholesky_inverse`` when ``K + S`` is ill-conditioned; where that matters the variance
         path uses ``L`` instead.
     """
-    if cpu_parameter_kernels(inducing_points, targets, target_variances, lengthscales):
-        from .cpu_kernels import cpu_virtual_observation_weights
+    if not with_cholesky and cpu_parameter_kernels(
+        inducing_points, targets, target_variances, lengthscales
+    ):
+        from .cpu_kernels import NotPositiveDefinite, cpu_virtual_observation_weights
 
-        kappa, beta = cpu_virtual_observation_weights(
-            inducing_points, targets, target_variances, lengthscales, jitter
-        )
-        return (kappa if with_kappa else None), beta
+        try:
+            kappa, beta = cpu_virtual_observation_weights(
+                inducing_points, targets, target_variances, lengthscales, jitter
+            )
+            return (kappa if with_kappa else None), beta
+        except NotPositiveDefinite:
+            pass  # the reference path below retries with more jitter
     gram = squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
     chol = safe_cholesky(gram)

@@ -196,6 +196,9 @@ def test_not_positive_definite_raises():
     _, _, V, U, _, lam, _ = make(1, 2, 6, seed=1)
     with pytest.raises(torch.linalg.LinAlgError, match="positive definite"):
         cpu_virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
+    # the dispatching function falls back to the reference path, which raises its own error
+    with pytest.raises(ValueError, match="not positive definite"):
+        virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
 
 
 def _hermite_moments(mu, v, V, lam, beta, C, noise, nodes=120):
