@@ -318,7 +318,7 @@ def to_markdown(all_results: list[tuple[str, str, dict]], command: str, args) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--batch", type=int, nargs="*", default=[256, 1024])
     parser.add_argument("--width", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--cov-rounds", type=int, default=3, help="rounds for cov variants")

@@ -14,7 +14,9 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
 
 The backend is chosen per thread with the :func:`backend` context manager:
 
-* ``"auto"`` (default) -- ``"triton"`` for float32 CUDA tensors when Triton is installed,
+* ``"auto"`` (default) -- ``"triton"`` for float32 CUDA tensors when Triton is installed (for
+  now in ``"mean"`` mode only: the Triton kernels' variance is still the closed form, without the
+  Gauss-Hermite narrow regime of the stable reference algebra),
   ``"cpu"`` for float32/float64 CPU tensors with fixed equidistant inducing points when Numba is
   installed, else ``"reference"``. Never raises.
 * ``"reference"`` -- always the reference path;
@@ -165,6 +167,7 @@ def select_backend(
     inducing_points: Tensor | None = None,
     equidistant: bool | None = None,
     cpu_unsupported: str | None = None,
+    triton_auto: bool = True,
 ) -> str:
     """The implementation that evaluates an expression of ``tensors``: ``"reference"``,
     ``"cpu"`` or ``"triton"``, by the backend in force (module docstring).
@@ -175,6 +178,8 @@ def select_backend(
         equidistant: whether ``V`` is known to be equidistant (``None``: checked here).
         cpu_unsupported: the reason the CPU kernels cannot evaluate this expression (a mode or
             an argument they do not cover), or ``None``.
+        triton_auto: whether ``"auto"`` may pick the Triton kernels (``False`` where they do
+            not compute what the reference computes; a forced ``"triton"`` still runs them).
 
     Raises:
         RuntimeError: a forcing backend (``"fused"``, ``"cpu"``, ``"triton"``) that cannot run,
@@ -189,7 +194,8 @@ def select_backend(
     on_cuda = any(t.is_cuda for t in present)
     if name == "auto":
         if on_cuda:
-            return "triton" if _triton_problem(present) is None else "reference"
+            ok = triton_auto and _triton_problem(present) is None
+            return "triton" if ok else "reference"
         if cpu_unsupported is None and _cpu_problem(present, inducing_points, equidistant) is None:
             return "cpu"
         return "reference"

@@ -377,6 +377,7 @@ def response_moments(
         inducing_points=inducing_points,
         equidistant=equidistant,
         cpu_unsupported=_cpu_unsupported(mode, activations, variance_cholesky),
+        triton_auto=mode == "mean",
     )
     if kind != "reference":
         return _fused_response_moments(
