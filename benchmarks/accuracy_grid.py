@@ -462,6 +462,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- node tiers
+TIER_UNITS = ((0.4, 1e-3, "rough"), (1.2, 1e-4, "smooth"), (2.0, 1e-6, "rough"),
+              (0.8, 1e-1, "rough"), (5.0, 1e-4, "rough"), (0.8, 1e-2, "rough"),
+              (1.2, 1e-2, "rough"), (0.05, 1e-6, "rough"))  # fmt: skip
+TIER_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.75, 0.9, 1.0, 1.1, 1.25, 1.3, 1.5, 3.0)
+
+
+def run_tiers(dtypes) -> str:
+    """Worst relative variance error per ``sqrt(v) / lambda`` over hard units and four means
+    (float32: only ``S >= 0.01``), with the library's regime rule and node tiers."""
+    lines = []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        worst = dict.fromkeys(TIER_RATIOS, 0.0)
+        for ls, s, kind in TIER_UNITS:
+            if dtype == torch.float32 and s < 1e-2:
+                continue
+            unit = Unit.make(ls, s, kind, dtype)
+            for ratio, mu in itertools.product(TIER_RATIOS, (-2.3, -0.5, 0.3, 1.9)):
+                v = float(torch.tensor((ratio * unit.lengthscale) ** 2, dtype=dtype))
+                mu = float(torch.tensor(mu, dtype=dtype))
+                _, ref_var = reference_meanvar(unit, mu, v)
+                _, var = subject_meanvar("new", unit, mu, v, dtype)
+                worst[ratio] = max(worst[ratio], _err(var, ref_var, ref_var))
+        lines.append(f"{dtype_name}: " + "  ".join(f"{r:g}: {e:.0e}" for r, e in worst.items()))
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- trained networks
 def _layer_weights(layer, dtype: torch.dtype, algebra: str):
     """``(points, ls, beta, C, L)`` of a GPN layer computed in ``dtype`` by ``algebra``."""
@@ -480,8 +508,15 @@ def _layer_weights(layer, dtype: torch.dtype, algebra: str):
                 points, targets, variances, ls, with_cholesky=True
             )
             return points, ls, beta, kappa, chol
-        beta, khat = layer.response_weights()  # variational GPN: an explicit C
-        return points, ls, beta, khat, None
+        beta, khat = layer.response_weights()  # variational GPN
+        if algebra != "new":
+            return points, ls, beta, khat, None
+        chol = layer._compute_prior_scale_tril()  # C = L^-T (I - B B^T) L^-1
+        root = layer.to_compute(layer.variational_scale_tril())
+        if not layer.whiten:
+            root = torch.linalg.solve_triangular(chol, root, upper=False)
+        eye = torch.eye(root.shape[-1], dtype=root.dtype, device=root.device)
+        return points, ls, beta, khat, (chol, eye - root @ root.mT)
     finally:
         layer.compute_dtype = saved
 
@@ -500,11 +535,18 @@ def layer_report(layer, moments: Moments) -> dict:
             "lengthscale_over_spacing": [float(ls.min() / spacing), float(ls.max() / spacing)],
             "noise_var": [float(layer.noise_std.min() ** 2), float(layer.noise_std.max() ** 2)],
             "abs_activation_mean_q50_q99_max": [
-                float(q) for q in torch.quantile(mean.abs().reshape(-1), torch.tensor(
-                    [0.5, 0.99], dtype=torch.float64))] + [float(mean.abs().max())],  # fmt: skip
+                float(q)
+                for q in torch.quantile(
+                    mean.abs().reshape(-1), torch.tensor([0.5, 0.99], dtype=torch.float64)
+                )
+            ]
+            + [float(mean.abs().max())],  # fmt: skip
             "activation_sd_over_lengthscale_q50_q99": [
-                float(q) for q in torch.quantile((var.sqrt() / ls_units).reshape(-1),
-                                                 torch.tensor([0.5, 0.99], dtype=torch.float64))
+                float(q)
+                for q in torch.quantile(
+                    (var.sqrt() / ls_units).reshape(-1),
+                    torch.tensor([0.5, 0.99], dtype=torch.float64),
+                )
             ],  # fmt: skip
             "beta_abs_max": float(beta.abs().max()),
         }
@@ -519,6 +561,7 @@ def layer_report(layer, moments: Moments) -> dict:
         for dtype, algebra in ((torch.float64, "new"), (torch.float32, "new"),
                                (torch.float32, "old")):  # fmt: skip
             pts, lsd, beta_d, c_d, chol = _layer_weights(layer, dtype, algebra)
+            chol, inner = chol if isinstance(chol, tuple) else (chol, None)
             m_d, v_d = mean.to(dtype), var.to(dtype)
             if algebra == "old":
                 om, ov = old_meanvar(m_d, v_d, pts.expand(m_d.shape[-1], -1),
@@ -526,7 +569,8 @@ def layer_report(layer, moments: Moments) -> dict:
                                      c_d.expand(m_d.shape[-1], -1, -1))  # fmt: skip
             else:
                 o = response_moments(Moments(m_d, var=v_d), pts, lsd, beta_d, c_d, None,
-                                     "meanvar", variance_cholesky=chol)  # fmt: skip
+                                     "meanvar", variance_cholesky=chol,
+                                     variance_inner=inner)  # fmt: skip
                 om, ov = o.mean, o.var
             results[(str(dtype), algebra)] = (om.double(), ov.double())
         ref_m, ref_v = results[("torch.float64", "new")]
@@ -563,8 +607,9 @@ def run_trained_cli(run_dir: str, data_dir: str, rows: int) -> dict:
         result = json.load(f)
     st = result["settings"]
     data = load_dataset(st["dataset"], data_dir, seed=0, split=st.get("split", 0))
-    head = "softmax" if data.num_classes else "gaussian"
-    outputs = data.num_classes or data.y_train.shape[-1]
+    num_classes = getattr(data, "num_classes", None)
+    head = "softmax" if num_classes else "gaussian"
+    outputs = num_classes or data.y_train.shape[-1]
     sizes = [data.num_features, *st["sizes"], outputs]
     model = build_model("gpn", sizes, head, mode=st["mode"], init=st["init"], share=st["share"])
     model.load_state_dict(torch.load(f"{run_dir}/model.pt", map_location="cpu"))
@@ -612,6 +657,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--data-dir", default=None)
     tr.add_argument("--rows", type=int, default=2000)
     tr.add_argument("--out", required=True)
+    tiers = sub.add_parser("tiers", help="error against sqrt(v) / lambda (node tiers)")
+    tiers.add_argument("--dtypes", nargs="+", default=["float64", "float32"])
     tab = sub.add_parser("table", help="print the markdown table of a grid's JSON rows")
     tab.add_argument("--results", required=True)
     args = parser.parse_args(argv)
@@ -626,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rows, f)
         print(table(rows))
         print(f"{len(rows)} cases in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    elif args.command == "tiers":
+        print(run_tiers(args.dtypes))
     elif args.command == "trained":
         reports = [run_trained_cli(r, args.data_dir, args.rows) for r in args.runs]
         reports += [run_trained_vgpn(d, args.data_dir, args.vgpn_steps, 0, args.rows)

@@ -13,6 +13,7 @@ from .expectations import (
     expected_kernel_product,
 )
 from .gaussian import Moments
+from .precision import DEFAULT_COMPUTE_DTYPE
 from .propagate import (
     MODES,
     Mode,
@@ -23,6 +24,7 @@ from .propagate import (
 )
 
 __all__ = [
+    "DEFAULT_COMPUTE_DTYPE",
     "MODES",
     "Mode",
     "Moments",

@@ -112,9 +112,15 @@ def expected_cross_kernel_product(
     ls = lengthscales.expand(num_units)
     V = inducing_points.expand(num_units, -1)
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
-    c = ls.square() + var  # [S, N]
+    ls2 = ls.square()
+    c = ls2 + var  # [S, N]
     c_n, c_m = c[:, :, None], c[:, None, :]  # [S, N, 1], [S, 1, N]
-    det = c_n * c_m - cov.square()  # [S, N, N]
+    # D = c_n c_m - Sigma_nm^2 summed from non-negative parts: no cancellation near |rho| = 1
+    var_n, var_m = var[:, :, None], var[:, None, :]
+    ls2_n, ls2_m = ls2[:, None], ls2[None, :]
+    det = (
+        ls2_n * ls2_m + ls2_n * var_m + ls2_m * var_n + (var_n * var_m - cov.square()).clamp_min(0)
+    )
     d = V - mean.unsqueeze(-1)  # [S, N, R]
     d_n = d[:, :, None, :, None]  # [S, N, 1, R, 1]
     d_m = d[:, None, :, None, :]  # [S, 1, N, 1, R]

@@ -37,6 +37,13 @@ Cost structure (paper, section "Computational and Model Complexity"):
   Learnable (or irregular) inducing points fall back to the ``R (R + 1) / 2`` unordered pairs.
 * the full covariance contracts ``Lambda`` with ``beta`` chunk by chunk over samples, so the
   ``[S, N, N, R, R]`` tensor is never held in memory at once (forward or backward).
+
+Numerics (issue 13, ``docs/results/accuracy.md``): ``beta`` has huge alternating entries when
+``K + S`` is ill-conditioned, and the closed-form variance cancels terms of size ``|beta|^2``.
+Where the activation is narrow against the kernel the variance is therefore evaluated by
+Gauss-Hermite quadrature of the (well-conditioned) mean function and conditional variance
+(:func:`response_moments`); ``Lambda``'s exponent is completed to a square so that no factor
+overflows.
 """
 
 from __future__ import annotations
@@ -67,11 +74,32 @@ MODES: tuple[str, ...] = ("mean", "meanvar", "cov")
 #: Upper bound on the elements of one ``Lambda`` chunk in the covariance path.
 COV_CHUNK_ELEMENTS = 2**22
 
-#: Gauss-Hermite nodes of the variance path in the narrow regime (see :func:`response_moments`).
-GH_NODES = 24
+#: The narrow regime: activation standard deviation at most this multiple of the lengthscale
+#: (beyond it the closed form is accurate: float64 relative error <= 1e-6 from the ratio 1.2 in
+#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0).
+GH_MAX_STD_RATIO = 1.25
 
-#: The narrow regime: activation standard deviation at most this multiple of the lengthscale.
-GH_MAX_STD_RATIO = 0.75
+#: Gauss-Hermite node counts of the narrow regime: ``(ratio, nodes)``, the first row whose
+#: ratio is at least the largest ``sqrt(v) / lambda`` of the narrow samples in the call gives the
+#: node count (measured in float64: <= 3e-7 relative at each row's ratio, 1e-9 well inside).
+#: Deterministic activations (``v = 0``) need one node.
+GH_TIERS: tuple[tuple[float, int], ...] = (
+    (0.0, 1),
+    (0.1, 8),
+    (0.2, 12),
+    (0.4, 20),
+    (0.75, 32),
+    (1.0, 48),
+    (1.25, 64),
+)
+
+
+def gauss_hermite_nodes(std_ratio: float) -> int:
+    """Node count of :data:`GH_TIERS` for the largest ``sqrt(v) / lambda`` of a call."""
+    for ratio, nodes in GH_TIERS:
+        if std_ratio <= ratio:
+            return nodes
+    return GH_TIERS[-1][1]
 
 
 @functools.lru_cache(maxsize=16)
@@ -316,6 +344,7 @@ def response_moments(
     mode: Mode = "meanvar",
     equidistant: bool | None = None,
     variance_cholesky: Tensor | None = None,
+    variance_inner: Tensor | None = None,
 ) -> Moments:
     """Moments of a GPN layer's outputs given the moments of its activations.
 
@@ -340,13 +369,19 @@ def response_moments(
             ``with_cholesky=True``). In the narrow regime the conditional variance is then
             ``1 - |L^-1 alpha(a)|^2``, accurate where ``alpha^T C alpha`` with an explicit ``C``
             loses ``eps * cond(K + S)`` (float32 and small ``S``). Must not be given when ``C``
-            has another form (the variational ``Khat``).
+            has another form, unless ``variance_inner`` is given.
+        variance_inner: optional symmetric ``[N | 1, R, R]`` ``M`` with
+            ``C = L^-T M L^-1`` (with ``L = variance_cholesky``; default ``M = I``). For the
+            variational GPN, ``L = chol(K + jitter)`` and ``M = I - B B^T`` with ``B`` the
+            whitened posterior scale (``B = L^-1 chol(Sigma_U)`` when not whitened) give
+            ``Khat`` (``eq:gpn_vi_sampling_sigmahat_fl``); the conditional variance is then
+            ``1 - x^T M x`` with ``x = L^-1 alpha(a)``.
 
     Numerics (``docs/results/accuracy.md``): the variance is computed per sample and unit in
     one of two regimes. *Broad* (``v > (GH_MAX_STD_RATIO * lambda)^2``): the closed form
     ``1 - tr[(C - beta beta^T) Omega] - mu^2``, exact in exact arithmetic and accurate when the
     Gaussian is wide against the kernel. *Narrow*: Gauss-Hermite quadrature with
-    :data:`GH_NODES` nodes of the centred spread of ``m(a)`` and of the conditional variance
+    :data:`GH_TIERS` nodes of the centred spread of ``m(a)`` and of the conditional variance
     (:func:`_node_values`), which does not cancel the ``|beta|^2``-sized terms that make the
     closed form lose up to all digits when ``K + S`` is ill-conditioned. The mean is always the
     closed form ``psi^T beta`` (a linear form in ``beta``). ``"cov"`` mode uses the same
@@ -361,6 +396,17 @@ def response_moments(
     _check_mode(mode)
     if mode != "mean" and variance_reduction is None:
         raise ValueError(f"variance_reduction is required in mode {mode!r}")
+    if variance_inner is not None and variance_cholesky is None:
+        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
+    num_points = inducing_points.shape[-1]
+    for name, factor in (
+        ("variance_cholesky", variance_cholesky),
+        ("variance_inner", variance_inner),
+    ):
+        if factor is not None and tuple(factor.shape[-2:]) != (num_points, num_points):
+            raise ValueError(
+                f"{name} must be [N | 1, {num_points}, {num_points}], got {tuple(factor.shape)}"
+            )
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()
@@ -414,11 +460,21 @@ def response_moments(
     out_var = 1 - trace - out_mean.square()
 
     # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a)
-    narrow = var <= (GH_MAX_STD_RATIO**2) * ls2
+    ratio2 = var / ls2
+    narrow = ratio2 <= GH_MAX_STD_RATIO**2
     nodes = None
     if bool(narrow.any()):
+        num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(
-            mean, var, inducing_points, lengthscales, beta, variance_reduction, variance_cholesky
+            mean,
+            var,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            variance_cholesky,
+            variance_inner,
+            num_nodes,
         )
         out_var = torch.where(narrow, nodes.variance, out_var)
     out_var = out_var.clamp_min(0)
@@ -456,18 +512,21 @@ def _node_values(
     beta: Tensor,
     variance_reduction: Tensor,
     variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None = None,
+    num_nodes: int = GH_TIERS[-1][1],
 ) -> _NodeValues:
     r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
 
     With ``a_i = mu + sqrt(v) z_i``: ``m_i = alpha(a_i)^T beta`` (a linear form: accurate
     however large and alternating ``beta`` is), ``q_i = alpha(a_i)^T C alpha(a_i)`` or, given
-    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve (accurate
+    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve
+    (``x^T M x`` with ``x = L^-1 alpha(a_i)`` given ``M = variance_inner``) (accurate
     to ~eps where an explicit ``C`` loses ``eps * cond(K + S)``), and
     ``Var = sum_i w_i [(1 - q_i) + (m_i - sum_j w_j m_j)^2]``: no cancellation of terms of size
     ``|beta|^2``.
     """
     num_units = mean.shape[-1]
-    z, w = gauss_hermite(GH_NODES, mean.dtype, mean.device)
+    z, w = gauss_hermite(num_nodes, mean.dtype, mean.device)
     std = _safe_sqrt(var)
     nodes = mean.unsqueeze(-1) + std.unsqueeze(-1) * z  # [S, N, G]
     points = inducing_points.expand(num_units, -1)
@@ -480,7 +539,12 @@ def _node_values(
         chol = variance_cholesky.expand(num_units, -1, -1)
         rhs = alpha.permute(1, 3, 0, 2).reshape(num_units, alpha.shape[-1], -1)  # [N, R, S*G]
         solved = torch.linalg.solve_triangular(chol, rhs, upper=False)
-        quad = solved.square().sum(-2).reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
+        if variance_inner is None:
+            quad = solved.square().sum(-2)
+        else:
+            inner = variance_inner.expand(num_units, -1, -1)
+            quad = (solved * (inner @ solved)).sum(-2)
+        quad = quad.reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
     else:
         reduction = variance_reduction.expand(num_units, -1, -1)
         quad = torch.einsum("sngr,nrt,sngt->sng", alpha, reduction, alpha)
@@ -656,7 +720,7 @@ def _cross_covariance(
     """
     num_samples, num_units = mean.shape
     num_points = inducing_points.shape[-1]
-    per_pair = num_points * max(num_points, GH_NODES if nodes is not None else 0)
+    per_pair = num_points * max(num_points, nodes.centred.shape[-1] if nodes is not None else 0)
     per_sample = max(1, num_units * (num_units - 1) // 2) * per_pair
     chunk = max(1, COV_CHUNK_ELEMENTS // per_sample)
     extra = (None, None, None) if nodes is None else (nodes.centred, nodes.std, narrow)

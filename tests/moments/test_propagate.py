@@ -47,6 +47,17 @@ def test_virtual_observation_weights_solve_the_gp_system():
     torch.testing.assert_close(beta, torch.linalg.solve(gram, targets))
 
 
+def test_virtual_observation_weights_cholesky_factor_reproduces_the_gram_matrix():
+    points, ls, beta, kappa, _, targets, variances = _params()
+    k2, b2, chol = virtual_observation_weights(points, targets, variances, ls, with_cholesky=True)
+    diff = points.unsqueeze(-1) - points.unsqueeze(-2)
+    gram = (-0.5 * diff.square() / ls[:, None, None] ** 2).exp() + torch.diag_embed(variances)
+    torch.testing.assert_close(chol @ chol.mT, gram)
+    assert torch.equal(chol, chol.tril())
+    torch.testing.assert_close(b2, beta)
+    torch.testing.assert_close(k2, kappa)
+
+
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("equidistant", [True, False])
 def test_closed_form_matches_materialised_reference(shared, equidistant):
