@@ -87,16 +87,21 @@ def _k(name: str):
 
 
 @functools.cache
-def _gauss_hermite_cached() -> tuple[np.ndarray, np.ndarray]:
-    from .propagate import GH_NODES
-
-    z, w = np.polynomial.hermite_e.hermegauss(GH_NODES)
+def _gauss_hermite_rule(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    z, w = np.polynomial.hermite_e.hermegauss(num_nodes)
     return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
 
 
-def _gauss_hermite() -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and normalised weights of the narrow-regime rule (same as the reference's)."""
-    return _gauss_hermite_cached()
+def _gauss_hermite(v: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The narrow-regime rule of this call, chosen as the reference does: the node count of
+    :data:`~pyro_gpn.moments.propagate.GH_TIERS` for the largest ``sqrt(v) / lambda`` of the
+    narrow entries (:func:`~pyro_gpn.moments.propagate.gauss_hermite_nodes`)."""
+    from .propagate import gauss_hermite_nodes
+
+    ratio2 = v / np.broadcast_to(lam, (v.shape[1],)) ** 2 if v.size else v
+    narrow = ratio2 <= _ratio2()
+    top = float(ratio2[narrow].max()) if narrow.any() else 0.0
+    return _gauss_hermite_rule(gauss_hermite_nodes(top**0.5))
 
 
 def _np(t: Tensor | None) -> np.ndarray | None:
@@ -155,7 +160,7 @@ class _MeanVar(torch.autograd.Function):
         else:
             P_ = PC_ = np.zeros((1, 1))
             C_ = None
-        z, wq = _gauss_hermite()
+        z, wq = _gauss_hermite(v_, lam_) if with_var else _gauss_hermite_rule(1)
         noise_ = np.zeros(1) if noise_var is None else _np(noise_var)
         mean = np.empty((S, N))
         var = np.empty((S, N)) if with_var else mean
@@ -164,6 +169,7 @@ class _MeanVar(torch.autograd.Function):
             mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), noise_, with_var, mean, var, pre
         )
         ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre)
+        ctx.rule = (z, wq)
         ctx.with_var = with_var
         ctx.has_v = v is not None
         ctx.like = (mu, V, lam, beta, C, noise_var)
@@ -186,7 +192,7 @@ class _MeanVar(torch.autograd.Function):
         dlam = np.empty(N)
         dbeta = np.zeros((N, R))
         dP, dPC = np.zeros((N, P_.shape[1])), np.zeros((N, P_.shape[1]))
-        z, wq = _gauss_hermite()
+        z, wq = ctx.rule
         _k("meanvar_bwd")(
             mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), mean, pre, gm, gv, with_var,
             dmu, dv, dlam, dbeta, dP, dPC,
