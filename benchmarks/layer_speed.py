@@ -1,24 +1,29 @@
-"""Speed and memory of one GPN layer against a fixed-activation layer (paper tab:gpn_exp_mem_time).
+"""Speed and memory of one GPN layer, and of a whole training step, against tanh (paper
+tab:gpn_exp_mem_time).
 
 One layer of 50 units with 50 inputs (the paper's hidden layer), forward + backward pass:
 
-* ``tanh``     -- ``Linear(50, 50)`` + tanh, the fixed-activation baseline;
-* ``mean``     -- GPN layer propagating means only;
-* ``meanvar``  -- GPN layer propagating means and variances (input variances given);
-* ``cov``      -- GPN layer propagating the full covariance (input covariances given);
-* ``meanvar-f32`` -- ``meanvar`` with the GP algebra in float32 (``compute_dtype=None``)
-  instead of the layers' default float64: the price of the numerically safe default.
+* ``tanh`` -- ``Linear(50, 50)`` + tanh, the fixed-activation baseline (float32);
+* ``<mode>-<dtype>-<backend>`` -- a GPN layer with ``mode`` ``mean`` (means only),
+  ``meanvar`` (means and variances, input variances given) or ``cov`` (full covariance, input
+  covariances given), its GP algebra in ``f64`` (the layers' default ``compute_dtype``) or
+  ``f32`` (``compute_dtype=None``), on backend ``reference`` (plain PyTorch), ``cpu`` (the
+  Numba kernels, :mod:`pyro_gpn.moments.cpu_kernels`) or ``triton`` (CUDA).
+
+Whole network (``--nets``): one training step (loss, backward, Adam step) of the paper's Letter
+network ``GPNNet([16, 30, 15, 26])`` (softmax head, meanvar) and of a UCI regression network
+``GPNNet([13, 50, 1])`` (gaussian head, meanvar), each against the tanh network of the same
+sizes (cross-entropy resp. squared error), on every backend.
 
 Each variant is timed in the same process, interleaved round by round, and reported as the
-median over rounds and as a ratio to ``tanh`` measured in the same run. Peak memory is the
-peak of live tensor memory during one forward + backward pass: on CUDA
-``torch.cuda.max_memory_allocated``; on CPU from the PyTorch profiler's allocation events (op
-granularity, so temporaries freed inside a single op are not seen).
+median over rounds and as a ratio to ``tanh`` measured in the same run; ``cpu-x`` is the same
+ratio of the median *process CPU time* (less sensitive to other jobs on a shared machine).
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU from the PyTorch profiler's
+allocation events (op granularity; the Numba kernels' NumPy buffers are not seen).
 
-Usage::
+Usage (the documented run, one line)::
 
-    python benchmarks/layer_speed.py                       # CPU (and CUDA when present)
-    python benchmarks/layer_speed.py --batch 256 1024 --rounds 200 --out docs/results/layer_speed.md
+    OMP_NUM_THREADS=1 python benchmarks/layer_speed.py --out docs/results/layer_speed.md
 """
 
 from __future__ import annotations
@@ -35,16 +40,44 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pyro_gpn import GPNLayer, Moments
+from pyro_gpn import GPNLayer, GPNNet, Moments
+from pyro_gpn.moments.backend import backend, numba_available, triton_available
 
-VARIANTS = ("tanh", "mean", "meanvar", "cov", "meanvar-f32")
-PAPER = {
-    "tanh": (9, 30),
-    "mean": (29, 94),
-    "meanvar": (36, 113),
-    "cov": (118, 227),
-    "meanvar-f32": (36, 113),
-}
+MODES = ("mean", "meanvar", "cov")
+DTYPES = ("f64", "f32")
+PAPER = {"tanh": (9, 30), "mean": (29, 94), "meanvar": (36, 113), "cov": (118, 227)}
+NETS = {"letter": ([16, 30, 15, 26], "softmax"), "uci": ([13, 50, 1], "gaussian")}
+
+
+def backends_for(device: torch.device) -> list[str]:
+    """The backends that can run on ``device``."""
+    if device.type == "cuda":
+        return ["reference", "triton"] if triton_available() else ["reference"]
+    return ["reference", "cpu"] if numba_available() else ["reference"]
+
+
+def all_variants(device: torch.device, modes=MODES, dtypes=DTYPES) -> list[str]:
+    out = ["tanh"]
+    for mode in modes:
+        for dt in dtypes:
+            for be in backends_for(device):
+                if be == "cpu" and mode == "cov":
+                    continue  # no cross-term kernel: "cpu" would raise
+                if be == "triton" and dt == "f64":
+                    continue  # the Triton kernels compute in float32
+                out.append(f"{mode}-{dt}-{be}")
+    return out
+
+
+def _wrap(step: Callable[[], None], name: str) -> Callable[[], None]:
+    if name == "auto":
+        return step
+
+    def run() -> None:
+        with backend(name):
+            step()
+
+    return run
 
 
 def make_step(variant: str, batch: int, width: int, device: torch.device) -> Callable[[], None]:
@@ -58,7 +91,7 @@ def make_step(variant: str, batch: int, width: int, device: torch.device) -> Cal
             torch.tanh(layer(mean)).sum().backward()
 
         return step
-    mode, _, precision = variant.partition("-")
+    mode, precision, name = variant.split("-")
     compute_dtype = None if precision == "f32" else torch.float64
     layer = GPNLayer(width, width, compute_dtype=compute_dtype).to(device)
     if mode == "mean":
@@ -80,7 +113,47 @@ def make_step(variant: str, batch: int, width: int, device: torch.device) -> Cal
             total = total + out.cov.sum()
         total.backward()
 
-    return step
+    return _wrap(step, name)
+
+
+def make_net_step(variant: str, net: str, batch: int, device: torch.device) -> Callable[[], None]:
+    """One training step (loss, backward, Adam step) of network ``net``: ``tanh`` or
+    ``meanvar-<dtype>-<backend>``."""
+    sizes, head = NETS[net]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, sizes[0], generator=gen).to(device)
+    if head == "softmax":
+        y = torch.randint(0, sizes[-1], (batch,), generator=gen).to(device)
+    else:
+        y = torch.randn(batch, sizes[-1], generator=gen).to(device)
+    torch.manual_seed(0)
+    if variant == "tanh":
+        layers: list[torch.nn.Module] = []
+        for i, (m, n) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(torch.nn.Linear(m, n))
+            if i < len(sizes) - 2:
+                layers.append(torch.nn.Tanh())
+        model = torch.nn.Sequential(*layers).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        lossf = torch.nn.CrossEntropyLoss() if head == "softmax" else torch.nn.MSELoss()
+
+        def step() -> None:
+            opt.zero_grad()
+            lossf(model(x), y).backward()
+            opt.step()
+
+        return step
+    mode, precision, name = variant.split("-")
+    compute_dtype = None if precision == "f32" else torch.float64
+    model = GPNNet(sizes, mode=mode, head=head, compute_dtype=compute_dtype).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        (model.loss(x, y) + model.penalty() / batch).backward()
+        opt.step()
+
+    return _wrap(step, name)
 
 
 def _sync(device: torch.device) -> None:
@@ -111,43 +184,85 @@ def peak_memory(step: Callable[[], None], device: torch.device) -> float:
     return peak / 2**20
 
 
-def benchmark(
-    batch: int,
-    width: int,
+def time_steps(
+    steps: dict[str, Callable[[], None]],
     rounds: int,
     device: torch.device,
-    variants=VARIANTS,
-    cov_rounds: int | None = None,
+    slow_rounds: int | None = None,
+    memory: bool = True,
 ) -> dict[str, dict]:
-    """Median times of ``variants``; the costly ``cov`` variant runs in the first
-    ``cov_rounds`` rounds only (default: all)."""
-    cov_rounds = rounds if cov_rounds is None else cov_rounds
-    steps = {v: make_step(v, batch, width, device) for v in variants}
-    for v, step in steps.items():  # warm-up
-        for _ in range(2 if v == "cov" else 5):
+    """Median wall and CPU times of ``steps`` (interleaved rounds after warm-up); variants
+    starting with ``cov`` run in the first ``slow_rounds`` rounds only (default: all)."""
+    slow_rounds = rounds if slow_rounds is None else slow_rounds
+    first_call = {}
+    for v, step in steps.items():  # warm-up (the first call compiles the Numba kernels)
+        start = time.perf_counter()
+        step()
+        first_call[v] = time.perf_counter() - start
+        for _ in range(1 if v.startswith("cov") else 4):
             step()
-    times: dict[str, list[float]] = {v: [] for v in variants}
+    times: dict[str, list[float]] = {v: [] for v in steps}
+    cpu: dict[str, list[float]] = {v: [] for v in steps}
     for i in range(rounds):  # interleaved, so load changes hit every variant alike
         for v, step in steps.items():
-            if v == "cov" and i >= cov_rounds:
+            if v.startswith("cov") and i >= slow_rounds:
                 continue
             _sync(device)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             step()
             _sync(device)
             times[v].append(time.perf_counter() - start)
+            cpu[v].append(time.process_time() - start_cpu)
     results = {}
-    for v in variants:
+    for v in steps:
         ms = [1e3 * t for t in times[v]]
         q = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], ms[0], ms[0])
         results[v] = {
             "median_ms": statistics.median(ms),
             "iqr_ms": (q[0], q[2]),
-            "peak_mb": peak_memory(steps[v], device),
+            "cpu_ms": 1e3 * statistics.median(cpu[v]),
+            "first_s": first_call[v],
+            "peak_mb": peak_memory(steps[v], device) if memory else float("nan"),
         }
-    for v in variants:
+    for v in steps:
         results[v]["ratio"] = results[v]["median_ms"] / results["tanh"]["median_ms"]
+        results[v]["cpu_ratio"] = results[v]["cpu_ms"] / max(results["tanh"]["cpu_ms"], 1e-9)
     return results
+
+
+def benchmark(
+    batch: int,
+    width: int,
+    rounds: int,
+    device: torch.device,
+    variants=None,
+    cov_rounds: int | None = None,
+) -> dict[str, dict]:
+    """Layer variants (see the module docstring) against ``tanh``."""
+    variants = variants or all_variants(device)
+    steps = {v: make_step(v, batch, width, device) for v in variants}
+    return time_steps(steps, rounds, device, cov_rounds)
+
+
+def benchmark_net(
+    net: str, batch: int, rounds: int, device: torch.device, dtypes=DTYPES
+) -> dict[str, dict]:
+    """Training steps of network ``net`` on every backend against its tanh network."""
+    variants = ["tanh"] + [
+        f"meanvar-{dt}-{be}"
+        for dt in dtypes
+        for be in backends_for(device)
+        if not (be == "triton" and dt == "f64")
+    ]
+    steps = {v: make_net_step(v, net, batch, device) for v in variants}
+    return time_steps(steps, rounds, device, memory=False)
+
+
+def load_average() -> str:
+    try:
+        return "{:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def machine_description(device: torch.device) -> str:
@@ -159,72 +274,95 @@ def machine_description(device: torch.device) -> str:
     )
 
 
-def to_markdown(all_results: list[tuple[str, int, dict]], command: str, args) -> str:
+def _table(res: dict[str, dict], paper: bool) -> list[str]:
+    head = "| variant | median ms | IQR ms | x tanh | CPU-time x tanh | first call s | peak MB |"
+    rule = "|---|---|---|---|---|---|---|"
+    if paper:
+        head += " paper ms (GPU, 2017) |"
+        rule += "---|"
+    lines = [head, rule]
+    for v, r in res.items():
+        row = (
+            f"| {v} | {r['median_ms']:.3f} | {r['iqr_ms'][0]:.3f}–{r['iqr_ms'][1]:.3f} | "
+            f"{r['ratio']:.2f} | {r['cpu_ratio']:.2f} | {r['first_s']:.2f} | "
+            f"{r['peak_mb']:.2f} |"
+        )
+        if paper:
+            row += f" {PAPER[v.split('-')[0]][0]} |"
+        lines.append(row)
+    return lines
+
+
+def to_markdown(all_results: list[tuple[str, str, dict]], command: str, args) -> str:
     lines = [
-        "# Layer speed and memory (paper Table tab:gpn_exp_mem_time)",
+        "# Layer and network speed (paper Table tab:gpn_exp_mem_time)",
         "",
         f"Command: `{command}`",
         "",
-        f"Date: {datetime.date.today().isoformat()}. One layer of {args.width} units with "
-        f"{args.width} inputs, {args.rounds} interleaved rounds "
-        f"(cov: {args.cov_rounds or args.rounds}) "
-        "after warm-up calls; median "
-        "time of forward + backward, [25 %, 75 %] quantiles, ratio to the tanh layer measured "
-        "in the same run, and peak live tensor memory of one pass.",
+        f"Date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='minutes')}. "
+        f"Load average before / after: {args.load_before} / {load_average()}. "
+        f"Layer: {args.width} units with {args.width} inputs, R = 14, {args.rounds} interleaved "
+        f"rounds (cov: {args.cov_rounds}), network steps {args.net_rounds} rounds, after "
+        "warm-up calls; median time of forward + backward (networks: loss, backward, Adam "
+        "step), [25 %, 75 %] quantiles, ratio to the tanh layer (network) measured in the same "
+        "run, the same ratio of median process CPU time, the first call's time (includes "
+        "loading or compiling the Numba kernels) and peak live tensor memory of one pass.",
         "",
     ]
-    for machine, batch, res in all_results:
-        lines += [
-            f"## {machine}, batch {batch}",
-            "",
-            "| variant | median ms | IQR ms | x tanh | peak MB | paper ms (GPU, 2017) | paper MB |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for v, r in res.items():
-            lines.append(
-                f"| {v} | {r['median_ms']:.3f} | {r['iqr_ms'][0]:.3f}–{r['iqr_ms'][1]:.3f} | "
-                f"{r['ratio']:.2f} | {r['peak_mb']:.2f} | {PAPER[v][0]} | {PAPER[v][1]} |"
-            )
+    for machine, title, res in all_results:
+        lines += [f"## {machine}, {title}", ""]
+        lines += _table(res, paper=title.startswith("layer"))
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--batch", type=int, nargs="*", default=[256, 1024])
     parser.add_argument("--width", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--cov-rounds", type=int, default=3, help="rounds for cov variants")
+    parser.add_argument("--nets", nargs="*", default=list(NETS), choices=list(NETS))
+    parser.add_argument("--net-batch", type=int, default=256)
+    parser.add_argument("--net-rounds", type=int, default=30)
     parser.add_argument(
         "--device", nargs="+", default=None, help="cpu and/or cuda (default: all present)"
     )
-    parser.add_argument(
-        "--cov-rounds", type=int, default=None, help="rounds for cov (default: all)"
-    )
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--out", default=None, help="write a markdown table here")
     args = parser.parse_args(argv)
+    args.load_before = load_average()
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     all_results = []
+
+    def report(machine: str, title: str, res: dict) -> None:
+        all_results.append((machine, title, res))
+        print(f"{machine}, {title}  (load {load_average()})", flush=True)
+        for v, r in res.items():
+            print(
+                f"  {v:22s} {r['median_ms']:9.3f} ms  x{r['ratio']:7.2f}"
+                f"  cpu x{r['cpu_ratio']:7.2f}"
+                f"  first {r['first_s']:6.2f} s  {r['peak_mb']:8.2f} MB",
+                flush=True,
+            )
+
     for name in devices:
         device = torch.device(name)
+        machine = machine_description(device)
         for batch in args.batch:
-            res = benchmark(
-                batch,
-                args.width,
-                args.rounds,
-                device,
-                ["tanh", *[v for v in args.variants if v != "tanh"]],
-                cov_rounds=args.cov_rounds,
-            )
-            machine = machine_description(device)
-            all_results.append((machine, batch, res))
-            print(f"{machine}, batch {batch}")
-            for v, r in res.items():
-                print(
-                    f"  {v:8s} {r['median_ms']:8.3f} ms  x{r['ratio']:6.2f}  {r['peak_mb']:8.2f} MB"
-                )
+            variants = all_variants(device, args.modes, args.dtypes)
+            res = benchmark(batch, args.width, args.rounds, device, variants, args.cov_rounds)
+            report(machine, f"layer, batch {batch}", res)
+        for net in args.nets:
+            res = benchmark_net(net, args.net_batch, args.net_rounds, device, args.dtypes)
+            sizes = "x".join(map(str, NETS[net][0]))
+            report(machine, f"{net} network {sizes} training step, batch {args.net_batch}", res)
     if args.out:
         command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            command = f"OMP_NUM_THREADS={threads} {command}"
         with open(args.out, "w") as fh:
             fh.write(to_markdown(all_results, command, args))
 

@@ -1342,7 +1342,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "pgpn/predict-one-row",
         "ParametricGPN.predict",
         "one-row",
-        lambda t: _pgpn().predict(x[:1], num_samples=4),
+        lambda t: _pgpn().sample_predictive(x[:1], num_samples=4),
         ["x"],
         expect="result",
         check=lambda r, w: None if r["y"].shape == (4, 1, 1) else f"shape {tuple(r['y'].shape)}",
@@ -1500,8 +1500,10 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "svi/minibatch-vgpn-without-num-data",
         E,
         "value",
-        lambda t: svi(x, _targets(), model=_vgpn(), batch_size=2),
+        lambda t: svi(x, _targets(), model=_vgpn(), batch_size=2).losses,
         ["num_data", "batch_size"],
+        expect="result",
+        note="fit_svi passes num_data to every model (the model-inference contract)",
     )
 
     # ------------------------------------------------------------ Trainer / TrainConfig

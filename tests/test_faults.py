@@ -16,11 +16,6 @@ from .probe_cases import cases, classify
 KNOWN_FAILING = frozenset(
     {
         "cli/train-disk-full",
-        # fail on main since the h12-shape merge (66dfc73), not before: a regression of the core
-        # (svi, trainer) and a probe check that indexes the new `Prediction` (pgpn/predict-one-row)
-        "pgpn/predict-one-row",
-        "svi/minibatch-vgpn-without-num-data",
-        "trainer/labels-out-of-range",
         "data/from-arrays-nan",
         "evaluate/regression-task-on-labels",
         "layer/device-cuda-unavailable",

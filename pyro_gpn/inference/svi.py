@@ -141,7 +141,15 @@ def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
     back together; the offending parameters are looked up only on failure.
     """
     with poutine.trace(param_only=True) as capture:
-        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
+        try:
+            loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
+        except ValueError as error:
+            if step == 1:  # the model's own argument checks: not a divergence
+                raise
+            raise FloatingPointError(
+                f"SVI step {step} failed after {step - 1} finite updates ({error}); the "
+                "optimisation has most likely diverged: try a smaller lr or clip_norm"
+            ) from error
     sites = capture.trace.nodes.values()
     named = {site["name"]: site["value"].unconstrained() for site in sites}
     params = set(named.values())

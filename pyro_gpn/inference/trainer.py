@@ -174,6 +174,22 @@ def _check_data(name: str, data: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]
     return x, y
 
 
+def _check_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
+    """Class labels: integers in ``[0, num_classes)`` (the model's head, where it has one)."""
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"task='classification' needs integer class labels as {name} y, got dtype "
+            f"{labels.dtype} (float targets: use task='regression')"
+        )
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        bound = "" if num_classes is None else f", {num_classes}"
+        raise ValueError(
+            f"{name} y holds class labels in [{low}, {high}]; the model's head takes "
+            f"[0{bound})"
+        )
+
+
 def _atomic_write(path: Path, write: Callable[[io.IOBase], None], binary: bool) -> None:
     """Write ``path`` through a temporary file in the same directory and ``os.replace``."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -331,6 +347,10 @@ class Trainer:
         x_train, y_train = (t.to(self.device) for t in _check_data("train", train))
         x_val, y_val = (t.to(self.device) for t in _check_data("val", val))
         task = cfg.task or _infer_task(y_train)
+        if task == "classification":
+            classes = getattr(getattr(self.model, "head", None), "num_classes", None)
+            for name, labels in (("train", y_train), ("val", y_val)):
+                _check_labels(name, labels, classes)
         if resume and self.out_dir is None:
             raise ValueError("resume=True needs config.out_dir")
         if self.out_dir is not None:

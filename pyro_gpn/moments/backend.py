@@ -1,24 +1,29 @@
-"""Choice between the plain-PyTorch reference path and the fused Triton kernels.
+"""Choice between the plain-PyTorch reference path and the fused kernels.
 
-The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have two implementations:
+The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three implementations:
 
 * ``"reference"`` -- readable PyTorch on any device and dtype (the ground truth of the tests);
-* ``"fused"`` -- :mod:`pyro_gpn.moments.fused`: one Triton kernel per layer and direction that
+* ``"cpu"`` -- :mod:`pyro_gpn.moments.cpu_kernels`: compiled Numba loops, one pass per
+  (sample, unit) forward and backward, float32 and float64 CPU tensors, fixed equidistant
+  inducing points (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the diagonal, with the
+  cross term of the reference path); needs the optional ``numba`` (``pyro-gpn[fast]``);
+* ``"triton"`` -- :mod:`pyro_gpn.moments.fused`: one Triton kernel per layer and direction that
   evaluates ``psi``, ``Omega`` and ``Lambda`` and their contractions in registers, never
   materialising ``[S, N, R, R]`` or ``[S, N, N, R, R]`` tensors (paper, section
-  "Implementation").
+  "Implementation"); float32 CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``).
 
 The backend is chosen per thread with the :func:`backend` context manager:
 
-* ``"auto"`` (default) -- fused for float32 CUDA tensors when Triton is installed, else reference;
+* ``"auto"`` (default) -- ``"triton"`` for float32 CUDA tensors when Triton is installed (for
+  now in ``"mean"`` mode only: the Triton kernels' variance is still the closed form, without the
+  Gauss-Hermite narrow regime of the stable reference algebra),
+  ``"cpu"`` for float32/float64 CPU tensors with fixed equidistant inducing points when Numba is
+  installed, else ``"reference"``. Never raises.
 * ``"reference"`` -- always the reference path;
-* ``"fused"`` -- the fused kernels for every float32 input; raises :class:`RuntimeError` if Triton
-  is not installed or the tensors live on a device the kernels cannot run on. CPU tensors work
-  under Triton's interpreter (environment variable ``TRITON_INTERPRET=1``, set before the first
-  kernel launch), which is how the kernels are tested without a GPU.
-
-The kernels compute in float32. Inputs of any other dtype (float64 gradient checks, half
-precision) always take the reference path, whatever the backend.
+* ``"fused"`` -- the fused kernel for the tensors' device (``"cpu"`` on the CPU, ``"triton"``
+  on CUDA); raises :class:`RuntimeError` naming the reason when it cannot run (package missing,
+  dtype, device, learnable or irregular inducing points). Nothing falls back silently.
+* ``"cpu"`` / ``"triton"`` -- that kernel family, raising likewise when it cannot run.
 
 Example::
 
@@ -42,13 +47,16 @@ __all__ = [
     "BACKENDS",
     "backend",
     "get_backend",
+    "cpu_parameter_kernels",
+    "numba_available",
+    "select_backend",
     "triton_available",
     "triton_interpret",
     "use_fused",
 ]
 
 #: The accepted backend names.
-BACKENDS: tuple[str, ...] = ("auto", "reference", "fused")
+BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "cpu", "triton")
 
 _state = threading.local()
 
@@ -61,7 +69,7 @@ def _stack() -> list[str]:
 
 
 def get_backend() -> str:
-    """The backend in force in this thread: ``"auto"``, ``"reference"`` or ``"fused"``."""
+    """The backend in force in this thread (one of :data:`BACKENDS`)."""
     return _stack()[-1]
 
 
@@ -70,7 +78,7 @@ def backend(name: str) -> Iterator[str]:
     """Use backend ``name`` inside the ``with`` block (this thread only; nestable).
 
     Args:
-        name: ``"auto"``, ``"reference"`` or ``"fused"``.
+        name: one of :data:`BACKENDS`.
 
     Raises:
         ValueError: for any other name.
@@ -104,45 +112,130 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
+@functools.cache
+def numba_available() -> bool:
+    """True if ``numba`` is installed (looked up without importing it)."""
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _triton_problem(present: list[Tensor]) -> str | None:
+    """Why the Triton kernels cannot evaluate ``present`` (``None`` if they can)."""
+    if not triton_available():
+        return "Triton is not installed (pip install 'pyro-gpn[gpu]')"
+    bad = [t.dtype for t in present if t.dtype != torch.float32]
+    if bad:
+        return f"the Triton kernels compute in float32, got {bad[0]}"
+    dev = [t.device for t in present if not _runnable_device(t)]
+    if dev:
+        return (
+            f"the Triton kernels cannot run on device {dev[0]}: they need CUDA tensors, or CPU "
+            "tensors with TRITON_INTERPRET=1 set before the first launch"
+        )
+    return None
+
+
+def _cpu_problem(present: list[Tensor], inducing_points: Tensor | None, equidistant) -> str | None:
+    """Why the Numba CPU kernels cannot evaluate ``present`` (``None`` if they can)."""
+    if not numba_available():
+        return "numba is not installed (pip install 'pyro-gpn[fast]')"
+    dev = [t.device for t in present if t.device.type != "cpu"]
+    if dev:
+        return f"the fused CPU kernels need CPU tensors, got device {dev[0]}"
+    bad = [t.dtype for t in present if t.dtype not in _FLOATS]
+    if bad:
+        return f"the fused CPU kernels need float32 or float64 tensors, got {bad[0]}"
+    if inducing_points is not None:
+        if inducing_points.requires_grad:
+            return "the fused CPU kernels need fixed inducing points (learn_inducing=False)"
+        if equidistant is None:
+            from .propagate import is_equidistant
+
+            equidistant = is_equidistant(inducing_points)
+        if not equidistant:
+            return "the fused CPU kernels need equidistant, ascending inducing points"
+    return None
+
+
+def select_backend(
+    *tensors: Tensor | None,
+    inducing_points: Tensor | None = None,
+    equidistant: bool | None = None,
+    cpu_unsupported: str | None = None,
+    triton_auto: bool = True,
+) -> str:
+    """The implementation that evaluates an expression of ``tensors``: ``"reference"``,
+    ``"cpu"`` or ``"triton"``, by the backend in force (module docstring).
+
+    Args:
+        tensors: every tensor entering the expression (``None`` entries are ignored).
+        inducing_points: the layer's ``V`` (the CPU kernels need them fixed and equidistant).
+        equidistant: whether ``V`` is known to be equidistant (``None``: checked here).
+        cpu_unsupported: the reason the CPU kernels cannot evaluate this expression (a mode or
+            an argument they do not cover), or ``None``.
+        triton_auto: whether ``"auto"`` may pick the Triton kernels (``False`` where they do
+            not compute what the reference computes; a forced ``"triton"`` still runs them).
+
+    Raises:
+        RuntimeError: a forcing backend (``"fused"``, ``"cpu"``, ``"triton"``) that cannot run,
+            with the reason.
+    """
+    name = get_backend()
+    if name == "reference":
+        return "reference"
+    present = [t for t in (*tensors, inducing_points) if t is not None]
+    if not present:
+        return "reference"
+    on_cuda = any(t.is_cuda for t in present)
+    if name == "auto":
+        if on_cuda:
+            ok = triton_auto and _triton_problem(present) is None
+            return "triton" if ok else "reference"
+        if cpu_unsupported is None and _cpu_problem(present, inducing_points, equidistant) is None:
+            return "cpu"
+        return "reference"
+    if name == "fused":
+        name = "triton" if on_cuda else "cpu"
+    if name == "triton":
+        problem = _triton_problem(present)
+    else:
+        problem = cpu_unsupported or _cpu_problem(present, inducing_points, equidistant)
+    if problem is not None:
+        raise RuntimeError(f"backend({get_backend()!r}) cannot run here: {problem}")
+    return name
+
+
 def _runnable_device(tensor: Tensor) -> bool:
     return tensor.is_cuda or (tensor.device.type == "cpu" and triton_interpret())
 
 
+def cpu_parameter_kernels(inducing_points: Tensor, *tensors: Tensor) -> bool:
+    """Whether the parameter-only algebra (``kappa``, ``beta``: per-unit ``R x R`` systems) runs
+    in the Numba kernels: backend ``"auto"``, ``"fused"`` or ``"cpu"``, Numba installed, fixed
+    inducing points, float32/float64 CPU tensors. Never raises (the reference path is exact)."""
+    if get_backend() not in ("auto", "fused", "cpu") or inducing_points.requires_grad:
+        return False
+    present = (inducing_points, *tensors)
+    return numba_available() and all(t.device.type == "cpu" and t.dtype in _FLOATS for t in present)
+
+
 def use_fused(*tensors: Tensor | None) -> bool:
-    """Whether the fused kernels should evaluate an expression of ``tensors``.
-
-    ``None`` entries are ignored.
-
-    * ``"reference"``: ``False``.
-    * ``"auto"``: ``True`` iff Triton is available and every tensor is a float32 CUDA tensor.
-    * ``"fused"``: ``True`` iff every tensor is float32 (other dtypes take the reference path).
+    """Whether the Triton kernels evaluate an expression of ``tensors`` (compatibility wrapper
+    of :func:`select_backend` for code that knows only the Triton kernels).
 
     Raises:
-        RuntimeError: backend ``"fused"`` with Triton not installed, or with float32 tensors on a
-            device Triton cannot run on (CPU without ``TRITON_INTERPRET=1``).
+        RuntimeError: as :func:`select_backend`.
     """
     name = get_backend()
-    if name == "reference":
-        return False
-    present = [t for t in tensors if t is not None]
-    if name == "auto":
-        return (
-            bool(present)
-            and all(t.is_cuda and t.dtype == torch.float32 for t in present)
-            and triton_available()
-        )
-    # name == "fused"
-    if not triton_available():
-        raise RuntimeError(
-            "backend('fused') needs Triton, which is not installed "
-            "(pip install 'pyro-gpn[gpu]'); use backend('auto') or backend('reference')"
-        )
-    if not all(t.dtype == torch.float32 for t in present):
-        return False
-    bad = [t.device for t in present if not _runnable_device(t)]
-    if bad:
-        raise RuntimeError(
-            f"backend('fused') cannot run on device {bad[0]}: the Triton kernels need CUDA "
-            "tensors, or CPU tensors with TRITON_INTERPRET=1 set before the first launch"
-        )
-    return True
+    if name in ("fused", "triton"):
+        present = [t for t in tensors if t is not None]
+        problem = _triton_problem(present)
+        if problem is not None:
+            raise RuntimeError(f"backend({name!r}) cannot run here: {problem}")
+        return bool(present)
+    return select_backend(*tensors) == "triton"

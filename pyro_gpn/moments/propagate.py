@@ -56,7 +56,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from ..kernels import squared_exponential
-from .backend import use_fused
+from .backend import cpu_parameter_kernels, select_backend
 from .gaussian import Moments
 
 __all__ = [
@@ -156,6 +156,18 @@ def virtual_observation_weights(
         ``cholesky_inverse`` when ``K + S`` is ill-conditioned; where that matters the variance
         path uses ``L`` instead.
     """
+    if not with_cholesky and cpu_parameter_kernels(
+        inducing_points, targets, target_variances, lengthscales
+    ):
+        from .cpu_kernels import NotPositiveDefinite, cpu_virtual_observation_weights
+
+        try:
+            kappa, beta = cpu_virtual_observation_weights(
+                inducing_points, targets, target_variances, lengthscales, jitter
+            )
+            return (kappa if with_kappa else None), beta
+        except NotPositiveDefinite:
+            pass  # the reference path below retries with more jitter
     gram = squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
     chol = safe_cholesky(gram)
@@ -400,9 +412,29 @@ def response_moments(
     ls2 = lengthscales.square()
 
     # eq:gpn_normal_mu with psi from eq:gpn_normal_E_alpha
-    if use_fused(mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var):
+    kind = select_backend(
+        mean,
+        var,
+        lengthscales,
+        beta,
+        variance_reduction,
+        noise_var,
+        variance_cholesky,
+        inducing_points=inducing_points,
+        equidistant=equidistant,
+        cpu_unsupported=_cpu_unsupported(mode, activations, variance_cholesky),
+        triton_auto=mode == "mean",
+    )
+    if kind != "reference":
         return _fused_response_moments(
-            activations, inducing_points, lengthscales, beta, variance_reduction, noise_var, mode
+            activations,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            noise_var,
+            mode,
+            kind,
         )
     width_psi = 2 * (ls2 + var)
     amplitude_psi = (ls2 / (ls2 + var)).sqrt()
@@ -520,6 +552,21 @@ def _node_values(
     return _NodeValues(centred, variance, std, w)
 
 
+def _cpu_unsupported(
+    mode: str, activations: Moments, variance_cholesky: Tensor | None
+) -> str | None:
+    """Why the CPU kernels cannot evaluate this :func:`response_moments` call (or ``None``)."""
+    if mode == "cov" and activations.cov is not None:
+        return "the fused CPU kernels have no full-covariance (cross-term) path yet"
+    factored = variance_cholesky is not None
+    if mode != "mean" and factored and variance_cholesky.dtype != torch.float64:
+        # The kernels evaluate alpha^T C alpha with the explicit C in float64 (error
+        # eps * cond(K + S): below 1e-6 relative for S >= 1e-4 in float64). A float32 C loses
+        # far more, so float32 factors go to the reference path, which uses them.
+        return "the fused CPU kernels take an explicit C; float32 needs variance_cholesky"
+    return None
+
+
 def _fused_response_moments(
     activations: Moments,
     inducing_points: Tensor,
@@ -528,13 +575,34 @@ def _fused_response_moments(
     variance_reduction: Tensor | None,
     noise_var: Tensor | None,
     mode: Mode,
+    kind: str = "triton",
 ) -> Moments:
-    """:func:`response_moments` through the Triton kernels of :mod:`pyro_gpn.moments.fused`."""
+    """:func:`response_moments` through the fused kernels: ``kind`` ``"triton"``
+    (:mod:`pyro_gpn.moments.fused`) or ``"cpu"`` (:mod:`pyro_gpn.moments.cpu_kernels`).
+
+    The CPU kernels cover ``"mean"`` and ``"meanvar"`` (and ``"cov"`` without an activation
+    covariance), with an explicit ``C`` (see :func:`_cpu_unsupported`).
+    """
+    mean = activations.mean
+    var = None if activations.is_deterministic else activations.variance
+    if kind == "cpu":
+        from .cpu_kernels import cpu_response_mean, cpu_response_meanvar
+
+        if mode == "mean":
+            return Moments(
+                cpu_response_mean(mean, var, inducing_points, lengthscales, beta), validate=False
+            )
+        var = activations.variance if var is None else var
+        out_mean, out_var = cpu_response_meanvar(
+            mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var
+        )
+        if mode == "meanvar":
+            return Moments(out_mean, var=out_var, validate=False)
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+
     from .fused import fused_response_cov, fused_response_mean, fused_response_meanvar
 
-    mean, var = activations.mean, activations.var
     if mode == "mean":
-        var = None if activations.is_deterministic else activations.variance
         out = fused_response_mean(mean, var, inducing_points, lengthscales, beta)
         return Moments(out, validate=False)
     if mode == "cov" and activations.cov is not None:

@@ -234,20 +234,22 @@ def test_use_fused_without_triton(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(backend_mod, "triton_available", lambda: False)
     x = torch.zeros(2, 3)
     assert not use_fused(x)
-    with backend("fused"), pytest.raises(RuntimeError, match="needs Triton"):
-        use_fused(x)
+    for name in ("fused", "triton"):
+        with backend(name), pytest.raises(RuntimeError, match="Triton is not installed"):
+            use_fused(x)
 
 
 @needs_triton
 def test_use_fused_forced(monkeypatch: pytest.MonkeyPatch):
     x = torch.zeros(2, 3)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with backend("fused"):
+    with backend("triton"):
         assert use_fused(x, None, x)
-        assert not use_fused(x.double(), x)  # float64 stays on the reference path
+        with pytest.raises(RuntimeError, match="float32"):  # no silent fallback
+            use_fused(x.double(), x)
     if not HAS_CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")
-        with backend("fused"), pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        with backend("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
             use_fused(x)
 
 
@@ -494,7 +496,7 @@ def test_cov_sweep(device, S, N, R, shared):
 @pytest.mark.triton
 @pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
 def test_response_moments_dispatches_to_the_kernels(device, mode, monkeypatch):
-    """``backend("fused")`` routes a whole GPN layer through the kernels, with equal results."""
+    """``backend("triton")`` routes a whole GPN layer through the kernels, with equal results."""
     import pyro_gpn.moments.fused as fused_mod
     from pyro_gpn import GPNLayer, Moments
 
@@ -518,7 +520,7 @@ def test_response_moments_dispatches_to_the_kernels(device, mode, monkeypatch):
 
     with backend("reference"):
         expected = run()
-    with backend("fused"):
+    with backend("triton"):
         got = run()
     assert calls, "the fused kernels were not called"
     for e, g in zip(expected, got):

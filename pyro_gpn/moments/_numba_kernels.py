@@ -1,0 +1,398 @@
+"""Numba kernels of :mod:`pyro_gpn.moments.cpu_kernels` (imported on first use: imports numba).
+
+All arrays are float64 and C-contiguous. A parameter array with leading dimension 1 is shared
+by all units (index ``n * min(shape[0] - 1, 1)``). Formulas and derivations: see
+:mod:`pyro_gpn.moments.cpu_kernels`.
+"""
+
+# ruff: noqa: E501
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_OPTS)
+def gsum(x, h, K, w, wts, acc, coef, grad):
+    """``sum_k wts[k] E_k`` with ``E_k = exp(-(x - k h)^2 / w)`` and its first two
+    moments ``sum wts E e``, ``sum wts E e^2`` (``e = x - k h``); if ``grad``,
+    ``acc[k] += coef * E_k``."""
+    f = np.floor(x / h + 0.5)  # nearest centre, clamped in floating point (NaN -> 0)
+    if not f > 0.0:
+        f = 0.0
+    if f > K - 1.0:
+        f = K - 1.0
+    j0 = int(f)
+    delta = x - j0 * h
+    E0 = math.exp(-delta * delta / w)
+    g0 = wts[j0] * E0
+    g1 = g0 * delta
+    g2 = g1 * delta
+    if grad:
+        acc[j0] += coef * E0
+    if K > 1:
+        up = j0 < K - 1
+        down = j0 > 0
+        hh = h * h
+        if up and down:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = q_up * q_dn
+        elif up:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = 0.0
+            rho = math.exp(-2.0 * hh / w)
+        else:
+            q_up = 0.0
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = math.exp(-2.0 * hh / w)
+        E = E0
+        q = q_up
+        for k in range(j0 + 1, K):
+            E *= q
+            q *= rho
+            e = x - k * h
+            t = wts[k] * E
+            g0 += t
+            t *= e
+            g1 += t
+            g2 += t * e
+            if grad:
+                acc[k] += coef * E
+        E = E0
+        q = q_dn
+        for k in range(j0 - 1, -1, -1):
+            E *= q
+            q *= rho
+            e = x - k * h
+            t = wts[k] * E
+            g0 += t
+            t *= e
+            g1 += t
+            g2 += t * e
+            if grad:
+                acc[k] += coef * E
+    return g0, g1, g2
+
+
+@njit(parallel=True, **_OPTS)
+def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean, var, pre):
+    """Means and variances; ``P`` midpoint weights of ``C - beta beta^T`` (broad regime),
+    ``PC`` those of ``C`` with ``z``, ``wq`` the Gauss-Hermite rule (narrow regime:
+    ``v <= ratio2 * lambda^2``)."""
+    S, N = mu.shape
+    R = V.shape[1]
+    K = P.shape[1]
+    Q = z.shape[0]
+    dummy = np.zeros(1)
+    for n in prange(N):
+        iv = n * min(V.shape[0] - 1, 1)
+        x0 = V[iv, 0]
+        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        p = P[n * min(P.shape[0] - 1, 1)]
+        pc = PC[n * min(PC.shape[0] - 1, 1)]
+        nz = noise[n * min(noise.shape[0] - 1, 1)]
+        mvals = np.empty(Q)
+        for s in range(S):
+            m = mu[s, n]
+            vv = v[s, n]
+            x = m - x0
+            c1 = l2 + vv
+            g0, _, _ = gsum(x, h, R, 2.0 * c1, b, dummy, 0.0, False)
+            mn = math.sqrt(l2 / c1) * g0
+            mean[s, n] = mn
+            if with_var:
+                if vv <= ratio2 * l2:  # narrow: Gauss-Hermite over a = m + sqrt(v) z
+                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    mbar = 0.0
+                    eq = 0.0
+                    if sd == 0.0:  # all nodes coincide: var = 1 - q(mu), no spread
+                        qi, _, _ = gsum(x, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        pre[s, n] = 1.0 - qi
+                        var[s, n] = max(1.0 - qi, 0.0) + nz
+                        continue
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                        qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        mvals[i] = mi
+                        mbar += wq[i] * mi
+                        eq += wq[i] * (1.0 - qi)
+                    spread = 0.0
+                    for i in range(Q):
+                        d = mvals[i] - mbar
+                        spread += wq[i] * d * d
+                    pr = eq + spread
+                else:  # broad: closed form 1 - tr[(C - beta beta^T) Omega] - mean^2
+                    c2 = l2 + 2.0 * vv
+                    t0, _, _ = gsum(x, 0.5 * h, K, c2, p, dummy, 0.0, False)
+                    pr = 1.0 - math.sqrt(l2 / c2) * t0 - mn * mn
+                pre[s, n] = pr
+                var[s, n] = max(pr, 0.0) + nz
+
+
+@njit(parallel=True, **_OPTS)
+def meanvar_bwd(
+    mu, v, V, lam, beta, P, PC, z, wq, ratio2, mean, pre, gmean, gvar, with_var,
+    dmu, dv, dlam, dbeta, dP, dPC,
+):  # fmt: skip
+    S, N = mu.shape
+    R = V.shape[1]
+    K = P.shape[1]
+    Q = z.shape[0]
+    dummy = np.zeros(1)
+    for n in prange(N):
+        iv = n * min(V.shape[0] - 1, 1)
+        x0 = V[iv, 0]
+        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        l2 = lm * lm
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        p = P[n * min(P.shape[0] - 1, 1)]
+        pc = PC[n * min(PC.shape[0] - 1, 1)]
+        acc_b = dbeta[n]
+        acc_p = dP[n]
+        acc_pc = dPC[n]
+        acc_l2 = 0.0
+        mvals = np.empty(Q)
+        for s in range(S):
+            m = mu[s, n]
+            vv = v[s, n]
+            x = m - x0
+            gm = gmean[s, n]
+            G = 0.0
+            narrow = False
+            if with_var:
+                if pre[s, n] >= 0.0:
+                    G = gvar[s, n]
+                narrow = vv <= ratio2 * l2
+                if not narrow:
+                    gm -= 2.0 * G * mean[s, n]
+            c1 = l2 + vv
+            a1 = math.sqrt(l2 / c1)
+            g0, g1, g2 = gsum(x, h, R, 2.0 * c1, b, acc_b, gm * a1, True)
+            # d mean / d (mu, v, lambda^2)
+            ic1 = 1.0 / c1
+            half = 0.5 * a1 * g2 * ic1 * ic1
+            gmu = gm * (-a1 * g1 * ic1)
+            gv = gm * (-0.5 * a1 * g0 * ic1 + half)
+            gl2 = gm * (0.5 * a1 * g0 * (1.0 / l2 - ic1) + half)
+            if with_var and G != 0.0:
+                if narrow:
+                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    mbar = 0.0
+                    da_sum = 0.0
+                    dz_sum = 0.0
+                    if sd == 0.0:  # all nodes coincide (weights sum to 1): var = 1 - q(mu)
+                        _, q1, q2 = gsum(x, 0.5 * h, K, l2, pc, acc_pc, -G, True)
+                        gmu += G * 2.0 * q1 / l2
+                        gl2 -= G * q2 / (l2 * l2)
+                        dmu[s, n] = gmu
+                        dv[s, n] = gv
+                        acc_l2 += gl2
+                        continue
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                        _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * wq[i], True)
+                        mvals[i] = mi
+                        mbar += wq[i] * mi
+                        # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
+                        da = 2.0 * wq[i] * q1 / l2
+                        da_sum += da
+                        dz_sum += da * z[i]
+                        gl2 -= G * wq[i] * q2 / (l2 * l2)
+                    for i in range(Q):
+                        xi = x + sd * z[i]
+                        coef = 2.0 * wq[i] * (mvals[i] - mbar)
+                        _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
+                        da = -coef * m1 / l2
+                        da_sum += da
+                        dz_sum += da * z[i]
+                        gl2 += G * coef * m2 / (2.0 * l2 * l2)
+                    gmu += G * da_sum
+                    if sd > 0.0:
+                        gv += G * dz_sum / (2.0 * sd)
+                else:
+                    c2 = l2 + 2.0 * vv
+                    a2 = math.sqrt(l2 / c2)
+                    gt = -G
+                    t0, t1, t2 = gsum(x, 0.5 * h, K, c2, p, acc_p, gt * a2, True)
+                    ic2 = 1.0 / c2
+                    dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
+                    gmu += gt * (-2.0 * a2 * t1 * ic2)
+                    gv += gt * (2.0 * dt_c2)
+                    gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
+            dmu[s, n] = gmu
+            dv[s, n] = gv
+            acc_l2 += gl2
+        dlam[n] = 2.0 * lm * acc_l2
+
+
+@njit(**_OPTS)
+def midpoint_fwd(C, beta, lam, V, P):
+    G, K = P.shape
+    R = V.shape[1]
+    for n in range(G):
+        c = C[n * min(C.shape[0] - 1, 1)]
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        iv = n * min(V.shape[0] - 1, 1)
+        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        a = h * h / (4.0 * lm * lm)
+        for k in range(K):
+            P[n, k] = 0.0
+        for r in range(R):
+            for t in range(R):
+                j = r - t
+                P[n, r + t] += (c[r, t] - b[r] * b[t]) * math.exp(-a * j * j)
+
+
+@njit(**_OPTS)
+def midpoint_bwd(C, beta, lam, V, gP, dC, dbeta, dlam):
+    G, K = gP.shape
+    R = V.shape[1]
+    for n in range(G):
+        c = C[n * min(C.shape[0] - 1, 1)]
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        iv = n * min(V.shape[0] - 1, 1)
+        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        a = h * h / (4.0 * lm * lm)
+        gl = 0.0
+        for r in range(R):
+            db = 0.0
+            for t in range(R):
+                j = r - t
+                d = math.exp(-a * j * j)
+                g = gP[n, r + t] * d
+                dC[n, r, t] = g
+                db -= 2.0 * g * b[t]
+                gl += g * (c[r, t] - b[r] * b[t]) * 2.0 * a * j * j / lm
+            dbeta[n, r] = db
+        dlam[n] = gl
+
+
+@njit(**_OPTS)
+def vow_fwd(V, U, Svar, lam, jitter, kappa, beta):
+    G, R = U.shape
+    A = np.empty((R, R))
+    L = np.empty((R, R))
+    Li = np.empty((R, R))
+    for n in range(G):
+        lm = lam[n]
+        for r in range(R):
+            for t in range(R):
+                d = V[n, r] - V[n, t]
+                A[r, t] = math.exp(-0.5 * d * d / (lm * lm))
+            A[r, r] += Svar[n, r] + jitter
+        # Cholesky A = L L^T
+        for j in range(R):
+            s = A[j, j]
+            for k in range(j):
+                s -= L[j, k] * L[j, k]
+            if not s > 0.0:
+                return False
+            ljj = math.sqrt(s)
+            L[j, j] = ljj
+            for i in range(j + 1, R):
+                s = A[i, j]
+                for k in range(j):
+                    s -= L[i, k] * L[j, k]
+                L[i, j] = s / ljj
+            for i in range(j):
+                L[i, j] = 0.0
+        # beta = A^-1 U by the two triangular solves with L (as cholesky_solve)
+        for r in range(R):
+            acc = U[n, r]
+            for k in range(r):
+                acc -= L[r, k] * beta[n, k]
+            beta[n, r] = acc / L[r, r]
+        for r in range(R - 1, -1, -1):
+            acc = beta[n, r]
+            for k in range(r + 1, R):
+                acc -= L[k, r] * beta[n, k]
+            beta[n, r] = acc / L[r, r]
+        # kappa = A^-1 by Gauss-Jordan elimination with partial pivoting (an LU inverse, as
+        # torch.linalg.inv), symmetrised
+        for r in range(R):
+            for t in range(R):
+                Li[r, t] = 1.0 if r == t else 0.0
+        for col in range(R):
+            piv = col
+            big = abs(A[col, col])
+            for r in range(col + 1, R):
+                if abs(A[r, col]) > big:
+                    big = abs(A[r, col])
+                    piv = r
+            if piv != col:
+                for t in range(R):
+                    tmp = A[col, t]
+                    A[col, t] = A[piv, t]
+                    A[piv, t] = tmp
+                    tmp = Li[col, t]
+                    Li[col, t] = Li[piv, t]
+                    Li[piv, t] = tmp
+            inv = 1.0 / A[col, col]
+            for t in range(R):
+                A[col, t] *= inv
+                Li[col, t] *= inv
+            for r in range(R):
+                if r != col:
+                    f = A[r, col]
+                    if f != 0.0:
+                        for t in range(R):
+                            A[r, t] -= f * A[col, t]
+                            Li[r, t] -= f * Li[col, t]
+        for r in range(R):
+            for t in range(r, R):
+                sym = 0.5 * (Li[r, t] + Li[t, r])
+                kappa[n, r, t] = sym
+                kappa[n, t, r] = sym
+    return True
+
+
+@njit(**_OPTS)
+def vow_bwd(V, U, lam, kappa, beta, gK, gb, dU, dS, dlam):
+    G, R = U.shape
+    M = np.empty((R, R))
+    T = np.empty((R, R))
+    for n in range(G):
+        lm = lam[n]
+        # M = sym(gK + gb U^T)
+        for r in range(R):
+            for t in range(R):
+                M[r, t] = 0.5 * (
+                    gK[n, r, t] + gK[n, t, r] + gb[n, r] * U[n, t] + gb[n, t] * U[n, r]
+                )
+        for r in range(R):
+            s = 0.0
+            for t in range(R):
+                s += kappa[n, r, t] * gb[n, t]
+            dU[n, r] = s
+        # dA = -kappa M kappa
+        for r in range(R):
+            for t in range(R):
+                s = 0.0
+                for k in range(R):
+                    s += kappa[n, r, k] * M[k, t]
+                T[r, t] = s
+        gl = 0.0
+        for r in range(R):
+            for t in range(R):
+                s = 0.0
+                for k in range(R):
+                    s += T[r, k] * kappa[n, k, t]
+                if r == t:
+                    dS[n, r] = -s
+                else:
+                    d = V[n, r] - V[n, t]
+                    d2 = d * d / (lm * lm)
+                    gl -= s * math.exp(-0.5 * d2) * d2 / lm
+        dlam[n] = gl

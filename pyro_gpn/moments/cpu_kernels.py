@@ -1,0 +1,337 @@
+r"""Fused CPU kernels (Numba) for the closed-form GPN moments, equidistant inducing points.
+
+The reference path (:mod:`pyro_gpn.moments.propagate`) evaluates the Gaussian sums
+
+.. math::
+
+    \psi^T\beta = \sqrt{\lambda^2 / c_1} \sum_r \beta_r e^{-(\mu - V_r)^2 / (2 c_1)},
+    \qquad
+    tr[(C - \beta\beta^T)\Omega] = \sqrt{\lambda^2 / c_2} \sum_k P_k e^{-(\mu - m_k)^2 / c_2}
+
+(``eq:gpn_normal_E_alpha``, ``eq:gpn_normal_mu``, ``eq:gpn_normal_omega``,
+``eq:gpn_normal_Sigmatilde``; ``c_1 = \lambda^2 + v``, ``c_2 = \lambda^2 + 2 v``, ``m_k`` the
+``2R - 1`` midpoints and ``P`` the midpoint weights of
+:func:`~pyro_gpn.moments.propagate.midpoint_expansion`) as a chain of full-size ``[S, N, K]``
+tensor operations. Here one compiled loop visits every (sample, unit) once, forward and
+backward, and keeps everything in registers.
+
+**Geometric progression.** For equidistant centres ``x_0 + k h`` the Gaussians
+``E_k = exp(-(mu - x_0 - k h)^2 / w)`` satisfy ``E_{k+1} / E_k = q_k`` with
+``q_{k+1} = q_k rho``, ``rho = exp(-2 h^2 / w)``. Anchored at the centre nearest to ``mu``
+(offset ``delta``, ``|delta| <= h / 2`` inside the range), the sum needs three exponentials per
+row: ``E_{k_0} = exp(-delta^2 / w)``, ``q_up = exp((2 delta h - h^2) / w)`` and
+``q_down = exp((-2 delta h - h^2) / w)`` (``rho = q_up q_down``). Every factor is ``<= 1``, so
+nothing overflows; outside the range only one direction is walked and ``rho`` is exponentiated
+directly. The relative error grows like ``K`` roundings (about ``1e-14`` in float64).
+
+**Parameter-only part.** ``kappa = (K(V, V) + diag(S))^-1`` (LU inverse) and ``beta = kappa U``
+(``eq:gpn_normal_alpha_kappa``, Cholesky solve), and the midpoint weights
+``P_k = sum_{r + t = k} (C_rt - beta_r beta_t) exp(-(r - t)^2 h^2 / (4 lambda^2))``, with their
+backward passes in closed form (``d kappa = -kappa dG kappa``), also as compiled loops: a few
+microseconds for a 50-unit layer instead of dozens of small PyTorch operations.
+
+Everything is computed in float64 whatever the input dtype (the inputs are cast on entry and the
+results cast back), so float32 layers get float64 per-sample algebra for free.
+
+Numba is optional (``pip install 'pyro-gpn[fast]'``). Kernels are compiled on first use and
+cached on disk (``cache=True``): the first call in a fresh environment compiles for several
+seconds (see ``docs/results/layer_speed.md``), later processes load the cache in well under a
+second. Multi-threading follows :func:`torch.get_num_threads` (``prange`` over units).
+:mod:`pyro_gpn.moments.backend` decides when these kernels are used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from .backend import numba_available
+
+__all__ = [
+    "NotPositiveDefinite",
+    "cpu_response_mean",
+    "cpu_response_meanvar",
+    "cpu_virtual_observation_weights",
+    "numba_available",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: pyro_gpn/moments/_numba_kernels.py, imported (and compiled) on first use
+# ---------------------------------------------------------------------------------------------
+@functools.cache
+def _kernels():
+    if not numba_available():
+        raise RuntimeError(
+            "the fused CPU kernels need numba, which is not installed "
+            "(pip install 'pyro-gpn[fast]'); use backend('auto') or backend('reference')"
+        )
+    import numba
+
+    from . import _numba_kernels
+
+    return numba, _numba_kernels
+
+
+def _k(name: str):
+    """The kernel ``name``, run on as many threads as torch uses (:func:`torch.get_num_threads`)."""
+    numba, module = _kernels()
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return getattr(module, name)
+
+
+@functools.cache
+def _gauss_hermite_rule(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    z, w = np.polynomial.hermite_e.hermegauss(num_nodes)
+    return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
+
+
+def _gauss_hermite(v: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The narrow-regime rule of this call, chosen as the reference does: the node count of
+    :data:`~pyro_gpn.moments.propagate.GH_TIERS` for the largest ``sqrt(v) / lambda`` of the
+    narrow entries (:func:`~pyro_gpn.moments.propagate.gauss_hermite_nodes`)."""
+    from .propagate import gauss_hermite_nodes
+
+    ratio2 = v / np.broadcast_to(lam, (v.shape[1],)) ** 2 if v.size else v
+    narrow = ratio2 <= _ratio2()
+    top = float(ratio2[narrow].max()) if narrow.any() else 0.0
+    return _gauss_hermite_rule(gauss_hermite_nodes(top**0.5))
+
+
+def _np(t: Tensor | None) -> np.ndarray | None:
+    """Contiguous float64 numpy view (or copy) of a CPU tensor."""
+    if t is None:
+        return None
+    return np.ascontiguousarray(t.detach().to(torch.float64).numpy())
+
+
+def _torch(a: np.ndarray, like: Tensor) -> Tensor:
+    return torch.from_numpy(a).to(like.dtype)
+
+
+def _reduce(grad: np.ndarray, like: Tensor) -> Tensor:
+    """Gradient ``[G, ...]`` of a parameter ``like`` of shape ``[G | 1, ...]``."""
+    if like.shape[0] == 1 and grad.shape[0] != 1:
+        grad = grad.sum(0, keepdims=True)
+    return _torch(np.ascontiguousarray(grad), like)
+
+
+def _units(num_units: int, *params: Tensor | None) -> int:
+    """Leading size of per-unit gradient buffers: ``N`` if any parameter is per unit, else 1."""
+    return num_units if any(p is not None and p.shape[0] > 1 for p in params) else 1
+
+
+def _ratio2() -> float:
+    from .propagate import GH_MAX_STD_RATIO
+
+    return float(GH_MAX_STD_RATIO) ** 2
+
+
+class NotPositiveDefinite(torch.linalg.LinAlgError):
+    """``K(V, V) + diag(S)`` failed the Cholesky factorisation in the CPU kernel (the reference
+    path then retries with more jitter, :func:`~pyro_gpn.moments.propagate.safe_cholesky`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd functions
+# ---------------------------------------------------------------------------------------------
+class _MeanVar(torch.autograd.Function):
+    """``(mean, var)`` (or ``mean`` alone) of one layer; ``C is None`` means "mean only"."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, mu, v, V, lam, beta, C, noise_var):
+        with_var = C is not None
+        S, N = mu.shape
+        R = V.shape[1]
+        mu_, V_, lam_, beta_ = _np(mu), _np(V), _np(lam), _np(beta)
+        v_ = np.zeros((S, N)) if v is None else _np(v)
+        if with_var:
+            G = max(C.shape[0], beta.shape[0], lam.shape[0], V.shape[0])
+            P_, PC_ = np.empty((G, 2 * R - 1)), np.empty((G, 2 * R - 1))
+            C_ = _np(C)
+            _k("midpoint_fwd")(C_, beta_, lam_, V_, P_)
+            _k("midpoint_fwd")(C_, np.zeros((1, R)), lam_, V_, PC_)
+        else:
+            P_ = PC_ = np.zeros((1, 1))
+            C_ = None
+        z, wq = _gauss_hermite(v_, lam_) if with_var else _gauss_hermite_rule(1)
+        noise_ = np.zeros(1) if noise_var is None else _np(noise_var)
+        mean = np.empty((S, N))
+        var = np.empty((S, N)) if with_var else mean
+        pre = np.empty((S, N)) if with_var else mean
+        _k("meanvar_fwd")(
+            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), noise_, with_var, mean, var, pre
+        )
+        ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre)
+        ctx.rule = (z, wq)
+        ctx.with_var = with_var
+        ctx.has_v = v is not None
+        ctx.like = (mu, V, lam, beta, C, noise_var)
+        out_mean = _torch(mean, mu)
+        if not with_var:
+            return out_mean
+        return out_mean, _torch(var, mu)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gmean, gvar=None):
+        mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre = ctx.arrays
+        mu, V, lam, beta, C, noise_var = ctx.like
+        with_var = ctx.with_var
+        S, N = mu_.shape
+        R = V_.shape[1]
+        gm = np.zeros((S, N)) if gmean is None else _np(gmean)
+        gv = np.zeros((S, N)) if (gvar is None or not with_var) else _np(gvar)
+        dmu, dv = np.empty((S, N)), np.empty((S, N))
+        dlam = np.empty(N)
+        dbeta = np.zeros((N, R))
+        dP, dPC = np.zeros((N, P_.shape[1])), np.zeros((N, P_.shape[1]))
+        z, wq = ctx.rule
+        _k("meanvar_bwd")(
+            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), mean, pre, gm, gv, with_var,
+            dmu, dv, dlam, dbeta, dP, dPC,
+        )  # fmt: skip
+        need = ctx.needs_input_grad
+        g_lam = _reduce(dlam, lam) if need[3] else None
+        g_beta = _reduce(dbeta, beta) if need[4] else None
+        g_C = None
+        if with_var:
+            G = P_.shape[0]
+            if G == 1:
+                dP, dPC = dP.sum(0, keepdims=True), dPC.sum(0, keepdims=True)
+            dC, dbeta2, dlam2 = np.empty((G, R, R)), np.empty((G, R)), np.empty(G)
+            _k("midpoint_bwd")(C_, beta_, lam_, V_, dP, dC, dbeta2, dlam2)
+            dC3, dbeta3, dlam3 = np.empty((G, R, R)), np.empty((G, R)), np.empty(G)
+            _k("midpoint_bwd")(C_, np.zeros((1, R)), lam_, V_, dPC, dC3, dbeta3, dlam3)
+            if need[3]:
+                g_lam = g_lam + _reduce(dlam2 + dlam3, lam)
+            if need[4]:
+                g_beta = g_beta + _reduce(dbeta2, beta)
+            g_C = _reduce(dC + dC3, C) if need[5] else None
+        g_noise = None
+        if noise_var is not None and need[6]:
+            g_noise = _reduce(gv.sum(0), noise_var)
+        return (
+            _torch(dmu, mu) if need[0] else None,
+            _torch(dv, mu) if (need[1] and ctx.has_v) else None,
+            None,
+            g_lam,
+            g_beta,
+            g_C,
+            g_noise,
+        )
+
+
+class _VirtualObservations(torch.autograd.Function):
+    """``kappa = (K(V, V) + diag(S + jitter))^-1`` and ``beta = kappa U`` per unit."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, V, U, Svar, lam, jitter):
+        G = max(V.shape[0], U.shape[0], Svar.shape[0], lam.shape[0])
+        R = V.shape[1]
+        V_ = np.ascontiguousarray(np.broadcast_to(_np(V), (G, R)))
+        U_ = np.ascontiguousarray(np.broadcast_to(_np(U), (G, R)))
+        S_ = np.ascontiguousarray(np.broadcast_to(_np(Svar), (G, R)))
+        lam_ = np.ascontiguousarray(np.broadcast_to(_np(lam), (G,)))
+        kappa = np.empty((G, R, R))
+        beta = np.empty((G, R))
+        if not _k("vow_fwd")(V_, U_, S_, lam_, float(jitter), kappa, beta):
+            raise NotPositiveDefinite(
+                "K(V, V) + diag(target_variances) is not positive definite (fused CPU kernel)"
+            )
+        ctx.arrays = (V_, U_, lam_, kappa, beta)
+        ctx.like = (U, Svar, lam)
+        return _torch(kappa, U), _torch(beta, U)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gK, gb):
+        V_, U_, lam_, kappa, beta = ctx.arrays
+        U, Svar, lam = ctx.like
+        G, R = U_.shape
+        gK_ = np.zeros((G, R, R)) if gK is None else _np(gK)
+        gb_ = np.zeros((G, R)) if gb is None else _np(gb)
+        dU, dS, dlam = np.empty((G, R)), np.empty((G, R)), np.empty(G)
+        _k("vow_bwd")(V_, U_, lam_, kappa, beta, gK_, gb_, dU, dS, dlam)
+        need = ctx.needs_input_grad
+        return (
+            None,
+            _reduce(dU, U) if need[1] else None,
+            _reduce(dS, Svar) if need[2] else None,
+            _reduce(dlam, lam) if need[3] else None,
+            None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+def cpu_response_mean(mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta: Tensor) -> Tensor:
+    """Output means ``sqrt(lambda^2 / c_1) sum_r beta_r exp(-(mu - V_r)^2 / (2 c_1))``.
+
+    ``eq:gpn_normal_mu`` with ``psi`` of ``eq:gpn_normal_E_alpha``.
+
+    Args:
+        mu: ``[S, N]`` activation means; v: ``[S, N]`` variances or ``None`` (deterministic).
+        V: ``[N | 1, R]`` equidistant, ascending inducing points (not differentiated).
+        lam: ``[N | 1]`` lengthscales; beta: ``[N | 1, R]``.
+
+    Returns:
+        ``[S, N]`` in ``mu``'s dtype, differentiable w.r.t. ``mu``, ``v``, ``lam``, ``beta``.
+    """
+    return _MeanVar.apply(mu, v, V, lam, beta, None, None)
+
+
+def cpu_response_meanvar(
+    mu: Tensor,
+    v: Tensor,
+    V: Tensor,
+    lam: Tensor,
+    beta: Tensor,
+    C: Tensor,
+    noise_var: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Output means and variances (``eq:gpn_normal_mu``, ``eq:gpn_normal_Sigmatilde``).
+
+    ``var = max(0, 1 - tr[(C - beta beta^T) Omega] - mean^2) + noise_var``, the trace through
+    the midpoint expansion; the same function as the reference path of
+    :func:`~pyro_gpn.moments.propagate.response_moments` in ``"meanvar"`` mode.
+
+    Args:
+        mu, v: ``[S, N]``; V: ``[N | 1, R]`` equidistant ascending (not differentiated);
+        lam: ``[N | 1]``; beta: ``[N | 1, R]``; C: ``[N | 1, R, R]``; noise_var: ``[N | 1]``.
+
+    Returns:
+        ``(mean, var)`` ``[S, N]`` in ``mu``'s dtype, differentiable w.r.t. every input but
+        ``V``.
+    """
+    return _MeanVar.apply(mu, v, V, lam, beta, C, noise_var)
+
+
+def cpu_virtual_observation_weights(
+    inducing_points: Tensor,
+    targets: Tensor,
+    target_variances: Tensor,
+    lengthscales: Tensor,
+    jitter: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """``kappa = (K(V, V) + diag(S + jitter))^-1`` and ``beta = kappa U``
+    (``eq:gpn_normal_alpha_kappa``) in one compiled loop per call: ``beta`` by a Cholesky solve,
+    ``kappa`` by an LU (Gauss-Jordan, partial pivoting) inverse, symmetrised -- the same
+    factorisations as the reference path.
+
+    Shapes as :func:`~pyro_gpn.moments.propagate.virtual_observation_weights`; the inducing
+    points are not differentiated.
+
+    Raises:
+        NotPositiveDefinite: if a ``K(V, V) + diag(S)`` fails the Cholesky factorisation.
+    """
+    return _VirtualObservations.apply(
+        inducing_points, targets, target_variances, lengthscales, jitter
+    )

@@ -1,0 +1,155 @@
+"""Dispatch between the reference path and the fused kernels (:mod:`pyro_gpn.moments.backend`).
+
+``"auto"`` picks by device, dtype, package and layer and never raises; the forcing backends
+(``"fused"``, ``"cpu"``, ``"triton"``) raise with the reason when they cannot run, instead of
+falling back silently; a whole layer gives the same values and gradients on every backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyro_gpn import GPNLayer, Moments
+from pyro_gpn.moments import backend as backend_mod
+from pyro_gpn.moments.backend import (
+    BACKENDS,
+    backend,
+    cpu_parameter_kernels,
+    numba_available,
+    select_backend,
+)
+
+needs_numba = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+V = torch.linspace(-2, 2, 6, dtype=torch.float64).expand(3, -1).clone()
+IRREGULAR = torch.tensor([[-2.0, -1.0, 0.5, 2.0]], dtype=torch.float64)
+
+
+def test_backend_names():
+    assert BACKENDS == ("auto", "reference", "fused", "cpu", "triton")
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_auto_picks_cpu_kernels_for_fixed_equidistant_points(dtype):
+    x = torch.zeros(2, 3, dtype=dtype)
+    assert select_backend(x, inducing_points=V.to(dtype)) == "cpu"
+    assert select_backend(x, inducing_points=V.to(dtype), equidistant=True) == "cpu"
+    assert cpu_parameter_kernels(V, x)
+
+
+@needs_numba
+def test_auto_falls_back_to_reference_where_the_kernels_cannot_run():
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    assert select_backend(x, inducing_points=V.clone().requires_grad_()) == "reference"
+    assert select_backend(x, inducing_points=IRREGULAR) == "reference"
+    assert select_backend(x, inducing_points=V, equidistant=False) == "reference"
+    assert select_backend(x.half(), inducing_points=V.half()) == "reference"
+    assert not cpu_parameter_kernels(V.clone().requires_grad_(), x)
+    with backend("reference"):
+        assert select_backend(x, inducing_points=V) == "reference"
+        assert not cpu_parameter_kernels(V, x)
+
+
+def test_auto_without_numba(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(backend_mod, "numba_available", lambda: False)
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    assert select_backend(x, inducing_points=V) == "reference"
+    assert not cpu_parameter_kernels(V, x)
+    for name in ("fused", "cpu"):
+        with backend(name), pytest.raises(RuntimeError, match="numba is not installed"):
+            select_backend(x, inducing_points=V)
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["fused", "cpu"])
+def test_forced_cpu_backend_raises_with_the_reason(name):
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    with backend(name):
+        assert select_backend(x, inducing_points=V) == "cpu"
+        with pytest.raises(RuntimeError, match="fixed inducing points"):
+            select_backend(x, inducing_points=V.clone().requires_grad_())
+        with pytest.raises(RuntimeError, match="equidistant"):
+            select_backend(x, inducing_points=IRREGULAR)
+        with pytest.raises(RuntimeError, match="float32 or float64"):
+            select_backend(x.half(), inducing_points=V.half())
+
+
+def test_forced_triton_on_cpu_without_interpreter_raises(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.zeros(2, 3)
+    with backend("triton"), pytest.raises(RuntimeError, match="cannot run"):
+        select_backend(x, inducing_points=V.float())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_auto_never_raises_and_picks_no_triton_on_cpu(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter is for tests, never auto
+    x = torch.zeros(2, 3)
+    assert select_backend(x, inducing_points=IRREGULAR.float()) == "reference"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_picks_triton_on_cuda():
+    x = torch.zeros(2, 3, device="cuda")
+    expected = "triton" if backend_mod.triton_available() else "reference"
+    assert select_backend(x, inducing_points=V.float().cuda()) == expected
+    assert select_backend(x.double(), inducing_points=V.cuda()) == "reference"
+    with backend("fused"), pytest.raises(RuntimeError, match="float32"):
+        select_backend(x.double(), inducing_points=V.cuda())
+
+
+@needs_numba
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+@pytest.mark.parametrize("share", ["none", "layer"])
+@pytest.mark.parametrize("compute_dtype", [torch.float64, None])
+def test_layer_same_on_every_cpu_backend(mode, share, compute_dtype, monkeypatch):
+    """A GPN layer: the CPU kernels are reached under "auto" and give the reference's values
+    and gradients (float64 algebra: to 1e-10; float32: to float32 rounding)."""
+    from pyro_gpn.moments import cpu_kernels
+
+    calls = []
+    for name in ("cpu_response_mean", "cpu_response_meanvar"):
+        original = getattr(cpu_kernels, name)
+        monkeypatch.setattr(
+            cpu_kernels, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+        )
+    torch.manual_seed(0)
+    layer = GPNLayer(4, 7, num_inducing=9, share=share, compute_dtype=compute_dtype)
+    mean = torch.randn(5, 4)
+    a = torch.randn(5, 4, 4) / 4
+    cov = 0.1 * a @ a.mT + 0.01 * torch.eye(4)
+
+    def run():
+        layer.zero_grad()
+        out = layer.propagate(Moments(mean, cov=cov), mode)
+        total = out.mean.sum() + (0 if out.is_deterministic else out.covariance.sum())
+        total.backward()
+        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+        return [out.mean.detach(), out.covariance.detach(), *grads]
+
+    with backend("reference"):
+        expected = run()
+    got = run()
+    if mode == "cov":  # no cross-term kernel yet: auto takes the reference path, cpu raises
+        assert not calls
+        with backend("cpu"), pytest.raises(RuntimeError, match="full-covariance"):
+            run()
+    else:
+        assert calls, "the CPU kernels were not called under backend('auto')"
+    tol = {"rtol": 1e-10, "atol": 1e-10} if compute_dtype else {"rtol": 2e-4, "atol": 2e-5}
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, **tol)
+
+
+@needs_numba
+def test_learnable_inducing_points_keep_the_reference_path(monkeypatch):
+    from pyro_gpn.moments import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "cpu_response_meanvar", None)  # would fail if called
+    layer = GPNLayer(3, 4, learn_inducing=True)
+    out = layer.propagate(Moments(torch.randn(2, 3), var=torch.rand(2, 3)), "meanvar")
+    out.var.sum().backward()
+    assert layer.inducing_points.grad is not None
+    with backend("fused"), pytest.raises(RuntimeError, match="fixed inducing points"):
+        layer.propagate(Moments(torch.randn(2, 3), var=torch.rand(2, 3)), "meanvar")

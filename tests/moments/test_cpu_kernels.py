@@ -1,0 +1,245 @@
+"""Fused CPU kernels (:mod:`pyro_gpn.moments.cpu_kernels`) against the float64 reference path.
+
+Every kernel is compared, values and gradients of every input, with
+:func:`pyro_gpn.moments.propagate.response_moments` / ``virtual_observation_weights`` on the
+reference backend in float64, over odd sizes, shared (layer-wide) parameters and the extreme
+regimes (activations far outside the inducing range, tiny and zero input variances, tiny target
+variances, short and long lengthscales), by ``gradcheck`` in float64, and the layer means and
+variances against Gauss-Hermite quadrature of the conditional moments (independent of the
+closed form).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_gpn.moments.backend import backend, numba_available
+from pyro_gpn.moments.gaussian import Moments
+from pyro_gpn.moments.propagate import response_moments, virtual_observation_weights
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+
+if numba_available():
+    from pyro_gpn.moments.cpu_kernels import (
+        cpu_response_mean,
+        cpu_response_meanvar,
+        cpu_virtual_observation_weights,
+    )
+
+F64 = torch.float64
+
+
+def make(
+    S: int,
+    N: int,
+    R: int,
+    shared: bool = False,
+    seed: int = 0,
+    lengthscale: float = 0.4,
+    target_var: float = 0.05,
+    mu_scale: float = 1.5,
+    v_scale: float = 0.3,
+    dtype: torch.dtype = F64,
+):
+    """Leaf tensors ``mu, v, V, U, Svar, lam, noise`` of one layer (params ``[1, ...]`` if
+    ``shared``)."""
+    g = torch.Generator().manual_seed(seed)
+    G = 1 if shared else N
+    V = torch.linspace(-2, 2, R, dtype=F64).expand(G, -1).clone()
+    mu = mu_scale * torch.randn(S, N, generator=g, dtype=F64)
+    v = v_scale * torch.rand(S, N, generator=g, dtype=F64)
+    U = torch.randn(G, R, generator=g, dtype=F64)
+    Svar = target_var * (0.5 + torch.rand(G, R, generator=g, dtype=F64))
+    lam = lengthscale * (0.8 + 0.4 * torch.rand(G, generator=g, dtype=F64))
+    noise = 0.01 + 0.01 * torch.rand(G, generator=g, dtype=F64)
+    out = [mu, v, V, U, Svar, lam, noise]
+    return [t.to(dtype).requires_grad_(i != 2) for i, t in enumerate(out)]
+
+
+def run(leaves, fast: bool, mode: str = "meanvar", jitter: float = 0.0):
+    """Outputs and the gradients of a fixed random projection of them w.r.t. the leaves."""
+    mu, v, V, U, Svar, lam, noise = leaves
+    if fast:
+        kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam, jitter)
+        if mode == "mean":
+            outs = (cpu_response_mean(mu, v, V, lam, beta),)
+        else:
+            outs = cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise)
+    else:
+        with backend("reference"):
+            kappa, beta = virtual_observation_weights(V, U, Svar, lam, jitter)
+            acts = Moments(mu, var=v, validate=False)
+            o = response_moments(acts, V, lam, beta, kappa, noise, mode, equidistant=True)
+        outs = (o.mean,) if mode == "mean" else (o.mean, o.var)
+    g = torch.Generator().manual_seed(123)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
+    wrt = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return [o.detach() for o in outs], grads
+
+
+def assert_close_all(got, want, rtol=1e-9, atol=1e-11, what=""):
+    for i, (a, e) in enumerate(zip(got, want, strict=True)):
+        if e is None:
+            assert a is None or torch.count_nonzero(a) == 0, f"{what}[{i}]"
+            continue
+        scale = e.abs().max().item()
+        torch.testing.assert_close(
+            a.to(F64),
+            e,
+            rtol=rtol,
+            atol=atol * max(scale, 1.0),
+            msg=lambda m, i=i: f"{what}[{i}] {m}",
+        )
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize(
+    "S,N,R,shared", [(1, 1, 2, False), (7, 3, 5, False), (13, 5, 14, False), (9, 4, 14, True)]
+)
+def test_matches_reference(S, N, R, shared, mode):
+    leaves = make(S, N, R, shared, seed=S + N + R)
+    out_f, g_f = run(leaves, True, mode)
+    out_r, g_r = run(leaves, False, mode)
+    assert_close_all(out_f, out_r, what="outputs")
+    assert_close_all(g_f, g_r, what="grads")
+
+
+@pytest.mark.parametrize(
+    "regime",
+    [
+        {"mu_scale": 40.0},  # activations far outside the inducing range
+        {"v_scale": 0.0},  # deterministic activations (v = 0 exactly)
+        {"v_scale": 1e-9},  # tiny input variances
+        {"v_scale": 25.0},  # input variance much wider than the range
+        {"lengthscale": 0.03},  # short lengthscale: narrow, well separated Gaussians
+        # long lengthscale, small target variance: K + S ill-conditioned, |beta|^2 ~ 1e4..1e8
+        # amplifies rounding in both implementations alike (the cancellation of issue 13)
+        {"lengthscale": 1.0, "target_var": 1e-4, "tol": 1e4},
+        {"lengthscale": 0.4, "target_var": 1e-6, "tol": 1e4},
+    ],
+)
+def test_extreme_regimes_match_reference(regime):
+    regime = dict(regime)
+    tol = regime.pop("tol", 1.0)
+    leaves = make(23, 4, 14, seed=3, **regime)
+    out_f, g_f = run(leaves, True, "meanvar", jitter=1e-9)
+    out_r, g_r = run(leaves, False, "meanvar", jitter=1e-9)
+    for t in (*out_f, *g_f):
+        assert torch.isfinite(t).all()
+    # tolerances relative to the largest term of the cancelling sum (|beta|^2 scale)
+    assert_close_all(out_f, out_r, rtol=1e-7 * tol, atol=1e-9 * tol, what="outputs")
+    assert_close_all(g_f, g_r, rtol=1e-6 * tol, atol=1e-8 * tol, what="grads")
+
+
+def test_float32_inputs_match_float64_reference():
+    leaves64 = make(31, 6, 14, seed=5)
+    leaves32 = [t.detach().float().requires_grad_(t.requires_grad) for t in leaves64]
+    out_f, g_f = run(leaves32, True)
+    out_r, g_r = run(leaves64, False)
+    assert all(o.dtype == torch.float32 for o in out_f)
+    assert all(g.dtype == torch.float32 for g in g_f)
+    assert_close_all(out_f, out_r, rtol=2e-5, atol=2e-6, what="outputs")
+    assert_close_all(g_f, g_r, rtol=2e-4, atol=2e-5, what="grads")
+
+
+def test_gradcheck_meanvar_and_weights():
+    mu, v, V, U, Svar, lam, noise = make(5, 3, 6, seed=9)
+    C = torch.randn(3, 6, 6, dtype=F64)
+    C = (0.1 * (C + C.mT)).requires_grad_()
+    beta = torch.randn(3, 6, dtype=F64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda *a: cpu_response_meanvar(*a[:2], V, *a[2:]), (mu, v, lam, beta, C, noise)
+    )
+    torch.autograd.gradcheck(
+        lambda *a: cpu_response_mean(a[0], a[1], V, a[2], a[3]), (mu, v, lam, beta)
+    )
+    torch.autograd.gradcheck(
+        lambda *a: cpu_virtual_observation_weights(V, *a, jitter=1e-6), (U, Svar, lam)
+    )
+
+
+def test_gradcheck_shared_parameters():
+    mu, v, V, U, Svar, lam, noise = make(4, 3, 5, shared=True, seed=2)
+    torch.autograd.gradcheck(
+        lambda mu, v, U, Svar, lam, noise: cpu_response_meanvar(
+            mu, v, V, lam, *cpu_virtual_observation_weights(V, U, Svar, lam)[::-1], noise
+        ),
+        (mu, v, U, Svar, lam, noise),
+    )
+
+
+def test_deterministic_mean_without_variance():
+    mu, _, V, U, Svar, lam, _ = make(6, 3, 7, seed=4)
+    _, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    got = cpu_response_mean(mu, None, V, lam, beta)
+    with backend("reference"):
+        want = response_moments(Moments(mu), V, lam, beta, None, None, "mean").mean
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    got.sum().backward()
+    assert mu.grad is not None and torch.isfinite(mu.grad).all()
+
+
+def test_nonfinite_and_huge_activations_do_not_crash():
+    _, _, V, U, Svar, lam, noise = make(1, 2, 6, seed=1)
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    mu = torch.tensor([[float("nan"), 1e300], [-1e300, float("inf")]], dtype=F64)
+    v = torch.full_like(mu, 0.1)
+    mean, var = cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise)
+    assert torch.isnan(mean[0, 0]) and torch.isnan(var[0, 0])
+    assert mean[0, 1] == 0 and mean[1, 0] == 0  # exp underflows; no overflow, no bad index
+
+
+def test_not_positive_definite_raises():
+    _, _, V, U, _, lam, _ = make(1, 2, 6, seed=1)
+    with pytest.raises(torch.linalg.LinAlgError, match="positive definite"):
+        cpu_virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
+    # the dispatching function falls back to the reference path, which raises its own error
+    with pytest.raises(ValueError, match="not positive definite"):
+        virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
+
+
+def _hermite_moments(mu, v, V, lam, beta, C, noise, nodes=120):
+    """Independent check: E[m(a)], Var[f(a)] + noise by Gauss-Hermite quadrature over a."""
+    x, w = np.polynomial.hermite_e.hermegauss(nodes)
+    w = w / w.sum()
+    a = mu[..., None] + np.sqrt(v)[..., None] * x  # [S, N, Q]
+    alpha = np.exp(-0.5 * (a[..., None] - V[None, :, None, :]) ** 2 / lam[None, :, None, None] ** 2)
+    m = np.einsum("snqr,nr->snq", alpha, beta)
+    cvar = 1 - np.einsum("snqr,nrt,snqt->snq", alpha, C, alpha)
+    mean = (m * w).sum(-1)
+    var = (cvar * w).sum(-1) + (m**2 * w).sum(-1) - mean**2 + noise
+    return mean, var
+
+
+@pytest.mark.parametrize(
+    "lengthscale,target_var,rtol",
+    # 24 Gauss-Hermite nodes (the reference's rule) are good to ~1e-6 at long lengthscales;
+    # the closed form (broad regime) loses digits when K + S is ill-conditioned (issue 13)
+    [(0.4, 0.05, 1e-7), (0.8, 1e-2, 2e-6), (0.2, 1e-3, 1e-4)],
+)
+def test_against_quadrature(lengthscale, target_var, rtol):
+    mu, v, V, U, Svar, lam, noise = [
+        t.detach() for t in make(11, 3, 14, seed=7, lengthscale=lengthscale, target_var=target_var)
+    ]
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    mean, var = cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise)
+    qm, qv = _hermite_moments(*(t.numpy() for t in (mu, v, V, lam, beta, kappa, noise)))
+    np.testing.assert_allclose(mean.numpy(), qm, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(var.numpy(), qv, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_give_identical_results(threads):
+    leaves = make(17, 5, 14, seed=11)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ref = run(leaves, True)
+        torch.set_num_threads(threads)
+        got = run(leaves, True)
+    finally:
+        torch.set_num_threads(before)
+    assert_close_all([*got[0], *got[1]], [*ref[0], *ref[1]], rtol=0, atol=0)
