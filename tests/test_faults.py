@@ -57,7 +57,6 @@ KNOWN_FAILING = frozenset(
         "svi/zero-rows",
         "svi/zero-rows-vgpn",
         "trainconfig/device",
-        "trainer/classification-task-regression-net",
         "trainer/disk-full",
         "trainer/float64-data",
         "trainer/out-dir-is-file",

@@ -185,8 +185,7 @@ def _check_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
     if low < 0 or (num_classes is not None and high >= num_classes):
         bound = "" if num_classes is None else f", {num_classes}"
         raise ValueError(
-            f"{name} y holds class labels in [{low}, {high}]; the model's head takes "
-            f"[0{bound})"
+            f"{name} y holds class labels in [{low}, {high}]; the model's head takes [0{bound})"
         )
 
 
@@ -443,8 +442,16 @@ class Trainer:
         order = torch.randperm(n, generator=generator).to(self.device)
         for batch in _batches(n, self.config.batch_size, order):
             optimizer.zero_grad(set_to_none=True)
-            loss = self.model.loss(x[batch], y[batch]) + self.model.penalty()
             step += 1
+            try:
+                loss = self.model.loss(x[batch], y[batch]) + self.model.penalty()
+            except ValueError as error:  # e.g. K + S no longer positive definite
+                if step == 1:
+                    raise
+                raise FloatingPointError(
+                    f"training failed at epoch {epoch}, step {step} ({error}); the optimisation "
+                    f"has most likely diverged: lower lr (now {self.config.lr:g})"
+                ) from error
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise FloatingPointError(

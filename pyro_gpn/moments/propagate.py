@@ -558,12 +558,8 @@ def _cpu_unsupported(
     """Why the CPU kernels cannot evaluate this :func:`response_moments` call (or ``None``)."""
     if mode == "cov" and activations.cov is not None:
         return "the fused CPU kernels have no full-covariance (cross-term) path yet"
-    factored = variance_cholesky is not None
-    if mode != "mean" and factored and variance_cholesky.dtype != torch.float64:
-        # The kernels evaluate alpha^T C alpha with the explicit C in float64 (error
-        # eps * cond(K + S): below 1e-6 relative for S >= 1e-4 in float64). A float32 C loses
-        # far more, so float32 factors go to the reference path, which uses them.
-        return "the fused CPU kernels take an explicit C; float32 needs variance_cholesky"
+    if mode != "mean" and variance_cholesky is not None:
+        return "the fused CPU kernels take an explicit C, not variance_cholesky"
     return None
 
 
