@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
 from .layers.base import GPNLayerBase
+from .layers.linear import MomentFlatten
 from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
@@ -132,10 +133,10 @@ class GPNSequential(PyroModule):
         width = getattr(head, "in_features", getattr(head, "num_outputs", None))
         if width != features:
             raise ValueError(f"head takes {width} features, the blocks give {features}")
-        gpn_blocks = [b for b in blocks if isinstance(b, GPNLayerBase)]
-        if not head.noisy_features and gpn_blocks and gpn_blocks[-1].noise_std is not None:
+        top = [b for b in blocks if not isinstance(b, MomentFlatten)][-1:]
+        if not head.noisy_features and any(getattr(b, "noise_std", None) is not None for b in top):
             raise ValueError(
-                "the last GPN block must have output_noise=False under a gaussian head "
+                "a GPN block at the top must have output_noise=False under a gaussian head "
                 "(the head owns the observation noise)"
             )
         self.head = head
