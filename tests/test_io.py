@@ -78,11 +78,14 @@ def _same(kind: str, a: object, b: object) -> bool:
 
 
 def _standalone_io_child(body: str) -> str:
-    """Python source that loads io.py without importing torch (fast child processes)."""
+    """Python source that loads the io package without importing torch (fast child processes)."""
     prologue = f"""
         import importlib.util, os, sys, time
-        spec = importlib.util.spec_from_file_location("pio", {str(IO_SOURCE)!r})
+        spec = importlib.util.spec_from_file_location(
+            "pio", {str(IO_SOURCE)!r}, submodule_search_locations=[{str(IO_SOURCE.parent)!r}]
+        )
         pio = importlib.util.module_from_spec(spec)
+        sys.modules["pio"] = pio
         spec.loader.exec_module(pio)
     """
     return textwrap.dedent(prologue) + textwrap.dedent(body)
@@ -235,7 +238,7 @@ class _Failing:
 
 def _fail_writes_after(monkeypatch, budget: int, error: BaseException) -> None:
     real = os.fdopen
-    monkeypatch.setattr(pio.os, "fdopen", lambda *a, **k: _Failing(real(*a, **k), budget, error))
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: _Failing(real(*a, **k), budget, error))
 
 
 @pytest.mark.parametrize("kind", ["torch", "json"])
@@ -260,7 +263,7 @@ def test_disk_full_at_fsync_leaves_no_temporary(tmp_path, monkeypatch):
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pio.os, "fsync", full)
+    monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="disk is full"):
         save_torch(_state(), path)
     assert _temporaries(tmp_path) == [] and not path.exists()
@@ -364,7 +367,7 @@ def test_a_crash_between_the_steps_leaves_a_verifiable_pair(tmp_path, monkeypatc
             raise KeyboardInterrupt  # the process dies here
         return real(src, dst)
 
-    monkeypatch.setattr(pio.os, "replace", crashing)
+    monkeypatch.setattr(os, "replace", crashing)
     with pytest.raises(KeyboardInterrupt):
         save_torch(new, path)
     monkeypatch.undo()
@@ -384,7 +387,7 @@ def test_a_read_only_file_system_gives_a_clear_error(tmp_path, monkeypatch):
             raise OSError(errno.EROFS, "Read-only file system", str(file))
         return real(file, flags, *args, **kwargs)
 
-    monkeypatch.setattr(pio.os, "open", read_only)
+    monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(OSError) as info:
         save_json({"a": 1}, tmp_path / "result.json")
     message = str(info.value)
@@ -443,14 +446,14 @@ def test_a_lock_is_exclusive_and_released(tmp_path):
     assert not RunLock.is_held(tmp_path)
 
 
-@pytest.mark.skipif(pio.fcntl is None, reason="flock only")
+@pytest.mark.skipif(pio.locks.fcntl is None, reason="flock only")
 def test_a_loser_waits_for_the_winner_to_write_its_pid(tmp_path):
     """The race the concurrent test once lost: the lock is held, the PID not yet written."""
     import threading
 
     fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        pio.fcntl.flock(fd, pio.fcntl.LOCK_EX | pio.fcntl.LOCK_NB)
+        pio.locks.fcntl.flock(fd, pio.locks.fcntl.LOCK_EX | pio.locks.fcntl.LOCK_NB)
         late = threading.Timer(0.3, lambda: os.write(fd, b'{"pid": 4242, "host": null}\n'))
         late.start()
         with pytest.raises(RunInUseError, match="process 4242") as info:

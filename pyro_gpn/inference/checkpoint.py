@@ -1,0 +1,166 @@
+"""What :class:`~pyro_gpn.inference.trainer.Trainer` writes to its output folder and reads back.
+
+* ``checkpoint.pt``: model, optimizer and scheduler state, the random number generator states,
+  the best parameters so far and the metrics history, so that a resumed run continues
+  bit-for-bit;
+* ``metrics.csv`` / ``metrics.json``: the history, one row per epoch;
+* ``best_model.pt``: the restored best parameters at the end.
+
+Every file is written atomically (a temporary file and ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .train_config import _RESUMABLE_CHANGES, TrainConfig
+
+__all__ = [
+    "BEST_MODEL_NAME",
+    "CHECKPOINT_NAME",
+    "METRICS_CSV_NAME",
+    "METRICS_JSON_NAME",
+    "seed_everything",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+BEST_MODEL_NAME = "best_model.pt"
+METRICS_CSV_NAME = "metrics.csv"
+METRICS_JSON_NAME = "metrics.json"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and CUDA).
+
+    NumPy's legacy global state is seeded on purpose: it is what third-party code (data
+    augmentation, samplers) draws from when it is not handed a ``numpy.random.Generator``.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002
+    torch.manual_seed(seed)
+
+
+def _atomic_write(path: Path, write: Callable[[io.IOBase], None], binary: bool) -> None:
+    """Write ``path`` through a temporary file in the same directory and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb" if binary else "w", newline=None if binary else "") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
+    """The states of torch's, NumPy's, Python's (and CUDA's) generators and ``generator``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "python": random.getstate(),
+        "shuffle": generator.get_state(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Restore what :func:`rng_state` recorded."""
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    random.setstate(state["python"])
+    generator.set_state(state["shuffle"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model(state: dict[str, Tensor], path: Path) -> None:
+    """``torch.save`` a ``state_dict`` atomically."""
+    _atomic_write(path, lambda f: torch.save(state, f), binary=True)
+
+
+def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None:
+    """The checkpoint in ``out_dir`` (``None`` if there is none); warns about changed settings."""
+    path = out_dir / CHECKPOINT_NAME
+    if not path.exists():
+        logger.info("no checkpoint in %s, starting afresh", out_dir)
+        return None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    now = dataclasses.asdict(config)
+    changed = sorted(
+        key
+        for key, value in checkpoint["config"].items()
+        if key not in _RESUMABLE_CHANGES and now.get(key) != value
+    )
+    if changed:
+        logger.warning("resuming with changed settings %s: not a continuation", changed)
+    return checkpoint
+
+
+def save_checkpoint(
+    out_dir: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rng: dict[str, Any],
+    best_state: dict[str, Tensor] | None,
+    result: Any,
+    step: int,
+    elapsed: float,
+    config: TrainConfig,
+) -> None:
+    """Write the metrics and then ``checkpoint.pt`` of the epoch just completed.
+
+    Metrics first: a kill between the two writes leaves them one epoch ahead of the checkpoint,
+    and resuming rewrites them from the checkpoint's history.
+    """
+    checkpoint = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng,
+        "best_state": best_state,
+        "result": dataclasses.asdict(result),
+        "step": step,
+        "elapsed": elapsed,
+        "config": dataclasses.asdict(config),
+    }
+    write_metrics(out_dir, result.history)
+    path = out_dir / CHECKPOINT_NAME
+    _atomic_write(path, lambda f: torch.save(checkpoint, f), binary=True)
+
+
+def write_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
+    """``metrics.csv`` (one column per key seen in any row) and ``metrics.json``."""
+    columns: list[str] = []
+    for row in history:
+        columns.extend(key for key in row if key not in columns)
+
+    def write_csv(handle) -> None:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(history)
+
+    _atomic_write(out_dir / METRICS_CSV_NAME, write_csv, binary=False)
+    _atomic_write(
+        out_dir / METRICS_JSON_NAME,
+        lambda handle: json.dump(history, handle, indent=1),
+        binary=False,
+    )

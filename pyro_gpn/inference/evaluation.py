@@ -1,0 +1,110 @@
+"""Test metrics of a trained model's predictions and the checks of ``(x, y)`` data pairs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_finite, check_ndim, check_tensor
+from ..metrics import classification_error, gaussian_log_likelihood, mean_squared_error
+from .train_config import _TASKS
+
+__all__ = ["evaluate"]
+
+
+def _infer_task(y: Tensor) -> str:
+    return "regression" if y.is_floating_point() else "classification"
+
+
+def _check_data(name: str, data: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ValueError(f"{name} must be a pair (x, y) of tensors")
+    x, y = data
+    check_tensor(f"{name} x", x)
+    check_ndim(f"{name} x", x, 2)
+    check_finite(f"{name} x", x)
+    if not isinstance(y, Tensor):
+        raise TypeError(f"{name} y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape[:1] != x.shape[:1] or x.shape[0] == 0:
+        raise ValueError(
+            f"{name} x and y must hold the same, non-zero number of samples, "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    if y.is_floating_point():
+        check_finite(f"{name} y", y)
+    return x, y
+
+
+def _check_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
+    """Class labels: integers in ``[0, num_classes)`` (the model's head, where it has one)."""
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"task='classification' needs integer class labels as {name} y, got dtype "
+            f"{labels.dtype} (float targets: use task='regression')"
+        )
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        bound = "" if num_classes is None else f", {num_classes}"
+        raise ValueError(
+            f"{name} y holds class labels in [{low}, {high}]; the model's head takes [0{bound})"
+        )
+
+
+def _batches(n: int, batch_size: int, order: Tensor | None = None):
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        yield slice(start, stop) if order is None else order[start:stop]
+
+
+@torch.no_grad()
+def _mean_loss(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
+    total = 0.0
+    for index in _batches(x.shape[0], batch_size):
+        total += float(model.loss(x[index], y[index])) * (index.stop - index.start)
+    return total / x.shape[0]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: Tensor, y: Tensor, task: str | None = None, batch_size: int = 4096
+) -> dict[str, float]:
+    """Test metrics of a model's predictions ``model(x)`` (in ``eval()`` mode, no gradients).
+
+    * classification: ``{"error": e}``, the fraction of samples whose label differs from the
+      argmax of the predictive mean logits (for Gaussian logits with a full covariance this is the
+      most probable class of the mean prediction, not of the averaged softmax);
+    * regression: ``{"rmse": r, "log_likelihood": ll}``, the root mean squared error of the
+      predictive mean over all samples and outputs, and the mean over samples of
+      ``log N(y | mean, var)`` (:func:`~pyro_gpn.metrics.gaussian_log_likelihood`).
+
+    Args:
+        model: returns :class:`~pyro_gpn.moments.gaussian.Moments` from ``model(x)``.
+        x: ``[S, M]`` inputs.
+        y: ``[S]`` integer labels or ``[S, D]`` real targets.
+        task: ``"classification"``, ``"regression"`` or ``None`` (inferred from ``y``'s dtype).
+        batch_size: evaluation batch size (memory only).
+    """
+    x, y = _check_data("data", (x, y))
+    task = _infer_task(y) if task is None else task
+    if task not in _TASKS:
+        raise ValueError(f"task must be one of {_TASKS} or None, got {task!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        errors = squared = log_lik = 0.0
+        for index in _batches(x.shape[0], batch_size):
+            prediction = model(x[index])
+            if task == "classification":
+                errors += float(classification_error(prediction.mean, y[index], reduction="sum"))
+            else:
+                target = y[index].reshape(prediction.mean.shape)
+                squared += float(mean_squared_error(prediction.mean, target, reduction="sum"))
+                log_lik += float(gaussian_log_likelihood(prediction, target, reduction="sum"))
+    finally:
+        model.train(was_training)
+    n = x.shape[0]
+    if task == "classification":
+        return {"error": errors / n}
+    return {"rmse": math.sqrt(squared / y.numel()), "log_likelihood": log_lik / n}

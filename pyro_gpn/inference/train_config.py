@@ -1,0 +1,92 @@
+"""The settings and the outcome of a :class:`~pyro_gpn.inference.trainer.Trainer` run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["TrainConfig", "TrainResult"]
+
+_TASKS = ("classification", "regression")
+# fields that may change between a run and its resumption without changing its trajectory
+_RESUMABLE_CHANGES = {"max_epochs", "progress", "out_dir", "device", "eval_batch_size"}
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of :class:`Trainer` (defaults: the paper's schedule).
+
+    Attributes:
+        lr: initial Adam learning rate (paper: ``1e-3``).
+        batch_size: mini-batch size.
+        max_epochs: hard limit on the number of epochs.
+        patience: evaluations without improvement of the validation loss before the learning
+            rate is multiplied by ``lr_factor``.
+        lr_factor: learning-rate reduction factor (paper: ``0.1``).
+        min_lr: smallest learning rate (paper: ``1e-6``); a further reduction ends training.
+        eval_every: epochs between validation evaluations (the last epoch is always evaluated).
+        seed: seeds ``torch``, ``numpy``, ``random`` and the shuffling generator at the start of a
+            fresh run (model initialisation happens before, under the caller's seed).
+        device: ``"cpu"`` or ``"cuda"`` (or ``"cuda:<index>"``).
+        task: ``"classification"`` or ``"regression"`` for the reported metrics; ``None`` infers
+            it from the targets (integer: classification, floating: regression).
+        out_dir: directory for checkpoints and metrics (``None``: nothing is written and
+            resumption is impossible).
+        progress: show a ``tqdm`` progress bar over epochs.
+        eval_batch_size: batch size for the validation pass (memory only, not results).
+    """
+
+    lr: float = 1e-3
+    batch_size: int = 128
+    max_epochs: int = 1000
+    patience: int = 10
+    lr_factor: float = 0.1
+    min_lr: float = 1e-6
+    eval_every: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    task: str | None = None
+    out_dir: str | None = None
+    progress: bool = True
+    eval_batch_size: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_epochs", "eval_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.patience, int) or self.patience < 0:
+            raise ValueError(f"patience must be a non-negative integer, got {self.patience!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must lie in [0, lr], got {self.min_lr}")
+        if not 0 < self.lr_factor < 1:
+            raise ValueError(f"lr_factor must lie in (0, 1), got {self.lr_factor}")
+        if self.task is not None and self.task not in _TASKS:
+            raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
+        device = torch.device(self.device)  # raises on a malformed string
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :meth:`Trainer.fit`.
+
+    Attributes:
+        history: one dict per epoch (see :meth:`Trainer.fit` for the keys).
+        best_epoch: the epoch whose parameters were restored (0 if none was evaluated).
+        best_val_loss: its validation loss.
+        epochs: number of completed epochs.
+        stop_reason: ``"min_lr"`` (the schedule ran out) or ``"max_epochs"``.
+    """
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_loss: float = math.inf
+    epochs: int = 0
+    stop_reason: str = "max_epochs"
