@@ -65,6 +65,8 @@ def closed_form_elbo(
     if y is None:
         raise ValueError("the closed-form ELBO needs observations y")
     batch = x.shape[0]
+    if batch == 0:
+        raise ValueError("x has 0 samples (rows): the ELBO of an empty batch is undefined")
     num_data = vgpn.num_data if num_data is None else num_data
     scale = 1.0 if num_data is None else num_data / batch
     return scale * vgpn.expected_log_likelihood(x, y).sum() - vgpn.kl_divergence()

@@ -203,7 +203,7 @@ class VariationalGPN(GPNNet):
             The sampled or observed ``y``.
         """
         num_data = self.num_data if num_data is None else num_data
-        check_batch(self.head, self.sizes[0], x, y, num_data)
+        x, y = check_batch(self.head, self.sizes[0], x, y, num_data)
         targets = [
             pyro.sample(f"layer{l}.targets", layer.target_prior().to_event(1))
             for l, layer in enumerate(self.layers)
@@ -218,7 +218,7 @@ class VariationalGPN(GPNNet):
         """The paper's ``Q`` (``eq:gpn_vi_stochastic_q``): ``q(U)`` times the model's own
         conditionals of the local variables. Returns the sampled targets."""
         num_data = self.num_data if num_data is None else num_data
-        check_batch(self.head, self.sizes[0], x, y, num_data)
+        x, y = check_batch(self.head, self.sizes[0], x, y, num_data)
         targets = [
             pyro.sample(f"layer{l}.targets", layer.target_posterior().to_event(1))
             for l, layer in enumerate(self.layers)
@@ -239,7 +239,7 @@ class VariationalGPN(GPNNet):
         Shape:
             ``x [B, M]``, ``y [B, N_L] | [B]`` -> ``[B]``.
         """
-        check_batch(self.head, self.sizes[0], x, y, None)
+        x, y = check_batch(self.head, self.sizes[0], x, y, None)
         return -self.head.expected_nll(self.hidden(x), y, reduction="none")
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
