@@ -93,6 +93,10 @@ class GPNNet(PyroModule):
             ``learn_inducing``, ``lengthscale_init``, ...); ``noise_std_init`` and ``share``
             also set a Gaussian head's noise.
 
+    Inputs ``x`` (and ``x_var``, floating targets ``y``) may be tensors or NumPy arrays in any
+    floating dtype: they are cast to the parameters' dtype (``dtype=``, float32 by default) and
+    must be on the parameters' device (the rule in :mod:`pyro_gpn._validation`).
+
     Example:
         >>> net = GPNNet([4, 10, 3], mode="meanvar", head="softmax")
         >>> logits = net(torch.rand(5, 4))

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_gpn import GPNLayer, GPNNet, Moments, settings
-from pyro_gpn._validation import UnscaledInputWarning
+from pyro_gpn import GPNLayer, GPNNet, Moments, UnscaledInputWarning, settings
 
 
 def _x(n=6, m=3, seed=1):
