@@ -17,12 +17,14 @@ from .kernels import gpn_kernel, squared_exponential
 from .layers import GPNLayer, VariationalGPNLayer
 from .moments import Moments
 from .network import GPNNet
+from .sequential import GPNSequential
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPNLayer",
     "GPNNet",
+    "GPNSequential",
     "GaussianHead",
     "Moments",
     "Prediction",

@@ -1,0 +1,208 @@
+"""A GPN network from a sequence of moment-carrying blocks under a head.
+
+:class:`~pyro_gpn.GPNNet` stacks dense GPN layers; :class:`GPNSequential` stacks any blocks that
+carry :class:`~pyro_gpn.moments.Moments` -- convolutional and recurrent GPN layers
+(:mod:`pyro_gpn.layers.conv`, :mod:`pyro_gpn.layers.recurrent`), the dense
+:class:`~pyro_gpn.layers.GPNLayer`, pooling, flattening and linear maps
+(:mod:`pyro_gpn.layers.linear`) -- and hands the last block's moments to a head
+(:mod:`pyro_gpn.heads`), with the network interface every route uses: ``forward`` (predictive
+moments), ``predict``, ``loss`` (for :class:`~pyro_gpn.inference.Trainer`), ``penalty``
+(``eq:gpn_ls``), ``kl_divergence`` and ``expected_log_likelihood`` (for
+:func:`~pyro_gpn.inference.closed_form.closed_form_elbo`, which reads only these and
+``num_data``).
+
+A block is a module with ``propagate(inputs, mode, noise=True) -> Moments`` on flat moments
+``[S, F]`` and ``output_shape(in_shape) -> tuple`` (which validates ``in_shape``); a dense
+:class:`~pyro_gpn.layers.GPNLayerBase` takes ``(in_features,)``. Inputs are flat ``[S, F]``
+(images ``[S, C H W]``, sequences ``[S, T D]``), so the data loaders and the
+:class:`~pyro_gpn.inference.Trainer`'s two-dimensional batches work unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from pyro.nn import PyroModule
+from torch import Tensor, nn
+
+from .heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
+from .layers.base import GPNLayerBase
+from .layers.linear import MomentFlatten
+from .losses import target_variance_penalty
+from .moments.gaussian import Moments
+from .moments.propagate import MODES, Mode
+from .network import input_moments
+
+__all__ = ["GPNSequential", "block_output_shape"]
+
+
+def block_output_shape(block: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output shape of ``block`` for inputs ``in_shape`` (``ValueError`` if it does not fit)."""
+    if hasattr(block, "output_shape"):
+        return tuple(block.output_shape(tuple(in_shape)))
+    if isinstance(block, GPNLayerBase):
+        if math.prod(in_shape) != block.in_features or len(in_shape) != 1:
+            raise ValueError(
+                f"{type(block).__name__} takes ({block.in_features},) features, got {in_shape}"
+                " (insert a MomentFlatten)"
+            )
+        return (block.out_features,)
+    raise TypeError(f"block {type(block).__name__} has no output_shape and is no GPN layer")
+
+
+class GPNSequential(PyroModule):
+    """Blocks that carry moments, then a head.
+
+    Args:
+        blocks: the blocks, in order (see the module docstring).
+        input_shape: shape of one input: ``(C, H, W)`` images, ``(T, D)`` sequences, ``(M,)``.
+        head: ``"softmax"`` (a readout ``W [F, C]``, ``b`` to ``num_outputs`` classes),
+            ``"gaussian"`` (the last block's outputs are the regression outputs; it must have no
+            output noise: the head owns the observation noise) or a
+            :class:`~pyro_gpn.heads.Head`.
+        num_outputs: classes (softmax) or outputs (gaussian, default the features' width).
+        mode: ``"mean"``, ``"meanvar"`` (convolutional blocks take only these) or ``"cov"``.
+        num_data: size of the training set for the KL term's weight in :meth:`loss` and the
+            closed-form ELBO (``None``: the batch size).
+        unscented_kappa, noise_std_init: of a head built from its name.
+
+    Example:
+        >>> from pyro_gpn.layers import GPNConv2d, MomentAvgPool2d, MomentFlatten
+        >>> net = GPNSequential(
+        ...     [GPNConv2d(1, 4, 3, (8, 8), padding=1), MomentAvgPool2d(2), MomentFlatten()],
+        ...     input_shape=(1, 8, 8), num_outputs=10)
+        >>> net(torch.rand(5, 64)).mean.shape
+        torch.Size([5, 10])
+    """
+
+    def __init__(
+        self,
+        blocks: Sequence[nn.Module],
+        input_shape: Sequence[int],
+        head: str | Head = "softmax",
+        num_outputs: int | None = None,
+        mode: Mode = "meanvar",
+        num_data: int | None = None,
+        unscented_kappa: float | None = None,
+        noise_std_init: float = 0.1,
+    ) -> None:
+        super().__init__()
+        blocks = list(blocks)
+        if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
+            raise ValueError("blocks must be a non-empty sequence of modules")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        for block in blocks:
+            modes = getattr(block, "modes", MODES)
+            if mode not in modes:
+                raise ValueError(
+                    f"mode must be one of {modes} for {type(block).__name__}, got {mode!r}"
+                )
+        input_shape = tuple(input_shape)
+        if not input_shape or any(not isinstance(s, int) or s < 1 for s in input_shape):
+            raise ValueError(f"input_shape must be positive integers, got {input_shape}")
+        if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
+            raise ValueError(f"num_data must be a positive integer or None, got {num_data!r}")
+        shape = input_shape
+        for block in blocks:
+            shape = block_output_shape(block, shape)
+        self.input_shape, self.feature_shape = input_shape, shape
+        features = math.prod(shape)
+        self.blocks = nn.ModuleList(blocks)
+        self.mode, self.num_data = mode, num_data
+        reference = next(iter(self.blocks.parameters()), torch.zeros(()))
+        factory = {"dtype": reference.dtype, "device": reference.device}
+        if isinstance(head, str):
+            if head not in HEADS:
+                raise ValueError(f"head must be one of {tuple(HEADS)} or a Head, got {head!r}")
+            if head == "softmax":
+                if not isinstance(num_outputs, int) or num_outputs < 1:
+                    raise ValueError(f"num_outputs must be a positive integer, got {num_outputs!r}")
+                head = SoftmaxHead(features, num_outputs, unscented_kappa, **factory)
+            else:
+                if num_outputs not in (None, features):
+                    raise ValueError(
+                        f"num_outputs must equal the last block's width {features} for a "
+                        f"gaussian head, got {num_outputs}"
+                    )
+                head = GaussianHead(features, noise_std_init, **factory)
+        elif not isinstance(head, Head):
+            raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
+        width = getattr(head, "in_features", getattr(head, "num_outputs", None))
+        if width != features:
+            raise ValueError(f"head takes {width} features, the blocks give {features}")
+        top = [b for b in blocks if not isinstance(b, MomentFlatten)][-1:]
+        if not head.noisy_features and any(getattr(b, "noise_std", None) is not None for b in top):
+            raise ValueError(
+                "a GPN block at the top must have output_noise=False under a gaussian head "
+                "(the head owns the observation noise)"
+            )
+        self.head = head
+
+    # ------------------------------------------------------------------ evaluation
+    @property
+    def input_features(self) -> int:
+        return math.prod(self.input_shape)
+
+    def hidden(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
+        """Moments of the last block's outputs (the head's features).
+
+        Shape:
+            ``x [S, F_in]`` (flat) -> :class:`Moments` ``[S, F]``.
+        """
+        moments = input_moments(x, x_var)
+        if moments.num_features != self.input_features:
+            raise ValueError(
+                f"x must have {self.input_features} features (input_shape {self.input_shape}), "
+                f"got {moments.num_features}"
+            )
+        if self.mode != "cov":
+            moments = moments.diagonal()
+        for block in self.blocks:
+            moments = block.propagate(moments, self.mode)
+        return moments
+
+    def forward(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
+        """Predictive moments (logits or outputs with the observation noise)."""
+        return self.head.predictive(self.hidden(x, x_var))
+
+    def expected_nll(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
+
+    def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample ``E[log p(y_s | features)]`` ``[B]`` (the closed-form ELBO's ``L_pred``)."""
+        self.head.check_target(y, x.shape[0])
+        return -self.expected_nll(x, y, reduction="none")
+
+    def kl_divergence(self) -> Tensor:
+        """Sum of the GPN blocks' ``KL(q(U) || p(U))`` (zero without variational blocks)."""
+        terms = [b.kl_divergence() for b in self.blocks if isinstance(b, GPNLayerBase)]
+        if terms:
+            return sum(terms)
+        return next(self.parameters()).new_zeros(())
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Mean expected negative log-likelihood plus ``KL / num_data`` (the negative ELBO per
+        sample for variational blocks; the paper's objective for parametric ones)."""
+        num_data = x.shape[0] if self.num_data is None else self.num_data
+        return self.expected_nll(x, y) + self.kl_divergence() / num_data
+
+    def penalty(self, alpha: float = 0.1, beta: float = 1e-3) -> Tensor:
+        """``eq:gpn_ls`` over the blocks with penalised target variances (zero if none)."""
+        variances = [
+            b.response.penalised_variances() for b in self.blocks if isinstance(b, GPNLayerBase)
+        ]
+        variances = [v for v in variances if v is not None]
+        if not variances:
+            return self.kl_divergence() * 0
+        return target_variance_penalty(variances, alpha=alpha, beta=beta)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, x_var: Tensor | None = None) -> Prediction:
+        """:class:`~pyro_gpn.heads.Prediction` from the head (no gradients)."""
+        return self.head.predict(self.hidden(x, x_var))
+
+    def extra_repr(self) -> str:
+        return f"input_shape={self.input_shape}, mode={self.mode!r}, num_data={self.num_data}"
