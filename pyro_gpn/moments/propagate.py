@@ -60,6 +60,7 @@ from .backend import cpu_parameter_kernels, select_backend
 from .gaussian import Moments
 
 __all__ = [
+    "CLOSED_FORM_RTOL",
     "MODES",
     "Mode",
     "gaussian_sum",
@@ -92,6 +93,21 @@ GH_TIERS: tuple[tuple[float, int], ...] = (
     (1.0, 48),
     (1.25, 64),
 )
+
+
+#: The closed-form variance is used in the narrow regime too wherever its rounding-error bound
+#: (:func:`closed_form_error_scale` times the magnitude of its terms) is at most this fraction
+#: of its value: well-conditioned units (``K + S`` far from singular) pay no quadrature.
+CLOSED_FORM_RTOL = 1e-8
+
+
+def closed_form_error_scale(num_points: int, dtype: torch.dtype) -> float:
+    """Rounding-error factor of the closed-form variance ``1 - tr[(C - beta beta^T) Omega] -
+    mu^2``: each of its ``2R - 1`` midpoint terms (and the ``R`` products summed into each) is
+    exact to ``~(2R + 8) eps`` relative, so the sum is wrong by at most this factor times the sum
+    of the terms' magnitudes ``1 + tr[(|C| + |beta| |beta|^T) Omega] + mu^2`` (a factor 4 of
+    margin)."""
+    return 4.0 * (2 * num_points + 8) * torch.finfo(dtype).eps
 
 
 def gauss_hermite_nodes(std_ratio: float) -> int:
@@ -459,11 +475,45 @@ def response_moments(
     )
     out_var = 1 - trace - out_mean.square()
 
-    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a)
+    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a), with each
+    # row's node tier, where the closed form is not provably accurate
     ratio2 = var / ls2
     narrow = ratio2 <= GH_MAX_STD_RATIO**2
+    quadrature = narrow
+    if variance_cholesky is None and bool(narrow.any()):
+        with torch.no_grad():
+            abs_beta = beta.abs()
+            _, abs_weights = midpoint_expansion(
+                inducing_points,
+                variance_reduction.abs() + abs_beta.unsqueeze(-1) * abs_beta.unsqueeze(-2),
+                lengthscales,
+                equidistant,
+            )
+            magnitude = 1 + (ls2 / width_omega).sqrt() * gaussian_sum(
+                mean,
+                width_omega,
+                _expand_units(mid_centers, num_units),
+                _expand_units(abs_weights, num_units),
+            )
+            bound = closed_form_error_scale(num_points, mean.dtype) * (
+                magnitude + out_mean.square()
+            )
+            quadrature = narrow & ~(bound <= CLOSED_FORM_RTOL * out_var)
+    if bool(quadrature.any()):
+        out_var = _node_variance_rows(
+            out_var,
+            quadrature,
+            mean,
+            var,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            variance_cholesky,
+            variance_inner,
+        )
     nodes = None
-    if bool(narrow.any()):
+    if mode == "cov" and activations.cov is not None and bool(narrow.any()):
         num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(
             mean,
@@ -476,7 +526,6 @@ def response_moments(
             variance_inner,
             num_nodes,
         )
-        out_var = torch.where(narrow, nodes.variance, out_var)
     out_var = out_var.clamp_min(0)
     if noise_var is not None:
         out_var = out_var + noise_var
@@ -502,6 +551,56 @@ class _NodeValues:
         self.variance = variance  # [S, N]: E[1 - alpha^T C alpha] + Var[m(a)], noise-free
         self.std = std  # [S, N]
         self.weights = weights  # [G]
+
+
+def _node_variance_rows(
+    out_var: Tensor,
+    rows: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+) -> Tensor:
+    r"""``out_var`` ``[S, N]`` with the entries ``rows`` (bool ``[S, N]``) replaced by their
+    Gauss-Hermite variance (:func:`_node_values`), each with the node count of its own
+    ``sqrt(v) / lambda`` (:data:`GH_TIERS`): the rows of one tier are gathered, evaluated with
+    their units' parameters and scattered back."""
+    num_units = mean.shape[-1]
+    ls2 = lengthscales.expand(num_units).square()
+    std_ratio = (var.detach() / ls2.detach()).clamp_min(0).sqrt()
+    bounds = torch.tensor([r for r, _ in GH_TIERS], dtype=std_ratio.dtype, device=mean.device)
+    tier = torch.searchsorted(bounds, std_ratio.contiguous()).clamp_max(len(GH_TIERS) - 1)
+    points = inducing_points.expand(num_units, -1)
+    beta = beta.expand(num_units, -1)
+    flat = out_var.reshape(-1)
+    for t in tier[rows].unique().tolist():
+        sel = (rows & (tier == t)).reshape(-1).nonzero().squeeze(-1)
+        unit = sel % num_units
+        z, w = gauss_hermite(GH_TIERS[t][1], mean.dtype, mean.device)
+        m_sel = mean.reshape(-1)[sel]
+        std = _safe_sqrt(var.reshape(-1)[sel])
+        nodes = m_sel.unsqueeze(-1) + std.unsqueeze(-1) * z  # [P, G]
+        diff = nodes.unsqueeze(-1) - points[unit].unsqueeze(-2)  # [P, G, R]
+        alpha = (diff.square() * (-0.5 / ls2[unit])[:, None, None]).exp()
+        values = (alpha @ beta[unit].unsqueeze(-1)).squeeze(-1)
+        centred = values - (values @ w).unsqueeze(-1)
+        if variance_cholesky is not None:
+            chol = variance_cholesky.expand(num_units, -1, -1)[unit]
+            solved = torch.linalg.solve_triangular(chol, alpha.mT, upper=False)  # [P, R, G]
+            if variance_inner is None:
+                quad = solved.square().sum(-2)
+            else:
+                inner = variance_inner.expand(num_units, -1, -1)[unit]
+                quad = (solved * (inner @ solved)).sum(-2)
+        else:
+            reduction = variance_reduction.expand(num_units, -1, -1)[unit]
+            quad = ((alpha @ reduction) * alpha).sum(-1)
+        flat = flat.index_put((sel,), ((1 - quad) + centred.square()) @ w)
+    return flat.reshape(out_var.shape)
 
 
 def _node_values(
