@@ -69,16 +69,19 @@ def load_baseline(rev: str) -> ModuleType:
         return _BASELINES[rev]
     if _BASELINES:
         raise ValueError("one --baseline revision per process")
-    root = pathlib.Path(tempfile.mkdtemp(prefix="gpn_baseline_"))
-    repo = pathlib.Path(__file__).resolve().parent.parent
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", rev, "pyro_gpn"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    (root / "pyro_gpn").rename(root / "pyro_gpn_base")
-    for path in (root / "pyro_gpn_base").rglob("*.py"):
-        text = path.read_text()
-        path.write_text(re.sub(r"\bpyro_gpn\b(?=[.\s])", "pyro_gpn_base", text))
+    # a fixed folder per revision, reused: its Numba cache survives between runs
+    root = pathlib.Path(tempfile.gettempdir()) / f"gpn_baseline_{rev}"
+    if not (root / "pyro_gpn_base").is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        repo = pathlib.Path(__file__).resolve().parent.parent
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", rev, "pyro_gpn"], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+        for path in (root / "pyro_gpn").rglob("*.py"):
+            text = path.read_text()
+            path.write_text(re.sub(r"\bpyro_gpn\b(?=[.\s])", "pyro_gpn_base", text))
+        (root / "pyro_gpn").rename(root / "pyro_gpn_base")
     sys.path.insert(0, str(root))
     module = importlib.import_module("pyro_gpn_base")
     _BASELINES[rev] = module
@@ -101,12 +104,18 @@ def backends_for(device: torch.device) -> list[str]:
 
 
 def all_variants(
-    device: torch.device, modes=MODES, dtypes=DTYPES, baseline: str | None = None
+    device: torch.device,
+    modes=MODES,
+    dtypes=DTYPES,
+    baseline: str | None = None,
+    backends: list[str] | None = None,
 ) -> list[str]:
     out = ["tanh"]
     for mode in modes:
         for dt in dtypes:
             for be in backends_for(device):
+                if backends and be not in backends:
+                    continue
                 if be == "cpu" and mode == "cov":
                     continue  # no cross-term kernel: "cpu" would raise
                 if be == "triton" and dt == "f64":
@@ -305,11 +314,14 @@ def benchmark_net(
     device: torch.device,
     dtypes=DTYPES,
     baseline: str | None = None,
+    backends: list[str] | None = None,
 ) -> dict[str, dict]:
     """Training steps of network ``net`` on every backend against its tanh network."""
     variants = ["tanh"]
     for dt in dtypes:
         for be in backends_for(device):
+            if backends and be not in backends:
+                continue
             if not (be == "triton" and dt == "f64"):
                 variants.append(f"meanvar-{dt}-{be}")
                 if baseline and be != "reference":
@@ -394,6 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--baseline", default=None, help="also time the package at this git revision (@REV)"
     )
+    parser.add_argument(
+        "--backends", nargs="+", default=None, help="only these backends (default: all present)"
+    )
     args = parser.parse_args(argv)
     args.load_before = load_average()
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -414,12 +429,18 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device(name)
         machine = machine_description(device)
         for batch in args.batch:
-            variants = all_variants(device, args.modes, args.dtypes, args.baseline)
+            variants = all_variants(device, args.modes, args.dtypes, args.baseline, args.backends)
             res = benchmark(batch, args.width, args.rounds, device, variants, args.cov_rounds)
             report(machine, f"layer, batch {batch}", res)
         for net in args.nets:
             res = benchmark_net(
-                net, args.net_batch, args.net_rounds, device, args.dtypes, args.baseline
+                net,
+                args.net_batch,
+                args.net_rounds,
+                device,
+                args.dtypes,
+                args.baseline,
+                args.backends,
             )
             sizes = "x".join(map(str, NETS[net][0]))
             report(machine, f"{net} network {sizes} training step, batch {args.net_batch}", res)
