@@ -1,6 +1,6 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
-from .closed_form import ClosedFormELBO, closed_form_elbo
+from .closed_form import ClosedFormELBO, VGPNFit, closed_form_elbo, fit_vgpn
 from .mcmc import NUTSResult, run_nuts
 from .svi import SVIResult, fit_svi
 from .trainer import TrainConfig, Trainer, TrainResult, evaluate, seed_everything
@@ -11,10 +11,12 @@ __all__ = [
     "SVIResult",
     "TrainConfig",
     "TrainResult",
+    "VGPNFit",
     "Trainer",
     "closed_form_elbo",
     "evaluate",
     "fit_svi",
+    "fit_vgpn",
     "run_nuts",
     "seed_everything",
 ]
