@@ -396,8 +396,8 @@ def fit_initial_params(
             energy = potential_fn(params)
             if not torch.isfinite(energy):
                 break
-            if float(energy) < best_energy:
-                best_energy = float(energy)
+            if float(energy.detach()) < best_energy:
+                best_energy = float(energy.detach())
                 best = {k: v.detach().clone() for k, v in params.items()}
             energy.backward()
             optim.step()
@@ -622,6 +622,9 @@ def run_nuts(
             )
             with torch.no_grad():
                 predictive = draw(x_train, y_train, x_test)
+        if "p_test" in predictive:  # a deterministic site: Predictive pads a plate dimension
+            p_test = predictive["p_test"]
+            predictive["p_test"] = p_test.reshape(p_test.shape[0], *p_test.shape[-2:])
         if isinstance(model, SampledTargetsGPN) and model.likelihood == "gaussian":
             predictive["y_test"] = predictive["y_test"].mT  # the [N_L, S_test] site layout
     stats = kernel.records if len(kernel.records) == num_chains else None

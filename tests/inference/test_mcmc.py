@@ -19,6 +19,7 @@ from pyro_gpn.diagnostics import (
 )
 from pyro_gpn.inference.mcmc import NUTSResult, run_nuts
 from pyro_gpn.models.nonparametric import NonParametricGPN
+from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 
 F64 = torch.float64
 NOISE = 0.1
@@ -285,3 +286,42 @@ def test_single_layer_matches_the_exact_predictive():
     assert ((draws.mean(0) - mean).abs() / sd).max() < 0.2
     ratio = draws.var(0) / var
     assert ((ratio > 0.8) & (ratio < 1.25)).all(), ratio
+
+
+@pytest.mark.parametrize("route", ["nonparametric", "sampled-targets"])
+def test_classification_runs_end_to_end(route):
+    """Bernoulli likelihood through run_nuts: class probabilities, labels, ArviZ groups."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 2, generator=g, dtype=F64)
+    labels = (x[:, 0] + 0.3 * x[:, 1] > 0).double()
+    x_test = torch.randn(5, 2, generator=g, dtype=F64)
+    if route == "nonparametric":
+        model = NonParametricGPN([2, 1], likelihood="bernoulli")
+    else:
+        model = SampledTargetsGPN([2, 2, 1], likelihood="bernoulli", num_inducing=5)
+    result = run_nuts(
+        model, x, labels, x_test, num_samples=6, warmup_steps=6, num_chains=2, init_steps=20
+    )
+    prediction = result.predict()
+    assert prediction.task == "classification" and prediction.probs.shape == (5, 2)
+    torch.testing.assert_close(prediction.probs.sum(-1), torch.ones(5, dtype=F64))
+    assert result.y_test.shape == (12, 5)
+    assert set(result.y_test.unique().tolist()) <= {0.0, 1.0}
+    idata = result.to_arviz()
+    assert idata.log_likelihood["y"].shape == (2, 6, 12)
+    assert idata.posterior_predictive["p_test"].shape == (2, 6, 5, 2)
+    density = result.test_log_density((x_test[:, 0] > 0).double())
+    assert density.shape == (12, 5) and (density <= 0).all()
+
+
+def test_sampled_targets_regression_runs_end_to_end():
+    x, y, x_test = sine_data(10, 4)
+    model = SampledTargetsGPN([1, 2, 1], num_inducing=5)
+    result = run_nuts(
+        model, x, y, x_test, num_samples=5, warmup_steps=5, num_chains=1, init_steps=20
+    )
+    assert result.samples["z1"].shape == (5, 2, 5)
+    assert result.y_test.shape == (5, 4)
+    assert result.pointwise_log_likelihood().shape == (5, 10)
+    assert result.test_log_density(torch.sin(x_test[:, 0])).shape == (5, 4)
+    assert set(result.to_arviz().sample_stats.data_vars) >= {"energy", "tree_depth"}
