@@ -24,18 +24,29 @@ allocation events (op granularity; the Numba kernels' NumPy buffers are not seen
 Usage (the documented run, one line)::
 
     OMP_NUM_THREADS=1 python benchmarks/layer_speed.py --out docs/results/layer_speed.md
+
+``--baseline REV`` also times the package as it was at git revision ``REV`` (extracted with
+``git archive`` into a temporary folder and imported as ``pyro_gpn_base``) in the same process:
+its variants carry the suffix ``@REV`` (for example ``meanvar-f64-cpu@429b211``), so an old and
+a new kernel are compared side by side under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
+import pathlib
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -49,6 +60,42 @@ PAPER = {"tanh": (9, 30), "mean": (29, 94), "meanvar": (36, 113), "cov": (118, 2
 NETS = {"letter": ([16, 30, 15, 26], "softmax"), "uci": ([13, 50, 1], "gaussian")}
 
 
+_BASELINES: dict[str, ModuleType] = {}
+
+
+def load_baseline(rev: str) -> ModuleType:
+    """The ``pyro_gpn`` package at git revision ``rev``, imported as ``pyro_gpn_base``."""
+    if rev in _BASELINES:
+        return _BASELINES[rev]
+    if _BASELINES:
+        raise ValueError("one --baseline revision per process")
+    # a fixed folder per revision, reused: its Numba cache survives between runs
+    root = pathlib.Path(tempfile.gettempdir()) / f"gpn_baseline_{rev}"
+    if not (root / "pyro_gpn_base").is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        repo = pathlib.Path(__file__).resolve().parent.parent
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", rev, "pyro_gpn"], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+        for path in (root / "pyro_gpn").rglob("*.py"):
+            text = path.read_text()
+            path.write_text(re.sub(r"\bpyro_gpn\b(?=[.\s])", "pyro_gpn_base", text))
+        (root / "pyro_gpn").rename(root / "pyro_gpn_base")
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("pyro_gpn_base")
+    _BASELINES[rev] = module
+    return module
+
+
+def _package(variant: str) -> tuple[str, ModuleType | None]:
+    """``variant`` without its ``@REV`` suffix, and the baseline package it names (or None)."""
+    if "@" not in variant:
+        return variant, None
+    name, rev = variant.split("@", 1)
+    return name, load_baseline(rev)
+
+
 def backends_for(device: torch.device) -> list[str]:
     """The backends that can run on ``device``."""
     if device.type == "cuda":
@@ -56,25 +103,36 @@ def backends_for(device: torch.device) -> list[str]:
     return ["reference", "cpu"] if numba_available() else ["reference"]
 
 
-def all_variants(device: torch.device, modes=MODES, dtypes=DTYPES) -> list[str]:
+def all_variants(
+    device: torch.device,
+    modes=MODES,
+    dtypes=DTYPES,
+    baseline: str | None = None,
+    backends: list[str] | None = None,
+) -> list[str]:
     out = ["tanh"]
     for mode in modes:
         for dt in dtypes:
             for be in backends_for(device):
+                if backends and be not in backends:
+                    continue
                 if be == "cpu" and mode == "cov":
                     continue  # no cross-term kernel: "cpu" would raise
                 if be == "triton" and dt == "f64":
                     continue  # the Triton kernels compute in float32
                 out.append(f"{mode}-{dt}-{be}")
+                if baseline and be != "reference":
+                    out.append(f"{mode}-{dt}-{be}@{baseline}")
     return out
 
 
-def _wrap(step: Callable[[], None], name: str) -> Callable[[], None]:
+def _wrap(step: Callable[[], None], name: str, pkg: ModuleType | None = None) -> Callable[[], None]:
     if name == "auto":
         return step
+    chooser = backend if pkg is None else pkg.moments.backend.backend
 
     def run() -> None:
-        with backend(name):
+        with chooser(name):
             step()
 
     return run
@@ -91,18 +149,21 @@ def make_step(variant: str, batch: int, width: int, device: torch.device) -> Cal
             torch.tanh(layer(mean)).sum().backward()
 
         return step
+    variant, pkg = _package(variant)
+    layer_cls, moments_cls = (GPNLayer, Moments) if pkg is None else (pkg.GPNLayer, pkg.Moments)
     mode, precision, name = variant.split("-")
     compute_dtype = None if precision == "f32" else torch.float64
-    layer = GPNLayer(width, width, compute_dtype=compute_dtype).to(device)
+    layer = layer_cls(width, width, compute_dtype=compute_dtype).to(device)
+    Moments_ = moments_cls
     if mode == "mean":
-        inputs = Moments(mean, validate=False)
+        inputs = Moments_(mean, validate=False)
     elif mode == "meanvar":
         var = (0.1 * torch.rand(batch, width, generator=gen)).to(device)
-        inputs = Moments(mean, var=var, validate=False)
+        inputs = Moments_(mean, var=var, validate=False)
     else:
         a = torch.randn(batch, width, width, generator=gen) / width
         cov = (0.1 * a @ a.mT + 0.01 * torch.eye(width)).to(device)
-        inputs = Moments(mean, cov=cov, validate=False)
+        inputs = Moments_(mean, cov=cov, validate=False)
 
     def step() -> None:
         out = layer.propagate(inputs, mode)
@@ -113,7 +174,7 @@ def make_step(variant: str, batch: int, width: int, device: torch.device) -> Cal
             total = total + out.cov.sum()
         total.backward()
 
-    return _wrap(step, name)
+    return _wrap(step, name, pkg)
 
 
 def make_net_step(variant: str, net: str, batch: int, device: torch.device) -> Callable[[], None]:
@@ -143,9 +204,11 @@ def make_net_step(variant: str, net: str, batch: int, device: torch.device) -> C
             opt.step()
 
         return step
+    variant, pkg = _package(variant)
+    net_cls = GPNNet if pkg is None else pkg.GPNNet
     mode, precision, name = variant.split("-")
     compute_dtype = None if precision == "f32" else torch.float64
-    model = GPNNet(sizes, mode=mode, head=head, compute_dtype=compute_dtype).to(device)
+    model = net_cls(sizes, mode=mode, head=head, compute_dtype=compute_dtype).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -153,7 +216,7 @@ def make_net_step(variant: str, net: str, batch: int, device: torch.device) -> C
         (model.loss(x, y) + model.penalty() / batch).backward()
         opt.step()
 
-    return _wrap(step, name)
+    return _wrap(step, name, pkg)
 
 
 def _sync(device: torch.device) -> None:
@@ -245,15 +308,24 @@ def benchmark(
 
 
 def benchmark_net(
-    net: str, batch: int, rounds: int, device: torch.device, dtypes=DTYPES
+    net: str,
+    batch: int,
+    rounds: int,
+    device: torch.device,
+    dtypes=DTYPES,
+    baseline: str | None = None,
+    backends: list[str] | None = None,
 ) -> dict[str, dict]:
     """Training steps of network ``net`` on every backend against its tanh network."""
-    variants = ["tanh"] + [
-        f"meanvar-{dt}-{be}"
-        for dt in dtypes
-        for be in backends_for(device)
-        if not (be == "triton" and dt == "f64")
-    ]
+    variants = ["tanh"]
+    for dt in dtypes:
+        for be in backends_for(device):
+            if backends and be not in backends:
+                continue
+            if not (be == "triton" and dt == "f64"):
+                variants.append(f"meanvar-{dt}-{be}")
+                if baseline and be != "reference":
+                    variants.append(f"meanvar-{dt}-{be}@{baseline}")
     steps = {v: make_net_step(v, net, batch, device) for v in variants}
     return time_steps(steps, rounds, device, memory=False)
 
@@ -331,6 +403,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--out", default=None, help="write a markdown table here")
+    parser.add_argument(
+        "--baseline", default=None, help="also time the package at this git revision (@REV)"
+    )
+    parser.add_argument(
+        "--backends", nargs="+", default=None, help="only these backends (default: all present)"
+    )
     args = parser.parse_args(argv)
     args.load_before = load_average()
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -351,11 +429,19 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device(name)
         machine = machine_description(device)
         for batch in args.batch:
-            variants = all_variants(device, args.modes, args.dtypes)
+            variants = all_variants(device, args.modes, args.dtypes, args.baseline, args.backends)
             res = benchmark(batch, args.width, args.rounds, device, variants, args.cov_rounds)
             report(machine, f"layer, batch {batch}", res)
         for net in args.nets:
-            res = benchmark_net(net, args.net_batch, args.net_rounds, device, args.dtypes)
+            res = benchmark_net(
+                net,
+                args.net_batch,
+                args.net_rounds,
+                device,
+                args.dtypes,
+                args.baseline,
+                args.backends,
+            )
             sizes = "x".join(map(str, NETS[net][0]))
             report(machine, f"{net} network {sizes} training step, batch {args.net_batch}", res)
     if args.out:

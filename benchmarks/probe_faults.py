@@ -11,9 +11,9 @@ Usage::
     python benchmarks/probe_faults.py --out docs/results/fault_probe.md --json probe.json
 
 Command-line cases start ``python -m pyro_gpn.cli`` in subprocesses from the repository root
-(so they exercise this checkout); the disk faults are simulated (``open`` patched to raise
-``ENOSPC`` after 200 bytes, or ``EROFS``) because a full or read-only file system cannot be
-created without privileges.
+(so they exercise this checkout); the disk faults are simulated (``open``, ``os.open`` and
+``os.fdopen`` patched to raise ``ENOSPC`` after 200 bytes of a file, or ``EROFS``) because a
+full or read-only file system cannot be created without privileges.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from tests.probe_cases import KINDS, cases, classify, fix_for  # noqa: E402
 NOTES = [
     "",
     "Seeds: `torch.manual_seed(0)` before every case, data from fixed generators (seeds 1-3).",
-    "Disk faults are simulated (`open` patched in the process: `ENOSPC` after 200 bytes, or",
-    "`EROFS`); the concurrency cases are timing-dependent: in earlier runs of the same code",
-    "both `cli/train-*-concurrent` cases died with `FileNotFoundError` on a shared",
-    "temporary file instead of exiting 0. `tests/test_faults.py` runs the",
-    "same cases as tests, today's non-clear ones as expected failures.",
+    "Disk faults are simulated in the process: `open`, `os.open` and `os.fdopen` patched for",
+    "paths inside the output folder (`ENOSPC` after 200 bytes of a file, or `EROFS` on every",
+    "write). The concurrency cases are timing-dependent. `tests/test_faults.py` runs the same",
+    "cases as tests (the command-line ones marked slow); `KNOWN_FAILING` there lists the cases",
+    "that are not yet clear or handled.",
 ]
 
 

@@ -11,12 +11,12 @@ over the splits. Every model's predictive is an equal-weight mixture of Gaussian
 
 Models (hidden width 50, 100 for protein):
 
-* ``bgpn``: the closed-form variational GPN ``[D, 50, 1]`` (the Bayesian GPN) in the
-  configuration chosen on validation by ``benchmarks/uci_diagnose.py`` (``BGPN_CONFIG``), through
-  the prototype :class:`pyro_gpn._proto_bayes.ProtoVGPN` (the library's ``VariationalGPN`` and
-  its closed-form ELBO, plus a variational ``q(W)``);
-* ``bgpn_issue``: the same model as issue 15 ran it (point weights, 2000 full-batch steps, Adam
-  lr 0.05 decayed to 0.005, whitened, identity start, no validation);
+* ``bgpn``: the closed-form variational GPN ``[D, 50, 1]`` (the Bayesian GPN:
+  :class:`pyro_gpn.models.VariationalGPN` with its default variational weights, trained by
+  :func:`pyro_gpn.inference.fit_vgpn`) with the library's recommendations
+  (:data:`pyro_gpn.recommended.VGPN`, ``BGPN_CONFIG``): full batch on the small sets,
+  mini-batches of 512 on the large ones (``LARGE``);
+* ``bgpn_issue``: the same model as issue 15 ran it (point weights, no validation);
 * ``clt``: :class:`pyro_gpn.GPNNet` (central-limit GPN, identity targets) by
   :class:`pyro_gpn.inference.Trainer` (lr 1e-2, batch 32, <= 300 epochs, validation schedule);
 * ``mcdrop``: :class:`pyro_gpn.models.baselines.FixedActivationNet` (tanh) with dropout on
@@ -55,38 +55,26 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from pyro_gpn.recommended import VGPN  # noqa: E402
+
 DATA_DIR = os.environ.get("PYRO_GPN_UCI_DIR", "/work/shared/datasets")
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 MODELS = ("bgpn", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
 Z90 = 1.6448536269514722
 METRICS = ("log_lik", "rmse", "coverage90")
+#: the large sets: mini-batches (the same number of optimiser steps, not fewer rows)
+LARGE = ("kin8nm", "naval", "power", "protein")
+#: mini-batch size of the step-based models (bgpn, dgp) on the large sets
+LARGE_BATCH = 512
+#: optimiser steps of the step-based models on the large sets (``--large-steps``; the compute
+#: budget of this machine, not a choice on validation)
+LARGE_STEPS = {"value": 1000}
 
-#: the Bayesian GPN's configuration, chosen on validation (docs/results/uci.md)
-BGPN_CONFIG = dict(
-    weights="vi",
-    prior_scale=1.0,
-    whiten=True,
-    targets_init="identity",
-    q_cov="full",
-    noise_std_init=0.1,
-    lr=5e-2,
-    lr_decay=0.1,
-    steps=2000,
-    early_stopping=True,
-    patience=12,
-)
-ISSUE_CONFIG = dict(
-    weights="point",
-    prior_scale=1.0,
-    whiten=True,
-    targets_init="identity",
-    q_cov="full",
-    noise_std_init=0.1,
-    lr=5e-2,
-    lr_decay=0.1,
-    steps=2000,
-    early_stopping=False,
-)
+#: the Bayesian GPN's configuration: the library's recommendations
+#: (:data:`pyro_gpn.recommended.VGPN`, chosen on validation, docs/results/uci.md)
+BGPN_CONFIG = VGPN.as_dict()
+#: the configuration issue 15 ran (point weights, no validation)
+ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
 
 
 # ---------------------------------------------------------------------------------- metrics
@@ -146,53 +134,53 @@ def _width(name: str) -> int:
 
 
 def fit_bgpn(data, config: dict, seed: int) -> dict:
-    """The closed-form variational GPN; returns predictions and fit facts."""
-    import pyro
+    """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
+    :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
+    returns predictions and fit facts."""
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.models import VariationalGPN
 
-    from pyro_gpn._proto_bayes import ProtoVGPN, fit_proto
-
-    pyro.settings.set(module_local_params=True)
     torch.manual_seed(seed)
-    model = ProtoVGPN(
+    model = VariationalGPN(
         [data.num_features, _width(data.name), 1],
-        weights=config["weights"],
-        prior_scale=config["prior_scale"],
-        noise_floor=config.get("noise_floor", 0.0),
+        head="gaussian",
         whiten=config["whiten"],
         targets_init=config["targets_init"],
-        q_cov=config["q_cov"],
-        noise_std_init=config["noise_std_init"],
+        weights=config["weights"],
+        weight_prior_scale=config["weight_prior_scale"],
     )
-    fit = fit_proto(
+    validation = config.get("validation", True)
+    batch = VGPN.batch_for(data.x_train.shape[0]) if data.name in LARGE else None
+    fit = fit_vgpn(
         model,
         data.x_train,
         data.y_train,
-        data.x_val,
-        data.y_val,
-        num_steps=config["steps"],
+        data.x_val if validation else None,
+        data.y_val if validation else None,
+        val_fraction=None if validation else 0.0,
+        num_steps=LARGE_STEPS["value"] if data.name in LARGE else config["num_steps"],
         lr=config["lr"],
         lr_decay=config["lr_decay"],
-        early_stopping=config["early_stopping"],
-        patience=config.get("patience"),
-        batch_size=config.get("batch_size"),
+        batch_size=batch,
+        eval_every=config["eval_every"],
+        patience=config["patience"],
         seed=seed,
     )
-    steps_per_epoch = (
-        1
-        if not config.get("batch_size")
-        else max(1, math.ceil(data.x_train.shape[0] / config["batch_size"]))
-    )
+    steps_per_epoch = 1 if not batch else max(1, math.ceil(data.x_train.shape[0] / batch))
 
     def predict(x):
-        m, v = model.predictive(x)
-        return m[None], v[None]
+        with torch.no_grad():
+            out = model(x)
+        return out.mean.reshape(1, -1), out.variance.reshape(1, -1)
 
     return {
         "predict": predict,
-        "fit_s": fit.wall_s,
-        "epochs": fit.steps / steps_per_epoch,
+        "fit_s": fit.wall_time,
+        "epochs": fit.num_steps / steps_per_epoch,
+        "steps": fit.num_steps,
         "best_step": fit.best_step,
-        "noise_std": float(model.noise_std()),
+        "batch_size": batch,
+        "noise_std": float(model.head.noise_std.detach().reshape(-1)[0]),
         "config": config,
     }
 
@@ -224,7 +212,7 @@ def fit_clt(data, seed: int) -> dict:
         head="gaussian",
         targets_init="identity",
     )
-    wall, epochs, best = _train_net(net, data, seed, 1e-2, 32, 300, 10)
+    wall, epochs, best = _train_net(net, data, seed, *_mlp_schedule(data))
 
     def predict(x):
         with torch.no_grad():
@@ -238,6 +226,14 @@ def fit_clt(data, seed: int) -> dict:
         "best_epoch": best,
         "noise_std": float(net.noise_std.reshape(-1)[0]),
     }
+
+
+def _mlp_schedule(data) -> tuple[float, int, int, int]:
+    """``(lr, batch, max_epochs, patience)`` of the Trainer-based models: batch 32, <= 300
+    epochs on the small sets; batch 128, <= 40 epochs on the large ones."""
+    if data.name in LARGE:
+        return 1e-2, 128, 40, 5
+    return 1e-2, 32, 300, 10
 
 
 def _mlp(data, dropout: float, seed: int):
@@ -264,7 +260,7 @@ def fit_mcdrop(data, seed: int, rates=(0.01, 0.05, 0.1)) -> dict:
     total, tried = 0.0, {}
     for rate in rates:
         net = _mlp(data, rate, seed)
-        wall, epochs, best_epoch = _train_net(net, data, seed, 1e-2, 32, 300, 10)
+        wall, epochs, best_epoch = _train_net(net, data, seed, *_mlp_schedule(data))
         total += wall
         torch.manual_seed(seed)
         val = metrics_of(*_mc_predict(net, data.x_val), data.y_val, float(data.y_std))
@@ -293,7 +289,7 @@ def fit_ensemble(data, seed: int, members: int = 5) -> dict:
     nets, total, epochs = [], 0.0, []
     for k in range(members):
         net = _mlp(data, 0.0, 1000 * seed + k)
-        wall, ep, _ = _train_net(net, data, 1000 * seed + k, 1e-2, 32, 300, 10)
+        wall, ep, _ = _train_net(net, data, 1000 * seed + k, *_mlp_schedule(data))
         nets.append(net.eval())
         total += wall
         epochs.append(ep)
@@ -364,7 +360,7 @@ def fit_dgp(
     steps: int = 2000,
     lr: float = 1e-2,
     eval_every: int = 25,
-    patience: int = 8,
+    patience: int = 20,
     batch_size: int | None = None,
 ) -> dict:
     import gpytorch
@@ -441,7 +437,7 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     elif model == "ensemble":
         fit = fit_ensemble(data, seed + split)
     elif model == "dgp":
-        fit = fit_dgp(data, seed + split)
+        fit = fit_dgp(data, seed + split, batch_size=LARGE_BATCH if name in LARGE else None)
     else:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     total = time.perf_counter() - t0
@@ -477,6 +473,8 @@ def load_cells(out: Path) -> list[dict]:
 
 
 def summary(out: Path, models=MODELS) -> str:
+    """Markdown tables of what is in ``out``: per (set, model) mean ± s.e. over the splits that
+    ran (listed in brackets), and the median wall time per fit with the load it ran under."""
     cells = load_cells(out)
     by: dict[tuple[str, str], list[dict]] = {}
     for c in cells:
@@ -488,30 +486,38 @@ def summary(out: Path, models=MODELS) -> str:
             return f"{v[0]:.{d}f}"
         return f"{v.mean():.{d}f} ± {v.std(ddof=1) / math.sqrt(len(v)):.{d}f}"
 
+    def splits(cs):
+        return ",".join(str(c["split"]) for c in sorted(cs, key=lambda c: c["split"]))
+
+    present = [m for m in models if any(k[1] == m for k in by)]
     lines = []
     for metric, d in (("log_lik", 2), ("rmse", 2), ("coverage90", 2)):
-        present = [m for m in models if any(k[1] == m for k in by)]
-        lines.append(f"\n**test {metric}** (mean ± s.e. over splits; n = splits)\n")
+        lines.append(f"\n**test {metric}** (mean ± s.e. over the splits in brackets)\n")
         lines.append("| set | " + " | ".join(present) + " |")
         lines.append("| --- |" + " --- |" * len(present))
         for name in SETS:
             row = []
             for m in present:
                 cs = by.get((name, m))
-                row.append(f"{ms([c['test'][metric] for c in cs], d)} (n={len(cs)})" if cs else "")
-            if any(row):
+                row.append(
+                    f"{ms([c['test'][metric] for c in cs], d)} [{splits(cs)}]" if cs else "–"
+                )
+            if any(r != "–" for r in row):
                 lines.append(f"| {name} | " + " | ".join(row) + " |")
-    lines.append("\n**seconds per epoch** (median over cells)\n")
-    present = [m for m in models if any(k[1] == m for k in by)]
+    lines.append("\n**wall seconds per fit** (median over cells; load average at the end)\n")
     lines.append("| set | " + " | ".join(present) + " |")
     lines.append("| --- |" + " --- |" * len(present))
     for name in SETS:
         row = []
         for m in present:
             cs = by.get((name, m))
-            per = [c.get("fit_s_chosen", c["fit_s"]) / max(c["epochs"], 1e-9) for c in cs or []]
-            row.append(f"{np.median(per):.4f}" if cs else "")
-        if any(row):
+            if not cs:
+                row.append("–")
+                continue
+            wall = np.median([c["cell_s"] for c in cs])
+            load = np.median([c.get("load_avg_1m_end", float("nan")) for c in cs])
+            row.append(f"{wall:.0f} s (load {load:.0f})")
+        if any(r != "–" for r in row):
             lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -559,6 +565,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
+    p.add_argument("--large-steps", type=int, default=LARGE_STEPS["value"])
     p.add_argument("--json", default=None, help="with --summary: write the aggregate here")
     p.add_argument("--diag", default=str(ROOT / "docs/results/uci_diagnose_runs"))
     a = p.parse_args(argv)
@@ -569,6 +576,7 @@ def main(argv=None) -> int:
         if a.json:
             _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0
+    LARGE_STEPS["value"] = a.large_steps
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(
         f"# {platform.node()} torch {torch.__version__} threads {torch.get_num_threads()}",

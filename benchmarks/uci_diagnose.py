@@ -6,10 +6,16 @@ variant that stops early picks its step on a second, inner 10 % of the remaining
 so the validation rows stay untouched by every choice. Writes one JSON per (variant, set, split)
 under ``--out`` (skips finished cells, atomic writes) and prints a table.
 
+The models are the library's (:class:`~pyro_gpn.models.VariationalGPN` with
+``weights="point"`` or ``"variational"``, :func:`~pyro_gpn.inference.fit_vgpn`). The ``map``
+(a Gaussian prior on point weights) and ``floor`` (a noise floor) variants of
+``docs/results/uci.md`` ran with the prototype ``pyro_gpn/_proto_bayes.py`` (commit c372e8e),
+which the library's ``weights="variational"`` replaced; they are not in this script any more.
+
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/uci_diagnose.py --sets boston concrete --splits 0 1 2 \\
-        --variants issue es vi map
+        --variants issue es vi vi_es
 """
 
 from __future__ import annotations
@@ -26,15 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-import pyro  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.uci import DATA_DIR, metrics_of  # noqa: E402
-from pyro_gpn._proto_bayes import ProtoVGPN, fit_proto  # noqa: E402
 from pyro_gpn.data.splits import holdout_split  # noqa: E402
 from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
-
-pyro.settings.set(module_local_params=True)
+from pyro_gpn.inference import fit_vgpn  # noqa: E402
+from pyro_gpn.models import VariationalGPN  # noqa: E402
 
 #: the issue's configuration: whitened, identity start, lr 0.05 -> 0.005, 2000 full-batch steps
 BASE = dict(
@@ -43,7 +47,6 @@ BASE = dict(
     targets_init="identity",
     q_cov="full",
     noise_std_init=0.1,
-    noise_floor=0.0,
     prior_scale=1.0,
     lr=5e-2,
     lr_decay=0.1,
@@ -54,21 +57,19 @@ BASE = dict(
 VARIANTS: dict[str, dict] = {
     "issue": {},
     "es": {"early_stopping": True},
-    "map": {"weights": "map"},
-    "vi": {"weights": "vi"},
-    "vi_es": {"weights": "vi", "early_stopping": True},
-    "vi_p05": {"weights": "vi", "prior_scale": 0.5},
-    "vi_p2": {"weights": "vi", "prior_scale": 2.0},
+    "vi": {"weights": "variational"},
+    "vi_es": {"weights": "variational", "early_stopping": True},
+    "vi_p05": {"weights": "variational", "prior_scale": 0.5},
+    "vi_p2": {"weights": "variational", "prior_scale": 2.0},
     "noise05": {"noise_std_init": 0.5},
-    "floor": {"noise_floor": 0.1},
     "diag": {"q_cov": "diag"},
     "nowhiten": {"whiten": False},
     "random": {"targets_init": "random"},
     "steps500": {"steps": 500},
     "lr01": {"lr": 1e-2},
-    "vi_lr01": {"weights": "vi", "lr": 1e-2},
-    "vi_steps4000": {"weights": "vi", "steps": 4000},
-    "vi_noise05": {"weights": "vi", "noise_std_init": 0.5},
+    "vi_lr01": {"weights": "variational", "lr": 1e-2},
+    "vi_steps4000": {"weights": "variational", "steps": 4000},
+    "vi_noise05": {"weights": "variational", "noise_std_init": 0.5},
 }
 
 
@@ -82,43 +83,51 @@ def run_cell(variant: str, name: str, split: int) -> dict:
         keep, inner = torch.as_tensor(keep), torch.as_tensor(inner)
         x, y, x_stop, y_stop = x[keep], y[keep], x[inner], y[inner]
     torch.manual_seed(split)
-    model = ProtoVGPN(
+    model = VariationalGPN(
         [data.num_features, 50, 1],
+        head="gaussian",
         weights=cfg["weights"],
-        prior_scale=cfg["prior_scale"],
-        noise_floor=cfg["noise_floor"],
+        weight_prior_scale=cfg["prior_scale"],
         whiten=cfg["whiten"],
         targets_init=cfg["targets_init"],
         q_cov=cfg["q_cov"],
         noise_std_init=cfg["noise_std_init"],
     )
-    fit = fit_proto(
+    fit = fit_vgpn(
         model,
         x,
         y,
         x_stop,
         y_stop,
+        val_fraction=0.0 if x_stop is None else None,
         num_steps=cfg["steps"],
         lr=cfg["lr"],
         lr_decay=cfg["lr_decay"],
-        early_stopping=cfg["early_stopping"],
-        patience=cfg["patience"] if cfg["early_stopping"] else None,
+        batch_size=None,
+        patience=cfg["patience"],
         seed=split,
     )
-    mean, var = model.predictive(data.x_val)
-    res = metrics_of(mean[None], var[None], data.y_val, float(data.y_std))
-    res_train = metrics_of(*(t[None] for t in model.predictive(x)), y, float(data.y_std))
+
+    def predictive(inputs):
+        with torch.no_grad():
+            out = model(inputs)
+        return out.mean.reshape(1, -1), out.variance.reshape(1, -1)
+
+    res = metrics_of(*predictive(data.x_val), data.y_val, float(data.y_std))
+    res_train = metrics_of(*predictive(x), y, float(data.y_std))
     extra = {}
+    noise_var = model.head.noise_std.detach().square()
     with torch.no_grad():
-        feats = model.hidden_moments(data.x_val)
+        feats = model.hidden(data.x_val)
         extra["val_epistemic_var"] = float(feats.variance.mean())
-        extra["val_noise_var"] = float(model.noise_std().square())
+        extra["val_noise_var"] = float(noise_var)
         if cfg["weights"] == "point":  # the model's exact predictive by Monte Carlo
             torch.manual_seed(0)
-            draws = model.vgpn.predict(data.x_val, num_samples=1000)["layer1.response"]
+            draws = model.sample_predictive(data.x_val, num_samples=1000)["layer1.response"]
             draws = draws.reshape(draws.shape[0], -1)
-            noise = model.noise_std().square().expand_as(draws)
-            extra["val_mc"] = metrics_of(draws, noise, data.y_val, float(data.y_std))
+            extra["val_mc"] = metrics_of(
+                draws, noise_var.expand_as(draws), data.y_val, float(data.y_std)
+            )
         acts = x @ model.layers[0].weight
         outside = float((acts.abs() > 2).double().mean())
     return {
@@ -128,12 +137,12 @@ def run_cell(variant: str, name: str, split: int) -> dict:
         "split": split,
         "val": res,
         "train": res_train,
-        "noise_std": float(model.noise_std().detach()),
+        "noise_std": float(noise_var.sqrt()),
         "hidden_noise_mean": float(model.layers[0].noise_std.mean()),
         "frac_acts_outside_grid": outside,
-        "steps": fit.steps,
+        "steps": fit.num_steps,
         "best_step": fit.best_step,
-        "wall_s": fit.wall_s,
+        "wall_s": fit.wall_time,
         **extra,
         "stop_curve": fit.curve,
     }

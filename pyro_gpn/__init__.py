@@ -11,6 +11,7 @@ to the paper's LaTeX source (the arXiv source files). See the README for a tour 
 """
 
 from . import settings
+from ._validation import UnscaledInputWarning
 from .heads import GaussianHead, Prediction, SoftmaxHead
 from .kernels import gpn_kernel, squared_exponential
 from .layers import GPNLayer, VariationalGPNLayer
@@ -28,6 +29,7 @@ __all__ = [
     "Moments",
     "Prediction",
     "SoftmaxHead",
+    "UnscaledInputWarning",
     "VariationalGPNLayer",
     "__version__",
     "gpn_kernel",

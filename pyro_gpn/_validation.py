@@ -7,19 +7,49 @@ checks (:func:`check_finite`, :func:`check_nonnegative`, :func:`check_positive`,
 :func:`check_psd`) read the tensor back to the host -- a device synchronisation -- and run only
 while :func:`pyro_gpn.settings.is_validation_enabled` (on by default, off inside the training
 loops).
+
+**The dtype and device rule** (:func:`as_input`, applied at every public module boundary:
+layers, :class:`~pyro_gpn.GPNNet` and its heads' losses and predictions, the Pyro models,
+:class:`~pyro_gpn.inference.Trainer`, :func:`~pyro_gpn.inference.evaluate`):
+
+* floating inputs (torch tensors or NumPy arrays) are cast to the dtype of the module's
+  parameters, so float64 data from NumPy, float16 inputs or a float64 network fed float32
+  data all compute in the parameters' dtype (the cast is differentiable);
+* integer and boolean inputs are refused (``ValueError`` naming the argument and its dtype):
+  a label tensor passed as ``x`` is a mistake, not data;
+* an input on another device than the parameters is refused (``ValueError`` naming the
+  argument and both devices); nothing is moved between devices implicitly;
+* parameters are float32 or float64: other dtypes (float16, bfloat16, integers) are refused
+  when the module is built (:func:`check_parameter_dtype`);
+* pure functions on tensors (:class:`~pyro_gpn.moments.gaussian.Moments` and
+  :mod:`pyro_gpn.moments`) cast nothing: mixed dtypes or devices among their arguments raise a
+  ``ValueError`` naming the arguments and both dtypes (devices).
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from . import settings
 
 __all__ = [
+    "PARAMETER_DTYPES",
+    "SCALE_WARNING_LIMIT",
+    "UnscaledInputWarning",
+    "as_input",
+    "check_device",
+    "check_device_available",
     "check_finite",
+    "check_inputs",
+    "check_parameter_dtype",
+    "check_parameters_finite",
+    "check_same_dtype_device",
     "check_ndim",
     "check_nonnegative",
     "check_positive",
@@ -104,3 +134,150 @@ def check_psd(name: str, value: Tensor, rtol: float = 1e-5) -> Tensor:
             f"{name} must be positive semi-definite, got eigenvalue {eig.min().item():.3g}"
         )
     return value
+
+
+# ---------------------------------------------------------------------------------- dtype/device
+#: the parameter dtypes the library computes in
+PARAMETER_DTYPES = (torch.float32, torch.float64)
+#: inputs beyond this magnitude draw an :class:`UnscaledInputWarning`
+SCALE_WARNING_LIMIT = 100.0
+
+
+class UnscaledInputWarning(UserWarning):
+    """Inputs far outside the range GPN activation functions respond in (unscaled data)."""
+
+
+def check_parameter_dtype(name: str, dtype: torch.dtype | None) -> torch.dtype:
+    """``dtype`` (``None``: torch's default) if it is float32 or float64, else ``ValueError``."""
+    resolved = torch.get_default_dtype() if dtype is None else dtype
+    if resolved not in PARAMETER_DTYPES:
+        given = f"{name}={dtype}" if dtype is not None else f"torch's default dtype {resolved}"
+        raise ValueError(
+            f"{given} is not supported for the parameters: use torch.float32 or torch.float64 "
+            "(float16/bfloat16 lose the GP algebra; integers cannot be trained)"
+        )
+    return resolved
+
+
+def check_device_available(name: str, device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a ``torch.device``; ``ValueError`` naming it if it is malformed or CUDA is
+    requested on a machine without it."""
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{name}={device!r} is not a torch device ({error})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        built = "built with" if torch.backends.cuda.is_built() else "built without"
+        raise ValueError(
+            f"{name}={device!r} requested but CUDA is not available (this torch "
+            f"{torch.__version__} is {built} CUDA support and sees no GPU); use {name}='cpu'"
+        )
+    return resolved
+
+
+def check_device(name: str, value: Tensor, device: torch.device, where: str) -> Tensor:
+    """``ValueError`` naming ``name`` and both devices unless ``value`` is on ``device``."""
+    if value.device != device:
+        raise ValueError(
+            f"{name} is on device {value.device} but {where} on {device}; move it with "
+            f".to({str(device)!r})"
+        )
+    return value
+
+
+def check_same_dtype_device(
+    reference: str, value: Tensor, others: dict[str, Tensor | None]
+) -> None:
+    """Pure functions: every tensor in ``others`` has ``value``'s dtype and device (a
+    ``ValueError`` naming the arguments and both dtypes or devices otherwise)."""
+    for name, other in others.items():
+        if other is None or not isinstance(other, Tensor):
+            continue
+        if other.device != value.device:
+            raise ValueError(
+                f"{name} is on device {other.device} but {reference} on {value.device}; "
+                "put all arguments on one device"
+            )
+        if other.dtype != value.dtype:
+            raise ValueError(
+                f"{name} has dtype {other.dtype} but {reference} has {value.dtype}; give all "
+                f"arguments in one dtype (e.g. {name}.to({value.dtype}))"
+            )
+
+
+def as_input(name: str, value: object, like: Tensor, where: str = "the parameters are") -> Tensor:
+    """Apply the module docstring's dtype and device rule to an input.
+
+    Args:
+        name: the argument's name, for messages.
+        value: a floating ``torch.Tensor`` or NumPy array.
+        like: a parameter of the module: the dtype cast to and the device required.
+        where: what ``like`` is, for the device message.
+
+    Returns:
+        ``value`` as a tensor in ``like.dtype`` (the same object when nothing changes).
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "fiub":
+            raise TypeError(f"{name} must be numeric, got a NumPy array of dtype {value.dtype}")
+        value = torch.from_numpy(np.ascontiguousarray(value))
+        if value.is_floating_point():
+            value = value.to(device=like.device)
+    check_tensor(name, value)
+    check_device(name, value, like.device, where)
+    if value.dtype != like.dtype:
+        value = value.to(like.dtype)
+    return value
+
+
+def check_inputs(name: str, value: Tensor) -> Tensor:
+    """:func:`check_finite` and a warning for unscaled inputs, in one device synchronisation.
+
+    GPN activation functions respond only near their inducing points (``[-2, 2]`` by default):
+    inputs of order ``1e3`` or ``1e6`` put every activation where the GP prior's kernel has
+    underflowed, every gradient is exactly zero and training silently does nothing. Inputs
+    beyond :data:`SCALE_WARNING_LIMIT` in magnitude draw an :class:`UnscaledInputWarning`.
+    """
+    if not settings.is_validation_enabled() or value.numel() == 0:
+        return value
+    peak = float(value.detach().abs().amax())
+    if not math.isfinite(peak):
+        check_finite(name, value)
+        raise ValueError(f"{name} contains NaN or infinite values")  # pragma: no cover
+    if peak > SCALE_WARNING_LIMIT:
+        warnings.warn(
+            f"{name} reaches |{name}| = {peak:.3g}: the inputs look unscaled. GPN activation "
+            "functions respond only near their inducing points (default range [-2, 2]); "
+            "far outside it the output is the GP prior and every gradient is zero. Standardise "
+            "the inputs (zero mean, unit variance per column, e.g. "
+            "pyro_gpn.data.preprocessing.Standardizer) before training.",
+            UnscaledInputWarning,
+            stacklevel=3,
+        )
+    return value
+
+
+def check_parameters_finite(module: nn.Module, owner: str) -> None:
+    """``ValueError`` naming the parameters of ``module`` that hold NaN or infinite values.
+
+    One device synchronisation (a stacked all-finite flag), and only while validation is on:
+    parameters turn non-finite when an optimisation diverges outside the library's training
+    loops (which detect it themselves), and a network with NaN parameters otherwise predicts
+    NaN without a word.
+    """
+    if not settings.is_validation_enabled():
+        return
+    named = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
+    if not named or named[0][1].device.type == "meta":
+        return
+    flags = torch.stack([torch.isfinite(p).all() for _, p in named])
+    if bool(flags.all()):
+        return
+    bad = [n for (n, _), ok in zip(named, flags.tolist(), strict=True) if not ok]
+    raise ValueError(
+        f"parameters {bad} of {owner} contain NaN or infinite values (the training that "
+        "produced them diverged?): reload a checkpoint or re-initialise, then train with a "
+        "smaller learning rate"
+    )

@@ -27,14 +27,24 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyro.infer import MCMC
 
-__all__ = ["max_rhat", "min_ess", "num_divergences", "summarize", "to_inference_data"]
+__all__ = [
+    "compare_heldout_lpd",
+    "heldout_elpd",
+    "heldout_lpd_from_draws",
+    "max_rhat",
+    "min_ess",
+    "num_divergences",
+    "summarize",
+    "to_inference_data",
+]
 
 
 def to_inference_data(
     mcmc: MCMC,
     posterior_predictive: Mapping[str, Tensor] | None = None,
     *,
-    log_likelihood: bool = False,
+    log_likelihood: bool | Mapping[str, Tensor] = False,
+    sample_stats: Mapping[str, np.ndarray] | None = None,
     coords: Mapping[str, Sequence] | None = None,
     dims: Mapping[str, Sequence[str]] | None = None,
 ) -> az.InferenceData:
@@ -45,9 +55,14 @@ def to_inference_data(
             arguments to collect the observed data.
         posterior_predictive: optional draws ``{name: [num_chains * num_samples, ...]}`` in the
             chain-major order of ``mcmc.get_samples()``.
-        log_likelihood: also compute the ``log_likelihood`` group (vectorised re-run of the
-            model; off by default because a joint multivariate-normal likelihood over samples
-            has no pointwise terms for LOO/WAIC).
+        log_likelihood: ``True``: ArviZ computes the ``log_likelihood`` group by a vectorised
+            re-run of the model (one term per observed site's batch element; a joint
+            multivariate-normal likelihood over rows then has no per-row terms); a mapping
+            ``{name: [num_chains * num_samples, S]}`` (chain-major) supplies the pointwise
+            terms instead (e.g. ``NonParametricGPN.pointwise_log_likelihood``), which is what
+            ``az.loo`` / ``az.waic`` need.
+        sample_stats: extra per-transition statistics ``{name: [num_chains, num_samples]}``
+            added to ``sample_stats`` (e.g. ``energy``, ``tree_depth``, ``step_size``).
         coords, dims: ArviZ coordinates and dimension names.
 
     Returns:
@@ -69,13 +84,38 @@ def to_inference_data(
                     f"posterior_predictive[{name!r}] must have {draws} draws (num_chains x "
                     f"num_samples) in its first dimension, got shape {tuple(value.shape)}"
                 )
-    return az.from_pyro(
+    pointwise = None
+    if isinstance(log_likelihood, Mapping):
+        pointwise, log_likelihood = log_likelihood, False
+    idata = az.from_pyro(
         mcmc,
         posterior_predictive=None if posterior_predictive is None else dict(posterior_predictive),
-        log_likelihood=log_likelihood,
+        log_likelihood=bool(log_likelihood),
         coords=None if coords is None else dict(coords),
         dims=None if dims is None else dict(dims),
     )
+    shape = (mcmc.num_chains, mcmc.num_samples)
+    if pointwise:
+        data = {}
+        for name, value in pointwise.items():
+            value = np.asarray(value.detach().cpu() if isinstance(value, Tensor) else value)
+            if value.shape[0] != shape[0] * shape[1]:
+                raise ValueError(
+                    f"log_likelihood[{name!r}] must have {shape[0] * shape[1]} draws in its first "
+                    f"dimension, got shape {value.shape}"
+                )
+            data[name] = value.reshape(*shape, *value.shape[1:])
+        idata.add_groups(log_likelihood=az.dict_to_dataset(data, library=None))
+    if sample_stats:
+        stats = idata.sample_stats
+        for name, value in sample_stats.items():
+            value = np.asarray(value)
+            if value.shape != shape:
+                raise ValueError(
+                    f"sample_stats[{name!r}] must have shape {shape}, got {value.shape}"
+                )
+            stats[name] = (("chain", "draw"), value)
+    return idata
 
 
 def summarize(
@@ -168,3 +208,99 @@ def _select(idata: az.InferenceData, var_names: Sequence[str] | None, group: str
     if missing:
         raise ValueError(f"var_names {missing} are not in group {group!r}")
     return dataset[names]
+
+
+def heldout_lpd_from_draws(log_density: Tensor | np.ndarray) -> np.ndarray:
+    """Pointwise log predictive density of held-out rows from per-draw log densities.
+
+    ``log p(y_j | data) ~= log mean_d p(y_j | theta_d)`` (log-sum-exp over the draws).
+
+    Shape:
+        ``[D, S_test]`` -> ``[S_test]``.
+    """
+    from scipy.special import logsumexp
+
+    values = np.asarray(
+        log_density.detach().cpu() if isinstance(log_density, Tensor) else log_density,
+        dtype=float,
+    )
+    if values.ndim != 2:
+        raise ValueError(f"log_density must be [draws, rows], got shape {values.shape}")
+    return logsumexp(values, axis=0) - np.log(values.shape[0])
+
+
+def heldout_elpd(pointwise_lpd: Tensor | np.ndarray, num_draws: int = 1):
+    """ArviZ ``ELPDData`` holding a route's pointwise test log predictive densities.
+
+    Held-out data need no leave-one-out correction, so the expected log predictive density is
+    the plain sum ``elpd = sum_j log p(y_j | data)`` with standard error
+    ``sqrt(S_test) sd_j``. It is stored in ArviZ's LOO layout (``elpd_loo``, ``loo_i``,
+    ``p_loo = 0``, no Pareto ``k``) so that ``az.compare`` ranks routes by it and computes the
+    standard errors of the differences pointwise; ArviZ labels the column ``elpd_loo``.
+
+    Args:
+        pointwise_lpd: ``[S_test]`` log predictive density of each test row (for a sampling
+            route, :func:`heldout_lpd_from_draws`; for a closed-form route, its predictive's
+            ``log_prob``).
+        num_draws: the number of posterior draws behind it (informational).
+    """
+    import xarray as xr
+    from arviz.stats.stats_utils import ELPDData
+
+    values = np.asarray(
+        pointwise_lpd.detach().cpu() if isinstance(pointwise_lpd, Tensor) else pointwise_lpd,
+        dtype=float,
+    )
+    if values.ndim != 1 or not np.isfinite(values).all():
+        raise ValueError(
+            f"pointwise_lpd must be a finite [S_test] vector, got shape {values.shape}"
+        )
+    n = values.shape[0]
+    return ELPDData(
+        data=[
+            float(values.sum()),
+            float(np.sqrt(n) * values.std()),
+            0.0,
+            int(num_draws),
+            n,
+            False,
+            xr.DataArray(values, dims=["test_row"]).rename("loo_i"),
+            xr.DataArray(np.zeros(n), dims=["test_row"]),
+            "log",
+            0.7,
+        ],
+        index=[
+            "elpd_loo",
+            "se",
+            "p_loo",
+            "n_samples",
+            "n_data_points",
+            "warning",
+            "loo_i",
+            "pareto_k",
+            "scale",
+            "good_k",
+        ],
+    )
+
+
+def compare_heldout_lpd(routes: Mapping[str, Tensor | np.ndarray]) -> pd.DataFrame:
+    """``az.compare`` of routes by their pointwise test log predictive densities.
+
+    Args:
+        routes: ``{route name: [S_test] pointwise test log predictive density}``, every route on
+            the same test rows (NUTS: :func:`heldout_lpd_from_draws` of its per-draw densities;
+            variational routes: the closed-form predictive's log density per row).
+
+    Returns:
+        ArviZ's comparison table (rank, ``elpd_loo`` = the test elpd, ``elpd_diff``, ``dse``
+        from the pointwise differences, ``weight`` by stacking).
+    """
+    import arviz as az
+
+    if len(routes) < 2:
+        raise ValueError(f"routes must hold at least two routes, got {list(routes)}")
+    sizes = {name: np.shape(v) for name, v in routes.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"every route must score the same test rows, got shapes {sizes}")
+    return az.compare({name: heldout_elpd(v) for name, v in routes.items()}, ic="loo")

@@ -22,6 +22,7 @@ build the head with :func:`make_head`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -147,8 +148,8 @@ class GaussianHead(Head):
         super().__init__()
         if not isinstance(num_outputs, int) or num_outputs < 1:
             raise ValueError(f"num_outputs must be a positive integer, got {num_outputs!r}")
-        if not noise_std_init > 0:
-            raise ValueError(f"noise_std_init must be positive, got {noise_std_init}")
+        if not (math.isfinite(noise_std_init) and noise_std_init > 0):
+            raise ValueError(f"noise_std_init must be positive and finite, got {noise_std_init}")
         self.num_outputs = num_outputs
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
         width = 1 if shared else num_outputs

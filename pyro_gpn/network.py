@@ -27,11 +27,21 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from ._validation import check_finite, check_ndim, check_nonnegative, check_shape, check_tensor
+from ._validation import (
+    as_input,
+    check_device,
+    check_inputs,
+    check_ndim,
+    check_nonnegative,
+    check_parameters_finite,
+    check_shape,
+    check_tensor,
+)
 from .heads import HEADS, Head, Prediction, check_sizes, make_head
 from .layers import GPNLayer, GPNLayerBase
 from .losses import target_variance_penalty
@@ -41,17 +51,24 @@ from .moments.propagate import MODES, Mode
 __all__ = ["GPNNet", "HEADS", "check_sizes", "input_moments"]
 
 
-def input_moments(x: Tensor, x_var: Tensor | None = None) -> Moments:
+def input_moments(x: Tensor, x_var: Tensor | None = None, like: Tensor | None = None) -> Moments:
     """Validate network inputs ``x [S, M]`` with optional uncertainty and wrap them.
 
-    ``x_var`` is ``[S, M]`` (independent input variances) or ``[S, M, M]`` (covariances).
+    ``x_var`` is ``[S, M]`` (independent input variances) or ``[S, M, M]`` (covariances). With
+    ``like`` (a parameter of the network) both follow the dtype and device rule of
+    :mod:`pyro_gpn._validation`: floating tensors or NumPy arrays are cast to ``like.dtype``
+    and must be on ``like.device``. Inputs beyond ``|x| > 100`` draw an
+    :class:`~pyro_gpn._validation.UnscaledInputWarning`.
     """
+    where = "the network's parameters are"
+    if like is not None:
+        x = as_input("x", x, like, where)
     check_tensor("x", x)
     check_ndim("x", x, 2)
-    check_finite("x", x)
+    check_inputs("x", x)
     if x_var is None:
         return Moments(x, validate=False)
-    check_tensor("x_var", x_var)
+    x_var = as_input("x_var", x_var, x, "x is")
     if x_var.dim() == 3:
         return Moments(x, cov=x_var)
     check_shape("x_var", x_var, tuple(x.shape))
@@ -75,6 +92,10 @@ class GPNNet(PyroModule):
         **layer_kwargs: passed to every layer (``num_inducing``, ``share``, ``targets_init``,
             ``learn_inducing``, ``lengthscale_init``, ...); ``noise_std_init`` and ``share``
             also set a Gaussian head's noise.
+
+    Inputs ``x`` (and ``x_var``, floating targets ``y``) may be tensors or NumPy arrays in any
+    floating dtype: they are cast to the parameters' dtype (``dtype=``, float32 by default) and
+    must be on the parameters' device (the rule in :mod:`pyro_gpn._validation`).
 
     Example:
         >>> net = GPNNet([4, 10, 3], mode="meanvar", head="softmax")
@@ -192,11 +213,12 @@ class GPNNet(PyroModule):
         Shape:
             ``x [S, M]`` -> :class:`Moments` ``[S, N_L]``.
         """
-        moments = input_moments(x, x_var)
+        moments = input_moments(x, x_var, like=self.layers[0].weight)
         if moments.num_features != self.sizes[0]:
             raise ValueError(f"x must have {self.sizes[0]} features, got {moments.num_features}")
+        check_parameters_finite(self, "the network")
         for layer in self.layers:
-            moments = layer.propagate(moments, self.mode)
+            moments = layer._propagate(moments, self.mode)
         return moments
 
     def forward(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
@@ -215,7 +237,25 @@ class GPNNet(PyroModule):
             ``x [S, M]``, ``y [S, N_L]`` (Gaussian) or ``[S]`` labels (softmax) -> a scalar, or
             ``[S]`` with ``reduction="none"``.
         """
+        y = self._target(y)
+        if reduction == "mean" and _num_rows(x) == 0:
+            raise ValueError(
+                "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
+                "(NaN); skip empty batches or use reduction='sum'"
+            )
         return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
+
+    def _target(self, y: Tensor) -> Tensor:
+        """Targets at the boundary: NumPy arrays become tensors, floating targets take the
+        parameters' dtype (integer labels stay integers); on the parameters' device."""
+        weight = self.layers[0].weight
+        if isinstance(y, np.ndarray):
+            y = torch.from_numpy(np.ascontiguousarray(y))
+        if isinstance(y, Tensor):
+            check_device("y", y, weight.device, "the network's parameters are")
+            if y.is_floating_point() and y.dtype != weight.dtype:
+                y = y.to(weight.dtype)
+        return y
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """The paper's deterministic training objective, averaged over the samples.
@@ -254,6 +294,11 @@ class GPNNet(PyroModule):
 
     def extra_repr(self) -> str:
         return f"sizes={self.sizes}, mode={self.mode!r}"
+
+
+def _num_rows(x: object) -> int | None:
+    shape = getattr(x, "shape", None)
+    return None if not shape else int(shape[0])
 
 
 class _LegacyReadout:

@@ -13,6 +13,11 @@ row of panels per layer.
 over a 1-D input, or bars of the test metrics over seeds) and :func:`plot_learning_curves` the
 test log-likelihood of the variational routes against training time.
 
+Calibration of any route's :class:`~pyro_gpn.heads.Prediction`:
+:func:`plot_reliability_diagram` (classification: accuracy against confidence per bin, with the
+expected calibration error) and :func:`plot_interval_coverage` (regression: the coverage of the
+central predictive intervals against their level), from :mod:`pyro_gpn.metrics`.
+
 matplotlib is an optional dependency (the ``plots`` extra); it is imported when a function is
 called, so ``import pyro_gpn.plotting`` works without it.
 
@@ -40,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.figure import Figure
 
     from .experiments.routes import ComparisonResult
+    from .heads import Prediction
     from .layers.base import GPNLayerBase
     from .network import GPNNet
 
@@ -47,8 +53,10 @@ __all__ = [
     "activation_curves",
     "plot_activation_functions",
     "plot_comparison",
+    "plot_interval_coverage",
     "plot_learning_curves",
     "plot_network_activations",
+    "plot_reliability_diagram",
 ]
 
 _MEAN_COLORS = ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:cyan")
@@ -340,4 +348,83 @@ def _plot_bands(result: ComparisonResult, plt) -> Figure:
         ax.set_ylim(*ylim)
         ax.set_xlabel("x")
     axes[0].legend(loc="lower left", fontsize=7)
+    return fig
+
+
+# ---------------------------------------------------------------------------------- calibration
+def plot_reliability_diagram(
+    prediction: Prediction | torch.Tensor,
+    labels: torch.Tensor,
+    num_bins: int = 15,
+    ax: Axes | None = None,
+    label: str | None = None,
+) -> Figure:
+    """Accuracy against mean confidence per bin of top-class probability, with the diagonal
+    of perfect calibration and the expected calibration error in the legend.
+
+    Args:
+        prediction: a classification :class:`~pyro_gpn.heads.Prediction` or ``[S, C]`` class
+            probabilities.
+        labels: ``[S]`` integer labels.
+        num_bins: bins on ``[0, 1]`` (:func:`pyro_gpn.metrics.reliability_diagram`).
+        ax: draw into this axes (e.g. to overlay routes); a new figure otherwise.
+        label: legend label of this prediction.
+    """
+    from .metrics import reliability_diagram
+
+    plt = _pyplot()
+    diagram = reliability_diagram(prediction, labels, num_bins)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.0, 4.0), constrained_layout=True)
+    else:
+        fig = ax.figure
+    filled = diagram.counts > 0
+    conf = diagram.confidence[filled].cpu().numpy()
+    acc = diagram.accuracy[filled].cpu().numpy()
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="calibrated")
+    name = f"{label}: " if label else ""
+    ax.plot(conf, acc, marker="o", label=f"{name}ECE {diagram.ece:.3f}")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence (mean top-class probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("reliability diagram")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_interval_coverage(
+    prediction: Prediction,
+    target: torch.Tensor,
+    levels: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+    ax: Axes | None = None,
+    label: str | None = None,
+) -> Figure:
+    """Coverage of the central predictive intervals against their level (regression); the
+    diagonal is perfect calibration, below it over-confident.
+
+    Args:
+        prediction: a regression :class:`~pyro_gpn.heads.Prediction`.
+        target: ``[S, D]`` (or ``[S]``) targets in the prediction's units.
+        levels: the interval levels (:func:`pyro_gpn.metrics.central_interval_coverage`).
+        ax: draw into this axes; a new figure otherwise.
+        label: legend label of this prediction.
+    """
+    from .metrics import central_interval_coverage
+
+    plt = _pyplot()
+    levels = list(levels)
+    coverage = central_interval_coverage(prediction, target, levels).cpu().numpy()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.0, 4.0), constrained_layout=True)
+    else:
+        fig = ax.figure
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="calibrated")
+    ax.plot(levels, coverage, marker="o", label=label or "prediction")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("central interval level")
+    ax.set_ylabel("observed coverage")
+    ax.set_title("interval coverage")
+    ax.legend(fontsize=8, loc="upper left")
     return fig

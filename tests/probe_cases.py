@@ -529,7 +529,9 @@ _real_open = builtins.open
 class _Full:
     def __init__(self, handle): self._h, self._left = handle, 200
     def write(self, data):
-        if self._left <= 0: raise OSError(errno.ENOSPC, "No space left on device")
+        if len(data) > self._left:  # what fits, then the error
+            self._h.write(data[: self._left]); self._left = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
         self._left -= len(data); return self._h.write(data)
     def __getattr__(self, name): return getattr(self._h, name)
     def __enter__(self): return self
@@ -542,6 +544,23 @@ def _open(file, mode="r", *args, **kwargs):
         return _Full(_real_open(file, mode, *args, **kwargs))
     return _real_open(file, mode, *args, **kwargs)
 builtins.open = _open
+_real_os_open, _real_fdopen = os.open, os.fdopen
+_WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+def _os_open(path, flags, *args, **kwargs):
+    inside = os.path.realpath(path).startswith(_OUT)
+    if inside and flags & _WRITE and {kind!r} == "readonly":
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+    return _real_os_open(path, flags, *args, **kwargs)
+def _fdopen(fd, mode="r", *args, **kwargs):
+    handle = _real_fdopen(fd, mode, *args, **kwargs)
+    try:
+        target = os.readlink(f"/proc/self/fd/{{fd}}")
+    except OSError:
+        return handle
+    if target.startswith(_OUT) and any(c in mode for c in "wax+") and {kind!r} == "full":
+        return _Full(handle)
+    return handle
+os.open, os.fdopen = _os_open, _fdopen
 """
 
 
@@ -556,7 +575,8 @@ def _train_on_faulty_disk(kind: str) -> Callable[[Path], CliResult]:
 
 
 def _faulty_trainer(kind: str) -> Callable[[Path], Any]:
-    """In-process ``Trainer.fit`` with ``open`` failing inside ``out_dir``."""
+    """In-process ``Trainer.fit`` with ``open`` / ``os.open`` / ``os.fdopen`` failing inside
+    ``out_dir``."""
 
     def run(tmp: Path):
         import builtins
@@ -574,8 +594,31 @@ def _faulty_trainer(kind: str) -> Callable[[Path], Any]:
             return Trainer(_net("gaussian"), config).fit((x, y), (x, y))
         finally:
             builtins.open = real
+            os.open, os.fdopen = namespace["_real_os_open"], namespace["_real_fdopen"]
 
     return run
+
+
+def _trainer_in_locked_folder(tmp: Path) -> Any:
+    """``Trainer.fit`` into a folder that another live process holds (``RunLock``)."""
+    from pyro_gpn.inference import TrainConfig, Trainer
+
+    out = tmp / "out"
+    code = (
+        "import time; from pyro_gpn.io import RunLock; "
+        f"lock = RunLock({str(out)!r}).acquire(); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        holder.stdout.readline()
+        config = TrainConfig(max_epochs=1, batch_size=8, out_dir=str(out), progress=False)
+        x, y = _data(20), _targets(20)
+        return Trainer(_net("gaussian"), config).fit((x, y), (x, y))
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # ------------------------------------------------------------------ processes
@@ -817,7 +860,16 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         ["num_inducing"],
         expect="either",
     )
-    add("layer/numpy-input", E, "dtype", lambda t: _layer()(x.numpy()), ["inputs"])
+    add(
+        "layer/numpy-input",
+        E,
+        "dtype",
+        lambda t: _layer()(x.numpy()),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: _layer()(x), rtol=1e-6),
+        note="the dtype rule: NumPy arrays are accepted and cast like tensors",
+    )
 
     # ------------------------------------------------------------ GPNNet.forward / predict
     E = "GPNNet.forward"
@@ -850,7 +902,9 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         lambda t: _net(dtype=torch.float64)(x),
         ["x"],
         expect="either",
-        check=_same_as_float32(lambda: _net()(x), rtol=1e-3),
+        # the same float64 network fed the same values in float64 (a float32 network would
+        # draw different initial weights)
+        check=_same_as_float32(lambda: _net(dtype=torch.float64)(x64), rtol=1e-9),
     )
     add("net/nan-input", E, "nan", lambda t: _net()(nan_x), ["x"])
     add("net/inf-input", E, "nan", lambda t: _net()(inf_x), ["x"])
@@ -899,7 +953,16 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         expect="either",
         check=_same_as_float32(lambda: _net()(x, x.abs())),
     )
-    add("net/numpy-input", E, "dtype", lambda t: _net()(x.numpy()), ["x"])
+    add(
+        "net/numpy-input",
+        E,
+        "dtype",
+        lambda t: _net()(x64.numpy()),
+        ["x"],
+        expect="either",
+        check=_same_as_float32(lambda: _net()(x)),
+        note="the dtype rule: float64 NumPy data are accepted and cast",
+    )
     add(
         "net/unscaled-1e6",
         E,
@@ -1751,6 +1814,111 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
             description="toy",
         ),
         ["x"],
+    )
+
+    # ------------------------------------------------------------ more of what users hit
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.metrics import central_interval_coverage, expected_calibration_error
+
+    add(
+        "layer/dtype-bfloat16-params",
+        "GPNLayer",
+        "dtype",
+        lambda t: GPNLayer(3, 4, dtype=torch.bfloat16),
+        ["dtype"],
+    )
+    add(
+        "net/x-var-other-device",
+        "GPNNet.forward",
+        "device",
+        lambda t: _net()(x, x.abs().to("meta")),
+        ["x_var", "device"],
+    )
+    add(
+        "loss/labels-other-device",
+        "GPNNet.loss",
+        "device",
+        lambda t: _net().loss(x, _labels().to("meta")),
+        ["y", "device"],
+    )
+    add(
+        "loss/numpy-labels",
+        "GPNNet.loss",
+        "dtype",
+        lambda t: _net().loss(x.numpy(), _labels().numpy()),
+        ["x", "y"],
+        expect="either",
+        check=lambda r, w: None if torch.isclose(r, _net().loss(x, _labels())) else "differs",
+    )
+    add(
+        "moments/linear-bias-float64",
+        "Moments.linear",
+        "dtype",
+        lambda t: Moments(x).linear(torch.ones(3, 2), torch.zeros(2, dtype=torch.float64)),
+        ["bias"],
+    )
+    add(
+        "trainer/empty-val",
+        "Trainer.fit",
+        "empty",
+        lambda t: fit(_net(), (xt, lt), (xt[:0], lt[:0])),
+        ["val"],
+    )
+    add(
+        "trainer/one-row-val",
+        "Trainer.fit",
+        "one-row",
+        lambda t: fit(_net(), (xt, lt), (xt[:1], lt[:1])).history[-1],
+        ["val"],
+        expect="result",
+    )
+    add(
+        "trainer/numpy-data",
+        "Trainer.fit",
+        "dtype",
+        lambda t: fit(_net("gaussian"), (xt.double().numpy(), yt.double().numpy())).history[-1],
+        ["train x"],
+        expect="either",
+    )
+    add(
+        "trainer/out-dir-in-use",
+        "Trainer.fit",
+        "concurrency",
+        _trainer_in_locked_folder,
+        ["in use", "out"],
+        timeout=120,
+    )
+    add(
+        "trainer/unscaled-1e6",
+        "Trainer.fit",
+        "scale",
+        lambda t: fit(_net(), (xt * 1e6, lt)).history[-1],
+        ["scale", "standardise", "standardize", "inducing"],
+        expect="either",
+        check=lambda r, w: None if w else "no hint that the inputs are unscaled",
+    )
+    add(
+        "metrics/ece-of-regression",
+        "expected_calibration_error",
+        "value",
+        lambda t: expected_calibration_error(_net("gaussian").predict(x), _labels()),
+        ["probs", "regression"],
+    )
+    add(
+        "metrics/coverage-wrong-rows",
+        "central_interval_coverage",
+        "shape",
+        lambda t: central_interval_coverage(_net("gaussian").predict(x), _targets(5)),
+        ["target"],
+    )
+    add(
+        "metrics/coverage-of-classification",
+        "central_interval_coverage",
+        "value",
+        lambda t: central_interval_coverage(
+            Prediction(torch.full((6, 2), 0.5), torch.zeros(6, 2), "classification"), _targets()
+        ),
+        ["prediction"],
     )
 
     # ------------------------------------------------------------ command line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -142,3 +144,79 @@ def test_bad_arguments_name_the_argument(regression):
         expected_calibration_error(torch.full((2, 2), 0.5), torch.zeros(2, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="draws"):
         empirical_interval(torch.zeros(1, 3))
+
+
+# ---------------------------------------------------------------------------------- calibration
+def _hand_made_classification():
+    """Five samples, two bins: hand-computed confidences, accuracies and ECE."""
+    from pyro_gpn.heads import Prediction
+
+    probs = torch.tensor(
+        [[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4], [0.45, 0.55]], dtype=torch.float64
+    )
+    labels = torch.tensor([0, 1, 1, 0, 0])
+    return Prediction(probs, torch.zeros_like(probs), "classification"), labels
+
+
+def test_reliability_diagram_against_hand_computed_bins():
+    from pyro_gpn.metrics import expected_calibration_error, reliability_diagram
+
+    prediction, labels = _hand_made_classification()
+    diagram = reliability_diagram(prediction, labels, num_bins=2)
+    # top probabilities 0.9, 0.8, 0.7, 0.6, 0.55: all in (0.5, 1] -> bin 1; bin 0 empty.
+    # correct: yes, no, yes, yes, no -> accuracy 3/5; confidence (0.9+0.8+0.7+0.6+0.55)/5 = 0.71
+    assert diagram.counts.tolist() == [0, 5]
+    assert math.isnan(diagram.confidence[0]) and math.isnan(diagram.accuracy[0])
+    assert diagram.confidence[1].item() == pytest.approx(0.71)
+    assert diagram.accuracy[1].item() == pytest.approx(0.6)
+    assert diagram.ece == pytest.approx(0.11)
+    assert diagram.edges.tolist() == [0.0, 0.5, 1.0]
+    # five bins: (0.8, 1] holds 0.9 (correct); (0.6, 0.8] holds 0.8 (wrong), 0.7 (correct);
+    # (0.4, 0.6] holds 0.6 (correct), 0.55 (wrong):
+    # ECE = 1/5 |1 - 0.9| + 2/5 |0.5 - 0.75| + 2/5 |0.5 - 0.575| = 0.02 + 0.1 + 0.03 = 0.15
+    five = reliability_diagram(prediction.probs, labels, num_bins=5)
+    assert five.counts.tolist() == [0, 0, 2, 2, 1]
+    assert five.ece == pytest.approx(0.15)
+    assert expected_calibration_error(prediction, labels, 5).item() == pytest.approx(0.15)
+
+
+def test_central_interval_coverage_against_hand_computed_counts():
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.metrics import central_interval_coverage
+
+    # standard normal predictive; targets at 0.5, 1.0, 1.5 and 2.5 standard deviations.
+    # 50 % interval: +-0.674 -> one inside; 90 %: +-1.645 -> three inside; 99 %: +-2.576 -> all
+    mean = torch.zeros(4, 1, dtype=torch.float64)
+    prediction = Prediction(mean, torch.ones_like(mean), "regression")
+    target = torch.tensor([0.5, -1.0, 1.5, 2.5], dtype=torch.float64)
+    coverage = central_interval_coverage(prediction, target, levels=(0.5, 0.9, 0.99))
+    assert coverage.tolist() == [0.25, 0.75, 1.0]
+
+
+def test_central_interval_coverage_of_a_calibrated_gaussian_matches_its_levels():
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.metrics import central_interval_coverage
+
+    generator = torch.Generator().manual_seed(0)
+    std = torch.rand(20000, 1, generator=generator, dtype=torch.float64) + 0.5
+    target = std * torch.randn(20000, 1, generator=generator, dtype=torch.float64)
+    prediction = Prediction(torch.zeros_like(std), std, "regression")
+    levels = (0.5, 0.8, 0.95)
+    coverage = central_interval_coverage(prediction, target, levels)
+    # binomial standard error at n = 20000 is at most 0.0035
+    assert torch.allclose(coverage, torch.tensor(levels, dtype=torch.float64), atol=0.015)
+    # an over-confident predictive (std halved) covers less
+    narrow = Prediction(prediction.mean, std / 2, "regression")
+    assert (central_interval_coverage(narrow, target, levels) < coverage - 0.1).all()
+
+
+def test_calibration_functions_refuse_the_wrong_task():
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.metrics import central_interval_coverage, reliability_diagram
+
+    prediction, labels = _hand_made_classification()
+    with pytest.raises(ValueError, match="prediction must be a regression"):
+        central_interval_coverage(prediction, labels.double())
+    regression = Prediction(torch.zeros(3, 1), torch.ones(3, 1), "regression")
+    with pytest.raises(ValueError, match="probs is a regression Prediction"):
+        reliability_diagram(regression, torch.tensor([0, 1, 0]))

@@ -140,3 +140,35 @@ def test_plot_learning_curves_draws_each_curve_and_the_target():
     (ax,) = fig.axes
     assert [line.get_label() for line in ax.lines] == ["VI, closed-form ELBO", "target"]
     np.testing.assert_allclose(ax.lines[0].get_ydata(), [-3.0, -0.6, -0.4])
+
+
+def test_plot_reliability_diagram_draws_the_filled_bins_and_the_ece():
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.plotting import plot_reliability_diagram
+
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4], [0.45, 0.55]])
+    labels = torch.tensor([0, 1, 1, 0, 0])
+    fig = plot_reliability_diagram(Prediction(probs, torch.zeros_like(probs), "classification"),
+                                   labels, num_bins=5, label="net")  # fmt: skip
+    ax = fig.axes[0]
+    diagonal, curve = ax.lines
+    # filled bins (0.4, 0.6], (0.6, 0.8], (0.8, 1]: confidences 0.575, 0.75, 0.9
+    np.testing.assert_allclose(curve.get_xdata(), [0.575, 0.75, 0.9], rtol=1e-6)
+    np.testing.assert_allclose(curve.get_ydata(), [0.5, 0.5, 1.0])
+    assert "ECE 0.150" in curve.get_label()
+    plt.close(fig)
+
+
+def test_plot_interval_coverage_draws_coverage_against_level():
+    from pyro_gpn.heads import Prediction
+    from pyro_gpn.plotting import plot_interval_coverage
+
+    mean = torch.zeros(4, 1, dtype=torch.float64)
+    target = torch.tensor([0.5, -1.0, 1.5, 2.5], dtype=torch.float64)
+    fig = plot_interval_coverage(
+        Prediction(mean, torch.ones_like(mean), "regression"), target, levels=(0.5, 0.9, 0.99)
+    )
+    curve = fig.axes[0].lines[1]
+    np.testing.assert_allclose(curve.get_xdata(), [0.5, 0.9, 0.99])
+    np.testing.assert_allclose(curve.get_ydata(), [0.25, 0.75, 1.0])
+    plt.close(fig)

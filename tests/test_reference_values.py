@@ -64,6 +64,7 @@ def reference_outputs() -> dict[str, list[float]]:
                     whiten=whiten,
                     num_data=20,
                     targets_init="random",
+                    weights="point",  # the recorded values predate q(W)
                 )
                 key = f"vgpn.{head}.{q_cov}.{int(whiten)}"
                 out[key + ".elbo"] = _flat(closed_form_elbo(vgpn, x, y))
@@ -87,7 +88,9 @@ def reference_outputs() -> dict[str, list[float]]:
 
     pyro.clear_param_store()
     torch.manual_seed(4)
-    vgpn = VariationalGPN([3, 4, 2], head="gaussian", num_data=7)
+    vgpn = VariationalGPN(  # the defaults before issue 15 (recorded values)
+        [3, 4, 2], head="gaussian", num_data=7, whiten=False, weights="point"
+    )
     fit = fit_svi(
         vgpn.model,
         vgpn.guide,
@@ -165,8 +168,12 @@ def test_v0_1_state_dicts_load_and_predict_the_same(name, float64):
     build = {
         "gpn_softmax": lambda: GPNNet([3, 4, 3], head="softmax", mode="cov"),
         "gpn_gaussian": lambda: GPNNet([3, 4, 2], head="gaussian", share="layer"),
-        "vgpn_softmax": lambda: VariationalGPN([3, 4, 3], head="softmax", whiten=True),
-        "vgpn_gaussian": lambda: VariationalGPN([3, 4, 2], head="gaussian", q_cov="diag"),
+        "vgpn_softmax": lambda: VariationalGPN(
+            [3, 4, 3], head="softmax", whiten=True, weights="point"
+        ),
+        "vgpn_gaussian": lambda: VariationalGPN(
+            [3, 4, 2], head="gaussian", q_cov="diag", whiten=False, weights="point"
+        ),
         "fixed_softmax": lambda: FixedActivationNet([3, 4, 3]),
         "fixed_gaussian": lambda: FixedActivationNet([3, 4, 2], head="gaussian"),
     }[name]

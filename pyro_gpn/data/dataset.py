@@ -25,6 +25,22 @@ def _floats(x: np.ndarray) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
+def _check_finite_array(name: str, values: np.ndarray, columns: tuple[str, ...] = ()) -> None:
+    """``ValueError`` naming ``name``, the first bad row and its column unless all finite."""
+    values = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    rows, *cols = np.nonzero(bad.reshape(len(values), -1))
+    row, col = int(rows[0]), int(cols[0][0]) if cols else 0
+    column = columns[col] if col < len(columns) else f"column {col}"
+    kind = "NaN" if np.isnan(values.reshape(len(values), -1)[row, col]) else "infinite"
+    raise ValueError(
+        f"{name} holds {int(bad.sum())} non-finite values, the first {kind} in row {row}, "
+        f"{column!r}: impute or drop them before building the data set"
+    )
+
+
 def _check_val_fraction(val_fraction: float) -> None:
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
@@ -104,6 +120,8 @@ class ClassificationData(Dataset):
             val_fraction: share of the training rows held out for validation.
         """
         _check_val_fraction(val_fraction)
+        _check_finite_array("x_train", x_train, feature_names)
+        _check_finite_array("x_test", x_test, feature_names)
         keep, val = holdout_split(len(y_train), val_fraction, seed, strata=y_train)
         labels = [torch.from_numpy(np.asarray(y, dtype=np.int64)) for y in (y_train, y_test)]
         return cls(
@@ -170,6 +188,8 @@ class RegressionData(Dataset):
             val_fraction: share of the training rows held out for validation.
         """
         _check_val_fraction(val_fraction)
+        _check_finite_array("x", x, feature_names)
+        _check_finite_array("y", y)
         y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
         x_scaler = Standardizer().fit(x[train_index])
         y_scaler = Standardizer().fit(y[train_index])

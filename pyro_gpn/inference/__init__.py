@@ -1,6 +1,6 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
-from .closed_form import ClosedFormELBO, closed_form_elbo
+from .closed_form import ClosedFormELBO, VGPNFit, closed_form_elbo, fit_vgpn
 from .distributed import DistConfig, fit_distributed, init_distributed
 from .mcmc import NUTSResult, run_nuts
 from .svi import SVIResult, fit_svi
@@ -13,11 +13,13 @@ __all__ = [
     "SVIResult",
     "TrainConfig",
     "TrainResult",
+    "VGPNFit",
     "Trainer",
     "closed_form_elbo",
     "evaluate",
     "fit_distributed",
     "fit_svi",
+    "fit_vgpn",
     "init_distributed",
     "run_nuts",
     "seed_everything",

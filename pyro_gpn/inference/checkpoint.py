@@ -6,7 +6,10 @@
 * ``metrics.csv`` / ``metrics.json``: the history, one row per epoch;
 * ``best_model.pt``: the restored best parameters at the end.
 
-Every file is written atomically (a temporary file and ``os.replace``).
+Every file is written through :func:`pyro_gpn.io.atomic_write` (a temporary file unique to the
+process, removed on any error, then ``os.replace``): a kill, a full disk or a read-only folder
+leaves the previous version intact and no partial file behind. The ``.pt`` files carry a SHA-256
+checksum beside them (``checkpoint.pt.sha256``) that resuming verifies.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..io import CorruptFileError, atomic_write, checksum_path, load_torch, save_torch
 from .train_config import _RESUMABLE_CHANGES, TrainConfig
 
 __all__ = [
@@ -55,14 +58,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _atomic_write(path: Path, write: Callable[[io.IOBase], None], binary: bool) -> None:
-    """Write ``path`` through a temporary file in the same directory and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb" if binary else "w", newline=None if binary else "") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def _write_text(path: Path, write: Callable[[io.StringIO], None]) -> None:
+    """Write text through :func:`pyro_gpn.io.atomic_write` (no checksum: these files are for
+    people and spreadsheets, the library never reads them back)."""
+    buffer = io.StringIO(newline="")
+    write(buffer)
+    data = buffer.getvalue().encode("utf-8")
+    atomic_write(path, lambda handle: handle.write(data), checksum=False)
 
 
 def rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
@@ -91,8 +93,8 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
 
 
 def save_model(state: dict[str, Tensor], path: Path) -> None:
-    """``torch.save`` a ``state_dict`` atomically."""
-    _atomic_write(path, lambda f: torch.save(state, f), binary=True)
+    """``torch.save`` a ``state_dict`` atomically, with its checksum beside it."""
+    save_torch(state, path)
 
 
 def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None:
@@ -101,7 +103,15 @@ def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None
     if not path.exists():
         logger.info("no checkpoint in %s, starting afresh", out_dir)
         return None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # checkpoints written before checksums existed load unverified
+        checkpoint = load_torch(path, require_checksum=checksum_path(path).exists())
+    except CorruptFileError as error:
+        raise CorruptFileError(
+            error.path,
+            error.reason,
+            "resume cannot continue from it: fit with resume=False (or remove the file) to "
+            "start afresh",
+        ) from error
     now = dataclasses.asdict(config)
     changed = sorted(
         key
@@ -143,8 +153,7 @@ def save_checkpoint(
         "config": dataclasses.asdict(config),
     }
     write_metrics(out_dir, result.history)
-    path = out_dir / CHECKPOINT_NAME
-    _atomic_write(path, lambda f: torch.save(checkpoint, f), binary=True)
+    save_torch(checkpoint, out_dir / CHECKPOINT_NAME)
 
 
 def write_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
@@ -158,9 +167,5 @@ def write_metrics(out_dir: Path, history: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(history)
 
-    _atomic_write(out_dir / METRICS_CSV_NAME, write_csv, binary=False)
-    _atomic_write(
-        out_dir / METRICS_JSON_NAME,
-        lambda handle: json.dump(history, handle, indent=1),
-        binary=False,
-    )
+    _write_text(out_dir / METRICS_CSV_NAME, write_csv)
+    _write_text(out_dir / METRICS_JSON_NAME, lambda handle: json.dump(history, handle, indent=1))

@@ -38,16 +38,30 @@ pass instead of one forward pass of ``model`` and ``guide`` per particle.
 
 from __future__ import annotations
 
+import copy
+import math
+import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import pyro
 import torch
 from pyro.infer import ELBO
 from pyro.infer.util import torch_item
 from torch import Tensor
 
+from .._validation import check_finite
 from ..models.variational import VariationalGPN
 
-__all__ = ["ClosedFormELBO", "closed_form_elbo"]
+__all__ = [
+    "ClosedFormELBO",
+    "VGPNFit",
+    "closed_form_elbo",
+    "fit_vgpn",
+    "holdout",
+    "validation_log_lik",
+]
 
 
 def closed_form_elbo(
@@ -65,6 +79,8 @@ def closed_form_elbo(
     if y is None:
         raise ValueError("the closed-form ELBO needs observations y")
     batch = x.shape[0]
+    if batch == 0:
+        raise ValueError("x has 0 samples (rows): the ELBO of an empty batch is undefined")
     num_data = vgpn.num_data if num_data is None else num_data
     scale = 1.0 if num_data is None else num_data / batch
     return scale * vgpn.expected_log_likelihood(x, y).sum() - vgpn.kl_divergence()
@@ -141,3 +157,208 @@ def _owner(model, guide) -> VariationalGPN:
     if getattr(guide, "__self__", None) is not owner:
         raise ValueError("model and guide must be methods of the same VariationalGPN")
     return owner
+
+
+# ---------------------------------------------------------------------------------- training
+@dataclass
+class VGPNFit:
+    """What :func:`fit_vgpn` returns.
+
+    Attributes:
+        losses: the per-sample negative ELBO of every step (``-ELBO / num_data``).
+        curve: ``(step, validation log-likelihood)`` at every evaluation.
+        best_step: the step whose state was restored (the last step without validation).
+        best_val_log_lik: its mean validation log predictive density (in the units of the
+            data given).
+        num_steps: steps run.
+        wall_time: seconds in the optimisation steps (validation excluded).
+        eval_time: seconds spent on the validation evaluations.
+        stopped_early: the patience ran out before the step budget.
+        num_train, num_val: training rows fitted and validation rows (0: no validation).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    best_step: int = 0
+    best_val_log_lik: float = -math.inf
+    num_steps: int = 0
+    wall_time: float = 0.0
+    eval_time: float = 0.0
+    stopped_early: bool = False
+    num_train: int = 0
+    num_val: int = 0
+
+
+def validation_log_lik(vgpn: VariationalGPN, x: Tensor, y: Tensor) -> float:
+    """Mean log predictive density of ``y`` under ``vgpn``'s closed-form predictive: Gaussian
+    (regression; the moment-matched ``N(mean, var + sigma^2)``) or the class probabilities
+    (classification)."""
+    with torch.no_grad():
+        pred = vgpn.predict(x)
+        if pred.task == "classification":
+            probs = pred.mean.gather(-1, y.long().reshape(-1, 1)).clamp_min(1e-300)
+            return float(probs.log().mean())
+        y = y.reshape(pred.mean.shape).to(pred.mean.dtype)
+        var = pred.std.square().clamp_min(1e-300)
+        dens = -0.5 * (math.log(2 * math.pi) + var.log() + (y - pred.mean).square() / var)
+        return float(dens.sum(-1).mean())
+
+
+def holdout(
+    x: Tensor, y: Tensor, fraction: float, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Split ``(x, y)`` into training and validation rows: a seeded random ``fraction`` (at
+    least one row, at most all but one) for validation. Returns ``x_train, y_train, x_val,
+    y_val``."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {fraction!r}")
+    num = x.shape[0]
+    if num < 2:
+        raise ValueError(f"x needs at least 2 rows for a validation hold-out, got {num}")
+    num_val = min(max(1, round(fraction * num)), num - 1)
+    perm = torch.randperm(num, generator=torch.Generator().manual_seed(seed)).to(x.device)
+    val, train = perm[:num_val], perm[num_val:]
+    return x[train], y[train], x[val], y[val]
+
+
+def fit_vgpn(
+    vgpn: VariationalGPN,
+    x: Tensor,
+    y: Tensor,
+    x_val: Tensor | None = None,
+    y_val: Tensor | None = None,
+    *,
+    val_fraction: float | None = None,
+    num_steps: int | None = None,
+    lr: float | None = None,
+    lr_decay: float | None = None,
+    batch_size: int | None | str = "auto",
+    eval_every: int | None = None,
+    patience: int | None = None,
+    seed: int | None = 0,
+    clear_param_store: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> VGPNFit:
+    """Fit the closed-form variational GPN with validation stopping (the recommended route).
+
+    Adam on the per-sample negative closed-form ELBO, ``-closed_form_elbo / num_data``
+    (mini-batches scaled by ``num_data / B``), with the learning rate decaying exponentially
+    from ``lr`` to ``lr * lr_decay`` over ``num_steps``. Every ``eval_every`` steps (and at the
+    last) the validation log-likelihood (:func:`validation_log_lik`) is recorded; the best
+    state is kept and restored at the end, and the loop stops once more than ``patience``
+    evaluations in a row brought no improvement. Every ``None`` argument is the
+    recommendation :data:`pyro_gpn.recommended.VGPN`.
+
+    Args:
+        vgpn: the network (its ``num_data`` is set to the number of training rows).
+        x, y: ``[S, M]`` training inputs and ``[S, D]`` targets (or ``[S]`` labels).
+        x_val, y_val: a validation set; ``None``: a seeded ``val_fraction`` of ``(x, y)`` is
+            held out (inside the training data: never pass test data here).
+        val_fraction: the hold-out share when ``x_val`` is ``None`` (``0``: no validation,
+            no stopping, the final state is kept).
+        num_steps, lr, lr_decay: the step budget and the learning-rate schedule.
+        batch_size: mini-batch size, ``None`` for full batch, ``"auto"`` for the
+            recommendation by data size (``VGPN.batch_for``).
+        eval_every, patience: the stopping rule (``patience`` in evaluations).
+        seed: seeds the hold-out and the mini-batch draws (``None``: unseeded).
+        clear_param_store: call :func:`pyro.clear_param_store` first (as
+            :func:`~pyro_gpn.inference.fit_svi`), so that no parameter of an earlier network
+            with the same names replaces this one's (``PyroModule`` parameters live in Pyro's
+            global store unless ``module_local_params`` is on).
+        log: called with a line of text at every 20th evaluation.
+
+    Returns:
+        :class:`VGPNFit`.
+
+    Raises:
+        FloatingPointError: a non-finite loss or gradient (the parameters keep the values of
+            the step before).
+    """
+    from ..recommended import VGPN
+
+    if not isinstance(vgpn, VariationalGPN):
+        raise TypeError(f"vgpn must be a VariationalGPN, got {type(vgpn).__name__}")
+    if (x_val is None) != (y_val is None):
+        raise ValueError("give both x_val and y_val, or neither")
+    for name, value in (("x", x), ("y", y), ("x_val", x_val), ("y_val", y_val)):
+        if value is not None and value.is_floating_point():
+            check_finite(name, value)
+    num_steps = VGPN.num_steps if num_steps is None else num_steps
+    lr = VGPN.lr if lr is None else lr
+    lr_decay = VGPN.lr_decay if lr_decay is None else lr_decay
+    eval_every = VGPN.eval_every if eval_every is None else eval_every
+    patience = VGPN.patience if patience is None else patience
+    for name, value in (("num_steps", num_steps), ("eval_every", eval_every)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(patience, int) or patience < 0:
+        raise ValueError(f"patience must be a non-negative integer, got {patience!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
+        raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay!r}")
+    if x_val is None:
+        fraction = VGPN.val_fraction if val_fraction is None else val_fraction
+        if fraction:
+            x, y, x_val, y_val = holdout(x, y, fraction, 0 if seed is None else seed)
+    elif val_fraction:
+        raise ValueError("val_fraction holds out rows only when no x_val is given")
+    num_data = x.shape[0]
+    if batch_size == "auto":
+        batch_size = VGPN.batch_for(num_data)
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    full = batch_size is None or batch_size >= num_data
+    vgpn.num_data = num_data
+    out = VGPNFit(num_train=num_data, num_val=0 if x_val is None else int(x_val.shape[0]))
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    best, since = None, 0
+    if clear_param_store:
+        pyro.clear_param_store()
+    params = [p for p in vgpn.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay ** (1.0 / num_steps))
+    for step in range(1, num_steps + 1):
+        start = time.perf_counter()
+        if full:
+            xb, yb = x, y
+        else:
+            index = torch.randperm(num_data, generator=gen)[:batch_size].to(x.device)
+            xb, yb = x[index], y[index]
+        loss = -closed_form_elbo(vgpn, xb, yb, num_data=num_data) / num_data
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        value = float(loss.detach())
+        if not math.isfinite(value) or not all(
+            bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None
+        ):
+            raise FloatingPointError(
+                f"fit_vgpn: non-finite loss or gradient at step {step} (loss {value:.6g}); "
+                "the parameters keep their last finite values: try a smaller lr"
+            )
+        opt.step()
+        sched.step()
+        out.losses.append(value)
+        out.num_steps = step
+        out.wall_time += time.perf_counter() - start
+        if x_val is None or (step % eval_every and step != num_steps):
+            continue
+        start = time.perf_counter()
+        val = validation_log_lik(vgpn, x_val, y_val)
+        out.curve.append((step, val))
+        if val > out.best_val_log_lik:
+            out.best_val_log_lik, out.best_step, since = val, step, 0
+            best = copy.deepcopy(vgpn.state_dict())
+        else:
+            since += 1
+        out.eval_time += time.perf_counter() - start
+        if log is not None and len(out.curve) % 20 == 0:
+            log(f"step {step}: loss {value:.4f}, validation log-lik {val:.4f}")
+        if since > patience:
+            out.stopped_early = True
+            break
+    if best is not None:
+        vgpn.load_state_dict(best)
+    else:
+        out.best_step = out.num_steps
+    return out

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_finite, check_ndim, check_tensor
+from .._validation import check_finite, check_inputs, check_ndim, check_tensor
 from ..metrics import classification_error, gaussian_log_likelihood, mean_squared_error
 from .train_config import _TASKS
 
@@ -18,22 +19,47 @@ def _infer_task(y: Tensor) -> str:
     return "regression" if y.is_floating_point() else "classification"
 
 
-def _check_data(name: str, data: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def _parameter_like(model: nn.Module) -> Tensor | None:
+    """The model's first floating parameter (its dtype and device), if any."""
+    return next((p for p in model.parameters() if p.is_floating_point()), None)
+
+
+def _check_data(
+    name: str, data: tuple[Tensor, Tensor], like: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """A data pair ``(x [S, M], y)`` with ``S >= 1``: tensors or NumPy arrays, on one device
+    (cpu or cuda), ``x`` finite (unscaled inputs draw a warning), floating targets finite.
+    With ``like`` (a model parameter), floating ``x`` and ``y`` are cast to its dtype (the rule
+    of :mod:`pyro_gpn._validation`); the caller moves them to its device."""
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise ValueError(f"{name} must be a pair (x, y) of tensors")
-    x, y = data
+    x, y = (
+        torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for v in data
+    )
     check_tensor(f"{name} x", x)
     check_ndim(f"{name} x", x, 2)
-    check_finite(f"{name} x", x)
     if not isinstance(y, Tensor):
         raise TypeError(f"{name} y must be a torch.Tensor, got {type(y).__name__}")
+    for part, value in (("x", x), ("y", y)):
+        if value.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"{name} {part} is on device {value.device}, which holds no data; give the data "
+                "on cpu or cuda (the Trainer moves them to config.device)"
+            )
+    if y.device != x.device:
+        raise ValueError(f"{name} x is on device {x.device} but {name} y on {y.device}")
     if y.shape[:1] != x.shape[:1] or x.shape[0] == 0:
         raise ValueError(
             f"{name} x and y must hold the same, non-zero number of samples, "
             f"got {tuple(x.shape)} and {tuple(y.shape)}"
         )
+    check_inputs(f"{name} x", x)
     if y.is_floating_point():
         check_finite(f"{name} y", y)
+    if like is not None:
+        x = x.to(like.dtype)
+        if y.is_floating_point():
+            y = y.to(like.dtype)
     return x, y
 
 
@@ -86,10 +112,18 @@ def evaluate(
         task: ``"classification"``, ``"regression"`` or ``None`` (inferred from ``y``'s dtype).
         batch_size: evaluation batch size (memory only).
     """
-    x, y = _check_data("data", (x, y))
+    like = _parameter_like(model)
+    x, y = _check_data("data", (x, y), like)
+    if like is not None:
+        x, y = x.to(like.device), y.to(like.device)
     task = _infer_task(y) if task is None else task
     if task not in _TASKS:
         raise ValueError(f"task must be one of {_TASKS} or None, got {task!r}")
+    if task == "regression" and not y.is_floating_point():
+        raise ValueError(
+            f"task='regression' needs floating targets y, got y of dtype {y.dtype} (class "
+            "labels: use task='classification')"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -99,6 +133,12 @@ def evaluate(
             if task == "classification":
                 errors += float(classification_error(prediction.mean, y[index], reduction="sum"))
             else:
+                if y[index].numel() != prediction.mean.numel():
+                    raise ValueError(
+                        f"task='regression': y {tuple(y.shape)} does not match the predictions "
+                        f"{tuple(prediction.mean.shape[1:])} per sample (a classifier? use "
+                        "task='classification')"
+                    )
                 target = y[index].reshape(prediction.mean.shape)
                 squared += float(mean_squared_error(prediction.mean, target, reduction="sum"))
                 log_lik += float(gaussian_log_likelihood(prediction, target, reduction="sum"))

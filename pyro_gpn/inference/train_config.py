@@ -68,7 +68,10 @@ class TrainConfig:
             raise ValueError(f"lr_factor must lie in (0, 1), got {self.lr_factor}")
         if self.task is not None and self.task not in _TASKS:
             raise ValueError(f"task must be one of {_TASKS} or None, got {self.task!r}")
-        device = torch.device(self.device)  # raises on a malformed string
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}") from None
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
 

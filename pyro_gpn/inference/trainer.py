@@ -25,6 +25,7 @@ epoch left off: the finished run equals an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -36,6 +37,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .. import settings
+from .._validation import check_parameters_finite
+from ..io import RunLock, ensure_can_write
 from .checkpoint import (
     BEST_MODEL_NAME,
     CHECKPOINT_NAME,
@@ -49,7 +52,15 @@ from .checkpoint import (
     set_rng_state,
     write_metrics,
 )
-from .evaluation import _batches, _check_data, _check_labels, _infer_task, _mean_loss, evaluate
+from .evaluation import (
+    _batches,
+    _check_data,
+    _check_labels,
+    _infer_task,
+    _mean_loss,
+    _parameter_like,
+    evaluate,
+)
 from .train_config import TrainConfig, TrainResult
 
 __all__ = [
@@ -127,11 +138,18 @@ class Trainer:
         Raises:
             FloatingPointError: when a training or validation loss is not finite (naming the
                 epoch and step); the last checkpoint is left intact.
-            ValueError: for malformed data or ``resume=True`` without ``out_dir``.
+            ValueError: for malformed data, non-finite parameters or ``resume=True`` without
+                ``out_dir``.
+            pyro_gpn.io.CorruptFileError: ``resume=True`` and ``checkpoint.pt`` is damaged
+                (checked against its checksum), naming the file.
+            pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
+            OSError: ``out_dir`` is a file or not writable, or the disk is full (the message
+                names the file; no partial file is left and the previous checkpoint is intact).
         """
         cfg = self.config
-        x_train, y_train = (t.to(self.device) for t in _check_data("train", train))
-        x_val, y_val = (t.to(self.device) for t in _check_data("val", val))
+        like = _parameter_like(self.model)
+        x_train, y_train = (t.to(self.device) for t in _check_data("train", train, like))
+        x_val, y_val = (t.to(self.device) for t in _check_data("val", val, like))
         task = cfg.task or _infer_task(y_train)
         if task == "classification":
             classes = getattr(getattr(self.model, "head", None), "num_classes", None)
@@ -139,9 +157,17 @@ class Trainer:
                 _check_labels(name, labels, classes)
         if resume and self.out_dir is None:
             raise ValueError("resume=True needs config.out_dir")
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+        check_parameters_finite(self.model, "the model (before training)")
+        with contextlib.ExitStack() as stack:
+            if self.out_dir is not None:
+                ensure_can_write(self.out_dir, overwrite=True, marker=CHECKPOINT_NAME)
+                if not RunLock.is_held(self.out_dir):
+                    stack.enter_context(RunLock(self.out_dir))
+            return self._fit(x_train, y_train, x_val, y_val, task, resume)
 
+    def _fit(self, x_train, y_train, x_val, y_val, task: str, resume: bool) -> TrainResult:
+        """:meth:`fit` on checked data, with ``out_dir`` locked and writable."""
+        cfg = self.config
         model = self.model.to(self.device)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -32,7 +32,17 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from .._validation import check_finite, check_ndim, check_shape, check_tensor
+from .._validation import (
+    as_input,
+    check_device,
+    check_device_available,
+    check_finite,
+    check_inputs,
+    check_ndim,
+    check_parameter_dtype,
+    check_parameters_finite,
+    check_shape,
+)
 from ..moments.gaussian import Moments
 from ..moments.propagate import MODES, Mode, is_equidistant, response_moments
 
@@ -150,6 +160,11 @@ class GPNLayerBase(PyroModule):
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if num_inducing < 2:
+            raise ValueError(
+                f"num_inducing must be at least 2 (an activation function is interpolated "
+                f"between its inducing points), got {num_inducing}"
+            )
         if share not in SHARE_OPTIONS:
             raise ValueError(f"share must be one of {SHARE_OPTIONS}, got {share!r}")
         low, high = inducing_range
@@ -159,8 +174,8 @@ class GPNLayerBase(PyroModule):
             ("lengthscale_init", lengthscale_init),
             ("noise_std_init", noise_std_init),
         ):
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be positive and finite, got {value}")
         if compute_dtype is not None and not (
             isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
         ):
@@ -168,7 +183,10 @@ class GPNLayerBase(PyroModule):
                 f"compute_dtype must be a floating torch.dtype or None, got {compute_dtype!r}"
             )
         self.compute_dtype = compute_dtype
-        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        factory = {
+            "dtype": check_parameter_dtype("dtype", dtype),
+            "device": check_device_available("device", device),
+        }
         self.in_features = in_features
         self.out_features = out_features
         self.num_inducing = num_inducing
@@ -303,7 +321,7 @@ class GPNLayerBase(PyroModule):
         Returns:
             ``mean [S, N]`` and ``var [S, N]``.
         """
-        check_tensor("activations", activations)
+        activations = as_input("activations", activations, self.weight, "the parameters are")
         check_shape("activations", activations, (None, self.out_features))
         check_finite("activations", activations)
         return self._conditional(activations, noise)
@@ -332,8 +350,10 @@ class GPNLayerBase(PyroModule):
         """Moments of the layer's outputs given the moments of its inputs.
 
         Args:
-            inputs: :class:`Moments` of the inputs ``[S, M]``, or a tensor of deterministic
-                inputs. Deterministic inputs give exact output moments (the first layer).
+            inputs: :class:`Moments` of the inputs ``[S, M]``, or a tensor (or NumPy array) of
+                deterministic inputs, which give exact output moments (the first layer).
+                Floating inputs are cast to the parameters' dtype; they must be on the
+                parameters' device (:mod:`pyro_gpn._validation`).
             mode: ``"mean"`` (all variances taken as zero, the paper's "GPN mean"),
                 ``"meanvar"`` (variances, ``eq:gpn_normal_Sigmatilde``) or ``"cov"`` (full
                 covariance, ``eq:gpn_normal_Sigmatilde_cov``).
@@ -347,15 +367,32 @@ class GPNLayerBase(PyroModule):
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if isinstance(inputs, Tensor):
-            check_tensor("inputs", inputs)
-            check_ndim("inputs", inputs, 2)
-            check_finite("inputs", inputs)
+        inputs = self.validate_inputs(inputs)
+        check_parameters_finite(self, f"the {type(self).__name__}")
+        return self._propagate(inputs, mode, noise)
+
+    def validate_inputs(self, inputs: Moments | Tensor, name: str = "inputs") -> Moments:
+        """The layer's public boundary: ``inputs [S, M]`` (a floating tensor, a NumPy array or
+        :class:`Moments`) cast to the parameters' dtype, on their device, finite, with
+        ``M = in_features``; returned as :class:`Moments` (the rule in
+        :mod:`pyro_gpn._validation`)."""
+        if not isinstance(inputs, Moments):
+            inputs = as_input(name, inputs, self.weight, "the layer's parameters are")
+            check_ndim(name, inputs, 2)
+            check_inputs(name, inputs)
             inputs = Moments(inputs, validate=False)
+        else:
+            check_device(name, inputs.mean, self.weight.device, "the layer's parameters are")
+            if inputs.mean.dtype != self.weight.dtype:
+                inputs = inputs.to(self.weight.dtype)
         if inputs.num_features != self.in_features:
             raise ValueError(
-                f"inputs must have {self.in_features} features, got {inputs.num_features}"
+                f"{name} must have {self.in_features} features, got {inputs.num_features}"
             )
+        return inputs
+
+    def _propagate(self, inputs: Moments, mode: Mode = "meanvar", noise: bool = True) -> Moments:
+        """:meth:`propagate` of checked :class:`Moments` (the network's inner layers)."""
         if mode == "mean":
             activations = Moments(inputs.mean @ self.weight, validate=False)
         elif mode == "cov":

@@ -60,8 +60,10 @@ class VirtualObservations(Response):
         super().__init__()
         if targets_init not in TARGET_INITS:
             raise ValueError(f"targets_init must be one of {TARGET_INITS}, got {targets_init!r}")
-        if not target_variance_init > 0:
-            raise ValueError(f"target_variance_init must be positive, got {target_variance_init}")
+        if not (math.isfinite(target_variance_init) and target_variance_init > 0):
+            raise ValueError(
+                f"target_variance_init must be positive and finite, got {target_variance_init}"
+            )
         self.targets_init = targets_init
         self.jitter = jitter
         if targets_init == "identity":

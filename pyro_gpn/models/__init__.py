@@ -7,6 +7,8 @@
 * :class:`~pyro_gpn.GPNNet` -- the central-limit network, closed-form moments (route 3);
 * :class:`VariationalGPN` -- GP prior on the targets, inducing-target guide, SVI with
   ``Trace_ELBO`` or :class:`~pyro_gpn.inference.ClosedFormELBO` (route 4);
+* :class:`SampledTargetsGPN` -- the variational model's targets, weights and noise sampled
+  (NUTS), activations in closed form; posterior size independent of the rows;
 * :class:`FixedActivationNet` -- tanh networks with (fast) dropout, the paper's baselines.
 """
 
@@ -14,6 +16,14 @@ from ..network import GPNNet
 from .baselines import FixedActivationNet
 from .nonparametric import NonParametricGPN
 from .parametric import ParametricGPN
+from .sampled_targets import SampledTargetsGPN
 from .variational import VariationalGPN
 
-__all__ = ["FixedActivationNet", "GPNNet", "NonParametricGPN", "ParametricGPN", "VariationalGPN"]
+__all__ = [
+    "FixedActivationNet",
+    "GPNNet",
+    "NonParametricGPN",
+    "ParametricGPN",
+    "SampledTargetsGPN",
+    "VariationalGPN",
+]

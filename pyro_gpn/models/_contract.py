@@ -16,9 +16,17 @@ from __future__ import annotations
 
 import pyro
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .._validation import check_finite, check_ndim, check_shape, check_tensor
+from .._validation import (
+    as_input,
+    check_device,
+    check_inputs,
+    check_ndim,
+    check_parameters_finite,
+    check_shape,
+    check_tensor,
+)
 from ..heads import Head
 
 __all__ = ["check_batch", "check_num_data", "data_plate"]
@@ -32,20 +40,51 @@ def check_num_data(num_data: int | None) -> int | None:
 
 
 def check_batch(
-    head: Head, num_inputs: int, x: Tensor, y: Tensor | None, num_data: int | None
-) -> None:
-    """Check a batch at the model's boundary: ``x [B, M]`` finite, ``y`` fits the head, and
-    ``B <= num_data``."""
+    head: Head,
+    num_inputs: int,
+    x: Tensor,
+    y: Tensor | None,
+    num_data: int | None,
+    module: nn.Module | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Check a batch at the model's boundary and return it in the parameters' dtype.
+
+    ``x [B, M]`` floating (a tensor or NumPy array; cast to the parameters' dtype and on their
+    device, the rule of :mod:`pyro_gpn._validation`), finite, with ``B >= 1`` when ``y`` is
+    observed and ``B <= num_data``; ``y`` fits the head (floating targets cast likewise). With
+    ``module``, its parameters are checked to be finite (while validation is on).
+
+    Returns:
+        ``(x, y)``, cast.
+    """
+    like = next(iter(module.parameters()), None) if module is not None else None
+    if like is None:
+        like = next(iter(head.parameters()), None)
+    where = "the model's parameters are"
+    if like is not None:
+        x = as_input("x", x, like, where)
     check_tensor("x", x)
     check_ndim("x", x, 2)
     check_shape("x", x, (None, num_inputs))
-    check_finite("x", x)
+    check_inputs("x", x)
+    if module is not None:
+        check_parameters_finite(module, f"the {type(module).__name__}")
     if y is None:  # prediction: num_data only scales the likelihood of observed targets
-        return
+        return x, y
+    if x.shape[0] == 0:
+        raise ValueError(
+            "x has 0 samples (rows): an empty batch has no likelihood to scale by num_data; "
+            "give at least one row"
+        )
     check_num_data(num_data)
     if num_data is not None and x.shape[0] > num_data:
         raise ValueError(f"x has {x.shape[0]} samples, more than num_data={num_data}")
+    if isinstance(y, Tensor) and like is not None:
+        check_device("y", y, like.device, where)
+        if y.is_floating_point() and y.dtype != like.dtype:
+            y = y.to(like.dtype)
     head.check_target(y, x.shape[0])
+    return x, y
 
 
 def data_plate(batch: int, num_data: int | None, device: torch.device) -> pyro.plate:

@@ -39,6 +39,24 @@ set ``L`` and removes the funnel NUTS otherwise struggles with. ``whiten=False``
 ``X ~ N(0, L L^T)`` directly (centred). The observed and test outputs of the last layer are
 always centred: the observed one cannot be whitened and the test one is a Gaussian leaf.
 
+**The last layer is integrated out; the last hidden layer is collapsed.** With Gaussian noise
+the last layer's GP is conjugate: ``y_train`` is observed under its exact marginal
+``N(0, K + sigma^2 I)`` (the latent function values never appear). The last layer sees the last
+hidden layer's outputs only through its activations ``A^L = X^{L-1} (W^L)^T`` (the kernel
+``eq:gpn_cov_fn`` depends on ``w^T (x - x')``), and ``A^L`` is a linear map of independent
+Gaussians, so ``collapse=True`` (the default) samples ``A^L`` -- ``N_L`` values per row, whitened
+by the Cholesky factor of ``Cov(A_{sk}, A_{tj}) = sum_n W^L_{kn} W^L_{jn} (C_n)_{st}`` --
+instead of the ``N_{L-1}`` hidden outputs per row. This integrates out exactly the directions
+the likelihood cannot see, and with them the hidden layer's unit-permutation and sign-flip
+symmetries and most of the latent dimensions (``[1, 4, 1]``: ``S`` instead of ``4 S``).
+``collapse=False`` samples the hidden outputs as below.
+
+**Classification** (``likelihood="bernoulli"`` with one output, ``"categorical"`` with one
+output per class): the last layer has no noise (its jitter is ``classification_jitter``), its
+latent function values over all rows are sampled whitened like a hidden layer's
+(``Z{L}_train`` / ``Z{L}_test``), and ``y_train ~ Bernoulli(logits=F)`` or
+``Categorical(logits=F)`` row by row; ``p_test`` records the test rows' class probabilities.
+
 **Priors** (all overridable): weights ``W^l_{mn} ~ N(0, weight_scale^2 / M_l)`` (fan-in
 scaling, so activations have unit prior variance for unit-variance inputs); noise standard
 deviations ``sigma^l_n ~ LogNormal(log 0.1, 1)``, which keeps them away from zero where the
@@ -63,8 +81,15 @@ site                      shape                meaning
 ``lengthscale{l}``        ``[N_l]``            only with ``lengthscale_prior``
 ``Z{l}_train``/``_test``  ``[N_l, S_*]``       whitened hidden outputs (``whiten=True``)
 ``X{l}_train``/``_test``  ``[N_l, S_*]``       hidden outputs (``whiten=False``)
-``y_train``               ``[N_L, S_train]``   observed outputs (transposed targets)
-``y_test``                ``[N_L, S_test]``    predicted outputs, noise included
+``Za{L}_train``/``_test``  ``[S_* N_L]``        whitened last-layer activations, rows major
+                                               (``collapse=True`` and ``L >= 2``; replace
+                                               layer ``L-1``'s hidden outputs)
+``A{L}_train``/``_test``  ``[S_* N_L]``        the same, centred (``whiten=False``)
+``y_train``               ``[N_L, S_train]``   observed outputs (transposed targets);
+                          ``[S_train]``        labels (classification)
+``y_test``                ``[N_L, S_test]``    predicted outputs, noise included;
+                          ``[S_test]``         labels (classification)
+``p_test``                ``[S_test, C]``      class probabilities (classification)
 ========================  ===================  ==============================================
 """
 
@@ -82,7 +107,17 @@ from torch import Tensor
 from pyro_gpn._validation import check_finite, check_ndim, check_tensor
 from pyro_gpn.kernels import gpn_kernel
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "NonParametricGPN", "conditional_rows", "layer_cholesky"]
+__all__ = [
+    "DEFAULT_MAX_SAMPLES",
+    "LIKELIHOODS",
+    "NonParametricGPN",
+    "conditional_rows",
+    "layer_cholesky",
+]
+
+LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
+"""Observation models of the last layer: Gaussian noise (regression, the last layer's GP is
+integrated out), or a Bernoulli / categorical likelihood on its latent function values."""
 
 DEFAULT_MAX_SAMPLES = 500
 """Default limit on train + test rows for exact inference (see the module docstring)."""
@@ -175,10 +210,15 @@ class NonParametricGPN(PyroModule):
         jitter: diagonal jitter added to each covariance.
         max_samples: the most train + test rows accepted (``O(S^3)`` per unit and step).
         dtype: the dtype of all computations (float64 recommended for NUTS).
+        likelihood: ``"gaussian"`` (regression), ``"bernoulli"`` or ``"categorical"``.
+        classification_jitter: the last layer's diagonal variance for classification, in place
+            of the noise.
+        collapse: sample the last layer's activations instead of the last hidden layer's
+            outputs (exact; see the module docstring).
 
     Call :meth:`model` with ``x_train [S_train, M]``, ``y_train [S_train]`` (when ``N_L = 1``)
-    or ``[S_train, N_L]`` (``None`` samples from the prior), and optional ``x_test
-    [S_test, M]``.
+    or ``[S_train, N_L]`` (classification: ``[S_train]`` integer labels; ``None`` samples from
+    the prior), and optional ``x_test [S_test, M]``.
     """
 
     def __init__(
@@ -193,6 +233,9 @@ class NonParametricGPN(PyroModule):
         jitter: float = 1e-6,
         max_samples: int = DEFAULT_MAX_SAMPLES,
         dtype: torch.dtype = torch.float64,
+        likelihood: str = "gaussian",
+        classification_jitter: float = 1e-4,
+        collapse: bool = True,
     ) -> None:
         super().__init__()
         sizes = [int(s) for s in sizes]
@@ -209,6 +252,19 @@ class NonParametricGPN(PyroModule):
             raise ValueError(f"max_samples must be at least 2, got {max_samples}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+        if likelihood == "bernoulli" and sizes[-1] != 1:
+            raise ValueError(f"likelihood='bernoulli' needs one output, got sizes {sizes}")
+        if likelihood == "categorical" and sizes[-1] < 2:
+            raise ValueError(f"likelihood='categorical' needs >= 2 outputs, got sizes {sizes}")
+        if not (math.isfinite(classification_jitter) and classification_jitter > 0):
+            raise ValueError(
+                f"classification_jitter must be positive and finite, got {classification_jitter}"
+            )
+        self.likelihood = likelihood
+        self.collapse = bool(collapse)
+        self.classification_jitter = float(classification_jitter)
         self.sizes = sizes
         self.num_layers = len(sizes) - 1
         self.weight_scale = float(weight_scale)
@@ -236,6 +292,18 @@ class NonParametricGPN(PyroModule):
     @property
     def num_outputs(self) -> int:
         return self.sizes[-1]
+
+    def parameter_sites(self) -> list[str]:
+        """Names of the per-unit latent sites (weights, noise scales, sampled lengthscales),
+        whose dimension does not grow with the rows; the rest are per-row hidden outputs."""
+        names = []
+        for l in range(1, self.num_layers + 1):
+            names += [f"W{l}"]
+            if l < self.num_layers or self.likelihood == "gaussian":
+                names.append(f"sigma{l}")
+            if self.lengthscale_priors[l - 1] is not None:
+                names.append(f"lengthscale{l}")
+        return names
 
     def check_data(
         self, x_train: Tensor, y_train: Tensor | None, x_test: Tensor | None = None
@@ -266,7 +334,24 @@ class NonParametricGPN(PyroModule):
                 "hidden outputs add S latent dimensions per hidden unit. Raise max_samples if "
                 "you accept the cost, or use a parametric or variational GPN."
             )
-        if y_train is not None:
+        if y_train is not None and self.likelihood != "gaussian":
+            if not isinstance(y_train, Tensor):
+                raise TypeError(f"y_train must be a torch.Tensor, got {type(y_train).__name__}")
+            if y_train.dim() == 2 and y_train.shape[-1] == 1:
+                y_train = y_train[:, 0]
+            if y_train.shape != (x_train.shape[0],):
+                raise ValueError(
+                    f"y_train must hold one class label per row, shape ({x_train.shape[0]},), "
+                    f"got {tuple(y_train.shape)}"
+                )
+            classes = 2 if self.likelihood == "bernoulli" else n_out
+            if (
+                not torch._C._get_tracing_state()
+                and ((y_train < 0) | (y_train >= classes) | (y_train != y_train.round())).any()
+            ):
+                raise ValueError(f"y_train must hold integer class labels in [0, {classes})")
+            y_train = y_train.to(self.dtype if self.likelihood == "bernoulli" else torch.long)
+        elif y_train is not None:
             check_tensor("y_train", y_train)
             if y_train.dim() == 1 and n_out == 1:
                 y_train = y_train.unsqueeze(-1)
@@ -281,27 +366,101 @@ class NonParametricGPN(PyroModule):
             check_finite("x_train", x_train)
             if x_test is not None:
                 check_finite("x_test", x_test)
-            if y_train is not None:
+            if y_train is not None and y_train.is_floating_point():
                 check_finite("y_train", y_train)
         x_test = None if x_test is None else x_test.to(self.dtype)
         return x_train.to(self.dtype), y_train, x_test
 
-    def _layer_factor(self, l: int, inputs: Tensor) -> Tensor:
-        """Sample layer ``l``'s parameters inside its unit plate and return its Cholesky factor."""
+    def _sample_weight(self, l: int) -> Tensor:
+        """Layer ``l``'s weights ``[..., N_l, M_l]`` (inside its unit plate)."""
         fan_in, width = self.sizes[l - 1], self.sizes[l]
-        dtype = self.dtype
-        zero = torch.zeros((), dtype=dtype)
-        weight_std = torch.tensor(self.weight_scale / math.sqrt(fan_in), dtype=dtype)
-        weight = pyro.sample(
-            f"W{l}", dist.Normal(zero, weight_std).expand([width, fan_in]).to_event(1)
-        ).to(dtype)
-        noise_std = pyro.sample(f"sigma{l}", self.noise_priors[l - 1].expand([width])).to(dtype)
+        zero = torch.zeros((), dtype=self.dtype)
+        std = torch.tensor(self.weight_scale / math.sqrt(fan_in), dtype=self.dtype)
+        return pyro.sample(f"W{l}", dist.Normal(zero, std).expand([width, fan_in]).to_event(1)).to(
+            self.dtype
+        )
+
+    def _noise_and_lengthscale(self, l: int, noise: bool) -> tuple[Tensor, Tensor | float]:
+        width, dtype = self.sizes[l], self.dtype
+        if noise:
+            noise_std = pyro.sample(f"sigma{l}", self.noise_priors[l - 1].expand([width])).to(dtype)
+        else:
+            noise_std = torch.full((width,), math.sqrt(self.classification_jitter), dtype=dtype)
         prior = self.lengthscale_priors[l - 1]
         if prior is None:
-            lengthscale: Tensor | float = self.lengthscale
-        else:
-            lengthscale = pyro.sample(f"lengthscale{l}", prior.expand([width])).to(dtype)
+            return noise_std, self.lengthscale
+        return noise_std, pyro.sample(f"lengthscale{l}", prior.expand([width])).to(dtype)
+
+    def _layer_factor(
+        self, l: int, inputs: Tensor, noise: bool = True, weight: Tensor | None = None
+    ) -> Tensor:
+        """Sample layer ``l``'s parameters inside its unit plate and return its Cholesky factor.
+
+        ``noise=False``: no noise site, the jitter ``classification_jitter`` only. ``weight``:
+        use these projections instead of sampling ``W{l}`` (the identity when ``inputs`` are
+        already the layer's activations, see :meth:`_collapsed_activations`).
+        """
+        if weight is None:
+            weight = self._sample_weight(l)
+        noise_std, lengthscale = self._noise_and_lengthscale(l, noise)
         return layer_cholesky(inputs, weight, noise_std, lengthscale, self.jitter)
+
+    def _collapsed_activations(
+        self, inputs: Tensor, num_train: int, top_units: pyro.plate
+    ) -> Tensor:
+        r"""Sample the last layer's activations ``A^L = X^{L-1} (W^L)^T`` instead of the last
+        hidden layer's outputs (``collapse=True``); returns ``[..., S, N_L]``.
+
+        The last layer sees ``X^{L-1}`` only through ``A^L`` (``eq:gpn_cov_fn`` depends on
+        ``w^T (x - x')``), and ``A^L`` is a linear map of the independent Gaussians
+        ``X^{L-1}_{\star n} ~ N(0, C_n)``, ``C_n = K_n + sigma_n^2 I``, so it is jointly
+        Gaussian with ``Cov(A_{sk}, A_{tj}) = sum_n W_{kn} W_{jn} (C_n)_{st}``. Sampling it
+        (whitened by the Cholesky factor of that covariance, rows major) integrates out the
+        ``N_{L-1} - N_L`` directions per row that the likelihood cannot see, exactly: the
+        posterior of everything else is unchanged.
+        """
+        l, top = self.num_layers - 1, self.num_layers
+        width, dtype = self.sizes[top], self.dtype
+        with pyro.plate(f"units{l}", self.sizes[l], dim=-1):
+            weight = self._sample_weight(l)
+            noise_std, lengthscale = self._noise_and_lengthscale(l, True)
+            cov = gpn_kernel(inputs, None, weight.mT, lengthscale)  # [..., N, S, S]
+            cov = cov + noise_std.square()[..., None, None] * torch.eye(cov.shape[-1], dtype=dtype)
+        with top_units:
+            w_top = self._sample_weight(top)  # [..., K, N]
+        rows = cov.shape[-1]
+        joint = torch.einsum("...kn,...jn,...nst->...sktj", w_top, w_top, cov)
+        joint = joint.reshape(*joint.shape[:-4], rows * width, rows * width)
+        joint = joint + self.jitter * torch.eye(rows * width, dtype=dtype)
+        chol, info = torch.linalg.cholesky_ex(joint)
+        chol = torch.where((info > 0)[..., None, None], torch.nan, chol)
+        n_train, n_all = num_train * width, rows * width
+        batch = chol.shape[:-2]
+        if self.whiten:
+            normal = dist.Normal(torch.zeros((), dtype=dtype), 1.0)
+            z = pyro.sample(f"Za{top}_train", normal.expand([n_train]).to_event(1))
+            z = z.reshape(*batch, n_train) if z.dim() > 1 else z
+            if n_all > n_train:
+                z_test = pyro.sample(f"Za{top}_test", normal.expand([n_all - n_train]).to_event(1))
+                z_test = z_test.reshape(*batch, n_all - n_train) if z_test.dim() > 1 else z_test
+                z = _cat_rows(z, z_test)
+            a = (chol @ z.unsqueeze(-1)).squeeze(-1)
+        else:
+            a = pyro.sample(
+                f"A{top}_train",
+                dist.MultivariateNormal(
+                    _zeros(n_train, dtype), scale_tril=chol[..., :n_train, :n_train]
+                ),
+            )
+            a = a.reshape(*batch, n_train) if a.dim() > 1 else a
+            if n_all > n_train:
+                loc, scale_tril = conditional_rows(chol, n_train, a)
+                a_test = pyro.sample(
+                    f"A{top}_test", dist.MultivariateNormal(loc, scale_tril=scale_tril)
+                )
+                a_test = a_test.reshape(*batch, n_all - n_train) if a_test.dim() > 1 else a_test
+                a = _cat_rows(a, a_test)
+        return a.reshape(*a.shape[:-1], rows, width)
 
     def _hidden_outputs(self, l: int, chol: Tensor, num_train: int) -> Tensor:
         """Sample layer ``l``'s outputs of all rows; returns ``[..., N_l, S]``."""
@@ -344,13 +503,23 @@ class NonParametricGPN(PyroModule):
         x_train, y_train, x_test = self.check_data(x_train, y_train, x_test)
         num_train = x_train.shape[0]
         inputs = x_train if x_test is None else torch.cat([x_train, x_test], dim=0)
-        for l in range(1, self.num_layers):
+        last = self.num_layers
+        collapse = self.collapse and last >= 2
+        for l in range(1, last - 1 if collapse else last):
             with pyro.plate(f"units{l}", self.sizes[l], dim=-1):
                 chol = self._layer_factor(l, inputs)
                 inputs = self._hidden_outputs(l, chol, num_train).mT
-        last = self.num_layers
-        with pyro.plate(f"units{last}", self.num_outputs, dim=-1):
-            chol = self._layer_factor(last, inputs)
+        last_weight = None
+        top_units = pyro.plate(f"units{last}", self.num_outputs, dim=-1)
+        if collapse:
+            inputs = self._collapsed_activations(inputs, num_train, top_units)
+            last_weight = torch.eye(self.sizes[last], dtype=self.dtype)
+        if self.likelihood != "gaussian":
+            return self._classify(
+                inputs, num_train, y_train, x_test is not None, last_weight, top_units
+            )
+        with top_units:
+            chol = self._layer_factor(last, inputs, weight=last_weight)
             train_chol = chol[..., :num_train, :num_train]
             y = pyro.sample(
                 "y_train",
@@ -362,11 +531,87 @@ class NonParametricGPN(PyroModule):
             loc, scale_tril = conditional_rows(chol, num_train, y)
             return pyro.sample("y_test", dist.MultivariateNormal(loc, scale_tril=scale_tril))
 
+    def _classify(
+        self,
+        inputs: Tensor,
+        num_train: int,
+        labels: Tensor | None,
+        with_test: bool,
+        weight: Tensor | None,
+        top_units: pyro.plate,
+    ) -> Tensor | None:
+        """The last layer as a latent function (whitened like a hidden layer, no noise) and a
+        Bernoulli / categorical likelihood per row on it."""
+        last = self.num_layers
+        with top_units:
+            chol = self._layer_factor(last, inputs, noise=False, weight=weight)
+            f = self._hidden_outputs(last, chol, num_train)  # [..., N_L, S]
+        logits = f.mT  # [..., S, N_L]
+        with pyro.plate("rows", num_train, dim=-1):
+            self._label_site("y_train", logits[..., :num_train, :], labels)
+        if not with_test:
+            return None
+        test_logits = logits[..., num_train:, :]
+        pyro.deterministic("p_test", _class_probs(test_logits, self.likelihood))
+        with pyro.plate("test_rows", logits.shape[-2] - num_train, dim=-1):
+            return self._label_site("y_test", test_logits, None)
+
+    def _label_site(self, name: str, logits: Tensor, labels: Tensor | None) -> Tensor:
+        if self.likelihood == "bernoulli":
+            return pyro.sample(name, dist.Bernoulli(logits=logits[..., 0]), obs=labels)
+        return pyro.sample(name, dist.Categorical(logits=logits), obs=labels)
+
+    def pointwise_log_likelihood(
+        self, samples: dict[str, Tensor], x_train: Tensor, y_train: Tensor
+    ) -> Tensor:
+        r"""Per-row log-likelihood of every posterior draw, for PSIS-LOO and WAIC.
+
+        Classification: ``log p(y_s | f_s)``, the factors of the likelihood. Regression: the
+        Gaussian likelihood of the outputs is one multivariate normal over the rows (the last
+        layer's GP is integrated out), which has no per-row factors; the terms are then the
+        exact leave-one-out conditionals ``log p(y_s | y_{-s}, theta)`` of that normal (per
+        output), ``-1/2 log(2 pi) + 1/2 log c_ss - g_s^2 / (2 c_ss)`` with ``c = C^{-1}``
+        and ``g = C^{-1} y`` -- the pointwise terms of PSIS-LOO for non-factorised normal
+        models (Buerkner, Gabry & Vehtari 2021, Comput. Stat. 36).
+
+        Args:
+            samples: posterior draws ``{site: [D, *shape]}`` (e.g. ``NUTSResult.samples``).
+            x_train, y_train: the training data the chain was run on.
+
+        Returns:
+            ``[D, S_train]`` (summed over outputs for several outputs).
+        """
+        from pyro.infer import Predictive
+
+        x_train, y_obs, _ = self.check_data(x_train, y_train, None)
+        num_draws = next(iter(samples.values())).shape[0]
+        with torch.no_grad():
+            trace = Predictive(
+                self.model, posterior_samples=samples, parallel=True, return_sites=[]
+            ).get_vectorized_trace(x_train, y_train)
+            site = trace.nodes["y_train"]
+            if self.likelihood != "gaussian":
+                return site["fn"].log_prob(site["value"]).reshape(num_draws, -1)
+            scale_tril = site["fn"].scale_tril.expand(num_draws, self.num_outputs, -1, -1)
+            precision = torch.cholesky_inverse(scale_tril)  # [D, N_L, S, S]
+            g = (precision @ y_obs.unsqueeze(-1)).squeeze(-1)  # [D, N_L, S]
+            c = torch.diagonal(precision, dim1=-2, dim2=-1)
+            terms = -0.5 * math.log(2 * math.pi) + 0.5 * c.log() - 0.5 * g.square() / c
+            return terms.sum(-2)
+
     def forward(
         self, x_train: Tensor, y_train: Tensor | None = None, x_test: Tensor | None = None
     ) -> Tensor | None:
         """Alias of :meth:`model`."""
         return self.model(x_train, y_train, x_test)
+
+
+def _class_probs(logits: Tensor, likelihood: str) -> Tensor:
+    """Class probabilities ``[..., S, C]`` from the latent function ``[..., S, N_L]``."""
+    if likelihood == "bernoulli":
+        p = torch.sigmoid(logits)
+        return torch.cat([1 - p, p], dim=-1)
+    return torch.softmax(logits, dim=-1)
 
 
 def _zeros(size: int, dtype: torch.dtype) -> Tensor:

@@ -236,7 +236,7 @@ class ParametricGPN(PyroModule):
             The observed or sampled ``y``.
         """
         num_data = self.num_data if num_data is None else num_data
-        check_batch(self.head, self.sizes[0], x, y, num_data)
+        x, y = check_batch(self.head, self.sizes[0], x, y, num_data, module=self)
         head = self.head
         marginal = self.likelihood == "marginal" and hasattr(head, "marginal_observation")
         with data_plate(x.shape[0], num_data, x.device):
@@ -311,7 +311,7 @@ class ParametricGPN(PyroModule):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
-        check_batch(self.head, self.sizes[0], x, None, None)
+        x, _ = check_batch(self.head, self.sizes[0], x, None, None, module=self)
         if not parallel:
             samples = Predictive(self.model, num_samples=num_samples)(x)
         else:

@@ -41,6 +41,9 @@ form by moment propagation instead.
 =========================  ==========  ========================================================
 site                       kind        value
 =========================  ==========  ========================================================
+``layer{l}.weight``        latent      ``W^l [M_l, N_l]`` (event), prior ``N(0, s_l^2)``, guide
+                                       ``q(W^l)`` mean-field (``weights="variational"``, the
+                                       default; absent with ``weights="point"``)
 ``layer{l}.targets``       latent      ``U^l`` (``z^l = L^-1 U^l`` with ``whiten=True``),
                                        ``[N_l | 1, R]``; units are an *event* dimension
 ``data``                   plate       the samples (dim ``-1``), scaled by ``num_data / B``
@@ -64,8 +67,12 @@ terms (as in a deep GP) and the closed-form ELBO
 (:class:`~pyro_gpn.inference.closed_form.ClosedFormELBO`) the network's expected
 log-likelihood minus that KL. This module adds the Pyro ``model`` and ``guide``.
 
-**Parameters.** ``W``, ``lambda``, ``sigma`` (and a softmax readout ``W^{L+1}``, ``b``) are
-point estimates, as in the paper; ``mu_hat``, ``Sigma_hat`` are the variational parameters. All
+**Parameters.** ``lambda``, ``sigma`` (and a softmax readout ``W^{L+1}``, ``b``) are point
+estimates, as in the paper; ``mu_hat``, ``Sigma_hat`` are the variational parameters of ``U``.
+The projections ``W`` are latent with a mean-field ``q(W)`` (``weight``, ``weight_scale``) by
+default (``weights="variational"``, :class:`~pyro_gpn.layers.VariationalGPNLayer`: the point
+estimate of the paper overfits, ``docs/results/uci.md``); ``weights="point"`` keeps them point
+estimates. All
 are ``PyroModule`` parameters registered with Pyro's param store when ``model``, ``guide`` or the
 closed-form methods run, so :class:`~pyro.infer.SVI` finds them. As for every ``PyroModule``,
 they live in Pyro's *global* param store under their attribute names (``layers.0.weight``, ...;
@@ -95,6 +102,7 @@ from ..layers.variational import VariationalGPNLayer
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..network import GPNNet
+from ..recommended import VGPN
 from ._contract import check_batch, check_num_data, data_plate
 
 __all__ = ["ELBO_MODES", "HEADS", "VariationalGPN"]
@@ -119,7 +127,10 @@ class VariationalGPN(GPNNet):
         head: ``"gaussian"`` (regression, observation noise ``sigma``), ``"softmax"`` or a
             :class:`~pyro_gpn.heads.Head`.
         q_cov: ``"full"`` or ``"diag"`` covariance of ``q(U_n)``.
-        whiten: parametrise ``q`` in whitened coordinates ``z = L^-1 U``.
+        whiten: parametrise ``q`` in whitened coordinates ``z = L^-1 U`` (default: the
+            recommendation, :data:`pyro_gpn.recommended.VGPN`).
+        weights: ``"variational"`` (``q(W)`` with a prior; default) or ``"point"``
+            (:class:`~pyro_gpn.layers.VariationalGPNLayer`).
         mode: what the closed-form objective and ``forward`` propagate between layers:
             ``"meanvar"`` (``eq:gpn_vi_marginal_sigma_fl``) or ``"cov"`` (with
             ``eq:gpn_vi_marginal_sigma2_fl``).
@@ -146,13 +157,16 @@ class VariationalGPN(GPNNet):
         sizes: Sequence[int],
         head: str | Head = "gaussian",
         q_cov: str = "full",
-        whiten: bool = False,
+        whiten: bool | None = None,
         mode: Mode = "meanvar",
         num_data: int | None = None,
         unscented_kappa: float | None = None,
         **layer_kwargs,
     ) -> None:
         check_num_data(num_data)
+        whiten = VGPN.whiten if whiten is None else whiten
+        layer_kwargs.setdefault("targets_init", VGPN.targets_init)
+        layer_kwargs.setdefault("weights", VGPN.weights)
         super().__init__(
             sizes,
             mode=mode,
@@ -170,15 +184,29 @@ class VariationalGPN(GPNNet):
     hidden = pyro_method(GPNNet.hidden)
     kl_divergence = pyro_method(GPNNet.kl_divergence)
 
-    def _local(self, x: Tensor, targets: list[Tensor]) -> Tensor:
-        """Sample the local variables given the targets, inside the data plate.
+    def _weights(self, guide: bool) -> list[Tensor]:
+        """Each layer's ``W``: a draw of the site ``layer{l}.weight`` from the prior (model) or
+        ``q(W)`` (guide) for variational weights, the point estimate otherwise."""
+        out = []
+        for l, layer in enumerate(self.layers):
+            if layer.variational_weights:
+                d = layer.weight_posterior() if guide else layer.weight_prior()
+                out.append(pyro.sample(f"layer{l}.weight", d.to_event(2)))
+            else:
+                out.append(layer.weight)
+        return out
+
+    def _local(self, x: Tensor, targets: list[Tensor], weights: list[Tensor]) -> Tensor:
+        """Sample the local variables given the targets and weights, inside the data plate.
 
         Returns a draw of the head's features, ``F^L`` (a head that owns the noise) or ``X^L``,
         ``[..., B, N_L]``.
         """
         out = x
-        for l, (layer, u) in enumerate(zip(self.layers, targets, strict=True)):
-            mean, var = layer.target_conditional(out @ layer.weight, u)
+        for l, (layer, u, w) in enumerate(zip(self.layers, targets, weights, strict=True)):
+            if w.dim() > 2:  # a particle batch [P, 1, M, N] (the data plate's dimension)
+                w = w.squeeze(-3)
+            mean, var = layer.target_conditional(out @ w, u)
             floor = torch.finfo(var.dtype).eps  # keeps the Normal's scale positive
             out = pyro.sample(
                 f"layer{l}.response", dist.Normal(mean, (var + floor).sqrt()).to_event(1)
@@ -203,28 +231,31 @@ class VariationalGPN(GPNNet):
             The sampled or observed ``y``.
         """
         num_data = self.num_data if num_data is None else num_data
-        check_batch(self.head, self.sizes[0], x, y, num_data)
+        x, y = check_batch(self.head, self.sizes[0], x, y, num_data)
+        weights = self._weights(guide=False)
         targets = [
             pyro.sample(f"layer{l}.targets", layer.target_prior().to_event(1))
             for l, layer in enumerate(self.layers)
         ]
         with data_plate(x.shape[0], num_data, x.device):
-            return self.head.observe("obs", self._local(x, targets), y)
+            return self.head.observe("obs", self._local(x, targets, weights), y)
 
     @pyro_method
     def guide(
         self, x: Tensor, y: Tensor | None = None, num_data: int | None = None
     ) -> list[Tensor]:
         """The paper's ``Q`` (``eq:gpn_vi_stochastic_q``): ``q(U)`` times the model's own
-        conditionals of the local variables. Returns the sampled targets."""
+        conditionals of the local variables (and ``q(W)`` for variational weights). Returns the
+        sampled targets."""
         num_data = self.num_data if num_data is None else num_data
-        check_batch(self.head, self.sizes[0], x, y, num_data)
+        x, y = check_batch(self.head, self.sizes[0], x, y, num_data)
+        weights = self._weights(guide=True)
         targets = [
             pyro.sample(f"layer{l}.targets", layer.target_posterior().to_event(1))
             for l, layer in enumerate(self.layers)
         ]
         with data_plate(x.shape[0], num_data, x.device):
-            self._local(x, targets)
+            self._local(x, targets, weights)
         return targets
 
     # ------------------------------------------------------------------ closed form
@@ -239,7 +270,7 @@ class VariationalGPN(GPNNet):
         Shape:
             ``x [B, M]``, ``y [B, N_L] | [B]`` -> ``[B]``.
         """
-        check_batch(self.head, self.sizes[0], x, y, None)
+        x, y = check_batch(self.head, self.sizes[0], x, y, None)
         return -self.head.expected_nll(self.hidden(x), y, reduction="none")
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
@@ -282,6 +313,8 @@ class VariationalGPN(GPNNet):
         sites = ["obs"]
         for l in range(self.num_layers):
             sites += [f"layer{l}.targets", f"layer{l}.response", f"layer{l}.output"]
+            if self.layers[l].variational_weights:
+                sites.append(f"layer{l}.weight")
         predictive = Predictive(
             self.model,
             guide=self.guide,

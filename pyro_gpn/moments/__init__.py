@@ -4,7 +4,11 @@
 * :mod:`~pyro_gpn.moments.expectations` -- psi, Omega, Lambda: expectations of SE kernels
   under Gaussian activations (``eq:gpn_normal_E_alpha``, ``eq:gpn_normal_omega``,
   ``eq:gpn_normal_lambda``);
-* :mod:`~pyro_gpn.moments.propagate` -- one GPN layer from activation moments to output moments.
+* :mod:`~pyro_gpn.moments.propagate` -- one GPN layer from activation moments to output moments
+  (its parts: :mod:`~pyro_gpn.moments.weights` parameter-only weights,
+  :mod:`~pyro_gpn.moments.midpoint` Gaussian sums, :mod:`~pyro_gpn.moments.quadrature` the
+  narrow-regime variance, :mod:`~pyro_gpn.moments.cross` the off-diagonal covariances;
+  :mod:`~pyro_gpn.moments.backend` chooses the fused CPU or Triton kernels).
 """
 
 from .expectations import (

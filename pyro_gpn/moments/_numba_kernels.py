@@ -79,15 +79,85 @@ def gsum(x, h, K, w, wts, acc, coef, grad):
     return g0, g1, g2
 
 
+@njit(inline="always", **_OPTS)
+def gsum_abs(x, h, K, w, wts, awts):
+    """``(sum_k wts[k] E_k, sum_k awts[k] E_k)`` over one set of exponentials (as
+    :func:`gsum`, without moments or gradients)."""
+    f = np.floor(x / h + 0.5)
+    if not f > 0.0:
+        f = 0.0
+    if f > K - 1.0:
+        f = K - 1.0
+    j0 = int(f)
+    delta = x - j0 * h
+    E0 = math.exp(-delta * delta / w)
+    s0 = wts[j0] * E0
+    a0 = awts[j0] * E0
+    if K > 1:
+        hh = h * h
+        up = j0 < K - 1
+        down = j0 > 0
+        if up and down:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = q_up * q_dn
+        elif up:
+            q_up = math.exp((2.0 * delta * h - hh) / w)
+            q_dn = 0.0
+            rho = math.exp(-2.0 * hh / w)
+        else:
+            q_up = 0.0
+            q_dn = math.exp((-2.0 * delta * h - hh) / w)
+            rho = math.exp(-2.0 * hh / w)
+        E = E0
+        q = q_up
+        for k in range(j0 + 1, K):
+            E *= q
+            q *= rho
+            s0 += wts[k] * E
+            a0 += awts[k] * E
+        E = E0
+        q = q_dn
+        for k in range(j0 - 1, -1, -1):
+            E *= q
+            q *= rho
+            s0 += wts[k] * E
+            a0 += awts[k] * E
+    return s0, a0
+
+
+@njit(inline="always", **_OPTS)
+def row_rule(vv, l2, ratio2, tier_r2):
+    """Node tier of one (sample, unit) in the narrow regime: the first ``t`` with
+    ``v / lambda^2 <= tier_r2[t]`` (``-1``: broad, ``v > ratio2 lambda^2``)."""
+    if not vv <= ratio2 * l2:
+        return -1
+    r2 = vv / l2 if vv > 0.0 else 0.0
+    T = tier_r2.shape[0]
+    for t in range(T):
+        if r2 <= tier_r2[t]:
+            return t
+    return T - 1
+
+
 @njit(parallel=True, **_OPTS)
-def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean, var, pre):
-    """Means and variances; ``P`` midpoint weights of ``C - beta beta^T`` (broad regime),
-    ``PC`` those of ``C`` with ``z``, ``wq`` the Gauss-Hermite rule (narrow regime:
-    ``v <= ratio2 * lambda^2``)."""
+def meanvar_fwd(
+    mu, v, V, lam, beta, P, PA, PC, zs, ws, offs, tier_r2, ratio2, err_scale, rtol, noise,
+    with_var, mean, var, pre, how,
+):  # fmt: skip
+    """Means and variances. ``P`` midpoint weights of ``C - beta beta^T``, ``PA`` those of
+    ``|C| + |beta| |beta|^T`` (the magnitudes of the closed form's terms), ``PC`` those of ``C``;
+    ``zs``, ``ws`` the concatenated Gauss-Hermite rules of the node tiers (tier ``t`` at
+    ``offs[t]:offs[t + 1]``, for ``v / lambda^2 <= tier_r2[t]``).
+
+    Per (sample, unit): the closed form ``1 - tr[(C - beta beta^T) Omega] - mean^2`` where the
+    activation is broad (``v > ratio2 lambda^2``) or where its rounding-error bound
+    ``err_scale (1 + tr[PA-terms] + mean^2)`` is at most ``rtol`` times its value (``how = 0``);
+    otherwise Gauss-Hermite with that row's node tier (``how = t + 1``)."""
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
-    Q = z.shape[0]
+    Q = zs.shape[0]
     dummy = np.zeros(1)
     for n in prange(N):
         iv = n * min(V.shape[0] - 1, 1)
@@ -96,6 +166,7 @@ def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean
         l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
         b = beta[n * min(beta.shape[0] - 1, 1)]
         p = P[n * min(P.shape[0] - 1, 1)]
+        pa = PA[n * min(PA.shape[0] - 1, 1)]
         pc = PC[n * min(PC.shape[0] - 1, 1)]
         nz = noise[n * min(noise.shape[0] - 1, 1)]
         mvals = np.empty(Q)
@@ -107,45 +178,49 @@ def meanvar_fwd(mu, v, V, lam, beta, P, PC, z, wq, ratio2, noise, with_var, mean
             g0, _, _ = gsum(x, h, R, 2.0 * c1, b, dummy, 0.0, False)
             mn = math.sqrt(l2 / c1) * g0
             mean[s, n] = mn
-            if with_var:
-                if vv <= ratio2 * l2:  # narrow: Gauss-Hermite over a = m + sqrt(v) z
-                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
-                    mbar = 0.0
-                    eq = 0.0
-                    if sd == 0.0:  # all nodes coincide: var = 1 - q(mu), no spread
-                        qi, _, _ = gsum(x, 0.5 * h, K, l2, pc, dummy, 0.0, False)
-                        pre[s, n] = 1.0 - qi
-                        var[s, n] = max(1.0 - qi, 0.0) + nz
-                        continue
-                    for i in range(Q):
-                        xi = x + sd * z[i]
-                        mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                        qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
-                        mvals[i] = mi
-                        mbar += wq[i] * mi
-                        eq += wq[i] * (1.0 - qi)
-                    spread = 0.0
-                    for i in range(Q):
-                        d = mvals[i] - mbar
-                        spread += wq[i] * d * d
-                    pr = eq + spread
-                else:  # broad: closed form 1 - tr[(C - beta beta^T) Omega] - mean^2
-                    c2 = l2 + 2.0 * vv
-                    t0, _, _ = gsum(x, 0.5 * h, K, c2, p, dummy, 0.0, False)
-                    pr = 1.0 - math.sqrt(l2 / c2) * t0 - mn * mn
-                pre[s, n] = pr
-                var[s, n] = max(pr, 0.0) + nz
+            if not with_var:
+                continue
+            tier = row_rule(vv, l2, ratio2, tier_r2)
+            c2 = l2 + 2.0 * vv
+            a2 = math.sqrt(l2 / c2)
+            t0, ta = gsum_abs(x, 0.5 * h, K, c2, p, pa)
+            pr = 1.0 - a2 * t0 - mn * mn
+            if tier >= 0 and not err_scale * (1.0 + a2 * ta + mn * mn) <= rtol * pr:
+                # narrow and the closed form not provably accurate: Gauss-Hermite over
+                # a = m + sqrt(v) z with this row's node tier
+                sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                lo = offs[tier]
+                hi = offs[tier + 1]
+                mbar = 0.0
+                eq = 0.0
+                for i in range(lo, hi):
+                    xi = x + sd * zs[i]
+                    mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                    qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                    mvals[i] = mi
+                    mbar += ws[i] * mi
+                    eq += ws[i] * (1.0 - qi)
+                spread = 0.0
+                for i in range(lo, hi):
+                    d = mvals[i] - mbar
+                    spread += ws[i] * d * d
+                pr = eq + spread
+                how[s, n] = tier + 1
+            else:
+                how[s, n] = 0
+            pre[s, n] = pr
+            var[s, n] = max(pr, 0.0) + nz
 
 
 @njit(parallel=True, **_OPTS)
 def meanvar_bwd(
-    mu, v, V, lam, beta, P, PC, z, wq, ratio2, mean, pre, gmean, gvar, with_var,
+    mu, v, V, lam, beta, P, PC, zs, ws, offs, mean, pre, how, gmean, gvar, with_var,
     dmu, dv, dlam, dbeta, dP, dPC,
 ):  # fmt: skip
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
-    Q = z.shape[0]
+    Q = zs.shape[0]
     dummy = np.zeros(1)
     for n in prange(N):
         iv = n * min(V.shape[0] - 1, 1)
@@ -167,12 +242,12 @@ def meanvar_bwd(
             x = m - x0
             gm = gmean[s, n]
             G = 0.0
-            narrow = False
+            tier = -1
             if with_var:
                 if pre[s, n] >= 0.0:
                     G = gvar[s, n]
-                narrow = vv <= ratio2 * l2
-                if not narrow:
+                tier = how[s, n] - 1
+                if tier < 0:
                     gm -= 2.0 * G * mean[s, n]
             c1 = l2 + vv
             a1 = math.sqrt(l2 / c1)
@@ -184,38 +259,33 @@ def meanvar_bwd(
             gv = gm * (-0.5 * a1 * g0 * ic1 + half)
             gl2 = gm * (0.5 * a1 * g0 * (1.0 / l2 - ic1) + half)
             if with_var and G != 0.0:
-                if narrow:
+                if tier >= 0:
                     sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    lo = offs[tier]
+                    hi = offs[tier + 1]
                     mbar = 0.0
                     da_sum = 0.0
                     dz_sum = 0.0
-                    if sd == 0.0:  # all nodes coincide (weights sum to 1): var = 1 - q(mu)
-                        _, q1, q2 = gsum(x, 0.5 * h, K, l2, pc, acc_pc, -G, True)
-                        gmu += G * 2.0 * q1 / l2
-                        gl2 -= G * q2 / (l2 * l2)
-                        dmu[s, n] = gmu
-                        dv[s, n] = gv
-                        acc_l2 += gl2
-                        continue
-                    for i in range(Q):
-                        xi = x + sd * z[i]
+                    for i in range(lo, hi):
+                        xi = x + sd * zs[i]
                         mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                        _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * wq[i], True)
+                        _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * ws[i], True)
                         mvals[i] = mi
-                        mbar += wq[i] * mi
+                        mbar += ws[i] * mi
                         # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
-                        da = 2.0 * wq[i] * q1 / l2
+                        da = 2.0 * ws[i] * q1 / l2
                         da_sum += da
-                        dz_sum += da * z[i]
-                        gl2 -= G * wq[i] * q2 / (l2 * l2)
-                    for i in range(Q):
-                        xi = x + sd * z[i]
-                        coef = 2.0 * wq[i] * (mvals[i] - mbar)
-                        _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
-                        da = -coef * m1 / l2
-                        da_sum += da
-                        dz_sum += da * z[i]
-                        gl2 += G * coef * m2 / (2.0 * l2 * l2)
+                        dz_sum += da * zs[i]
+                        gl2 -= G * ws[i] * q2 / (l2 * l2)
+                    if hi - lo > 1:  # one node: no spread
+                        for i in range(lo, hi):
+                            xi = x + sd * zs[i]
+                            coef = 2.0 * ws[i] * (mvals[i] - mbar)
+                            _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
+                            da = -coef * m1 / l2
+                            da_sum += da
+                            dz_sum += da * zs[i]
+                            gl2 += G * coef * m2 / (2.0 * l2 * l2)
                     gmu += G * da_sum
                     if sd > 0.0:
                         gv += G * dz_sum / (2.0 * sd)
@@ -252,6 +322,27 @@ def midpoint_fwd(C, beta, lam, V, P):
             for t in range(R):
                 j = r - t
                 P[n, r + t] += (c[r, t] - b[r] * b[t]) * math.exp(-a * j * j)
+
+
+@njit(**_OPTS)
+def midpoint_abs(C, beta, lam, V, PA):
+    """Midpoint weights of ``|C| + |beta| |beta|^T`` (not differentiated: the magnitudes of the
+    closed-form variance's terms, for its rounding-error bound)."""
+    G, K = PA.shape
+    R = V.shape[1]
+    for n in range(G):
+        c = C[n * min(C.shape[0] - 1, 1)]
+        b = beta[n * min(beta.shape[0] - 1, 1)]
+        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        iv = n * min(V.shape[0] - 1, 1)
+        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        a = h * h / (4.0 * lm * lm)
+        for k in range(K):
+            PA[n, k] = 0.0
+        for r in range(R):
+            for t in range(R):
+                j = r - t
+                PA[n, r + t] += (abs(c[r, t]) + abs(b[r] * b[t])) * math.exp(-a * j * j)
 
 
 @njit(**_OPTS)

@@ -92,16 +92,19 @@ def _gauss_hermite_rule(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
 
 
-def _gauss_hermite(v: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The narrow-regime rule of this call, chosen as the reference does: the node count of
-    :data:`~pyro_gpn.moments.propagate.GH_TIERS` for the largest ``sqrt(v) / lambda`` of the
-    narrow entries (:func:`~pyro_gpn.moments.propagate.gauss_hermite_nodes`)."""
-    from .propagate import gauss_hermite_nodes
+@functools.cache
+def _tier_rules() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The Gauss-Hermite rules of every node tier of
+    :data:`~pyro_gpn.moments.propagate.GH_TIERS`, concatenated: nodes, weights, offsets
+    ``[T + 1]`` and each tier's largest ``v / lambda^2`` ``[T]``."""
+    from .propagate import GH_TIERS
 
-    ratio2 = v / np.broadcast_to(lam, (v.shape[1],)) ** 2 if v.size else v
-    narrow = ratio2 <= _ratio2()
-    top = float(ratio2[narrow].max()) if narrow.any() else 0.0
-    return _gauss_hermite_rule(gauss_hermite_nodes(top**0.5))
+    rules = [_gauss_hermite_rule(nodes) for _, nodes in GH_TIERS]
+    offs = np.cumsum([0] + [len(z) for z, _ in rules]).astype(np.int64)
+    zs = np.ascontiguousarray(np.concatenate([z for z, _ in rules]))
+    ws = np.ascontiguousarray(np.concatenate([w for _, w in rules]))
+    r2 = np.array([ratio**2 for ratio, _ in GH_TIERS])
+    return zs, ws, offs, r2
 
 
 def _np(t: Tensor | None) -> np.ndarray | None:
@@ -133,6 +136,18 @@ def _ratio2() -> float:
     return float(GH_MAX_STD_RATIO) ** 2
 
 
+def _closed_form_rtol() -> float:
+    from .propagate import CLOSED_FORM_RTOL
+
+    return float(CLOSED_FORM_RTOL)
+
+
+def closed_form_error_scale(num_points: int, dtype: torch.dtype) -> float:
+    from .propagate import closed_form_error_scale as scale
+
+    return scale(num_points, dtype)
+
+
 class NotPositiveDefinite(torch.linalg.LinAlgError):
     """``K(V, V) + diag(S)`` failed the Cholesky factorisation in the CPU kernel (the reference
     path then retries with more jitter, :func:`~pyro_gpn.moments.propagate.safe_cholesky`)."""
@@ -154,22 +169,26 @@ class _MeanVar(torch.autograd.Function):
         if with_var:
             G = max(C.shape[0], beta.shape[0], lam.shape[0], V.shape[0])
             P_, PC_ = np.empty((G, 2 * R - 1)), np.empty((G, 2 * R - 1))
+            PA_ = np.empty((G, 2 * R - 1))
             C_ = _np(C)
             _k("midpoint_fwd")(C_, beta_, lam_, V_, P_)
             _k("midpoint_fwd")(C_, np.zeros((1, R)), lam_, V_, PC_)
+            _k("midpoint_abs")(C_, beta_, lam_, V_, PA_)
         else:
-            P_ = PC_ = np.zeros((1, 1))
+            P_ = PC_ = PA_ = np.zeros((1, 1))
             C_ = None
-        z, wq = _gauss_hermite(v_, lam_) if with_var else _gauss_hermite_rule(1)
+        zs, ws, offs, tier_r2 = _tier_rules()
         noise_ = np.zeros(1) if noise_var is None else _np(noise_var)
         mean = np.empty((S, N))
         var = np.empty((S, N)) if with_var else mean
         pre = np.empty((S, N)) if with_var else mean
+        how = np.zeros((S, N) if with_var else (1, 1), dtype=np.int8)
         _k("meanvar_fwd")(
-            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), noise_, with_var, mean, var, pre
-        )
-        ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre)
-        ctx.rule = (z, wq)
+            mu_, v_, V_, lam_, beta_, P_, PA_, PC_, zs, ws, offs, tier_r2, _ratio2(),
+            closed_form_error_scale(R, torch.float64), _closed_form_rtol(), noise_, with_var,
+            mean, var, pre, how,
+        )  # fmt: skip
+        ctx.arrays = (mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre, how)
         ctx.with_var = with_var
         ctx.has_v = v is not None
         ctx.like = (mu, V, lam, beta, C, noise_var)
@@ -181,7 +200,7 @@ class _MeanVar(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gmean, gvar=None):
-        mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre = ctx.arrays
+        mu_, v_, V_, lam_, beta_, C_, P_, PC_, mean, pre, how = ctx.arrays
         mu, V, lam, beta, C, noise_var = ctx.like
         with_var = ctx.with_var
         S, N = mu_.shape
@@ -192,9 +211,9 @@ class _MeanVar(torch.autograd.Function):
         dlam = np.empty(N)
         dbeta = np.zeros((N, R))
         dP, dPC = np.zeros((N, P_.shape[1])), np.zeros((N, P_.shape[1]))
-        z, wq = ctx.rule
+        zs, ws, offs, _ = _tier_rules()
         _k("meanvar_bwd")(
-            mu_, v_, V_, lam_, beta_, P_, PC_, z, wq, _ratio2(), mean, pre, gm, gv, with_var,
+            mu_, v_, V_, lam_, beta_, P_, PC_, zs, ws, offs, mean, pre, how, gm, gv, with_var,
             dmu, dv, dlam, dbeta, dP, dPC,
         )  # fmt: skip
         need = ctx.needs_input_grad

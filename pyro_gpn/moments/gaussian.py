@@ -25,6 +25,7 @@ from .._validation import (
     check_ndim,
     check_nonnegative,
     check_psd,
+    check_same_dtype_device,
     check_shape,
     check_tensor,
 )
@@ -62,15 +63,18 @@ class Moments:
         if validate:
             check_tensor("mean", mean)
             check_ndim("mean", mean, 2)
-            check_finite("mean", mean)
             if var is not None and cov is not None:
                 raise ValueError("give at most one of var and cov")
             if var is not None:
                 check_tensor("var", var)
+            if cov is not None:
+                check_tensor("cov", cov)
+            check_same_dtype_device("mean", mean, {"var": var, "cov": cov})
+            check_finite("mean", mean)
+            if var is not None:
                 check_shape("var", var, tuple(mean.shape))
                 check_nonnegative("var", var)
             if cov is not None:
-                check_tensor("cov", cov)
                 check_shape("cov", cov, (mean.shape[0], mean.shape[1], mean.shape[1]))
                 check_psd("cov", cov)
         object.__setattr__(self, "mean", mean)
@@ -120,6 +124,7 @@ class Moments:
         output (``var @ weight**2``, the paper's "mean and variance" mode, which drops the
         correlations the projection creates); a full covariance gives ``W^T cov W``.
         """
+        self._check_weight(weight, bias)
         mean = self.mean @ weight
         if bias is not None:
             mean = mean + bias
@@ -134,11 +139,18 @@ class Moments:
         """Like :meth:`linear` but keeps the correlations: ``cov = W^T diag(var) W``."""
         if self.var is None or self.cov is not None:
             return self.linear(weight, bias)
+        self._check_weight(weight, bias)
         mean = self.mean @ weight
         if bias is not None:
             mean = mean + bias
         cov = (weight.mT * self.var.unsqueeze(-2)) @ weight
         return Moments(mean, cov=0.5 * (cov + cov.mT), validate=False)
+
+    def _check_weight(self, weight: Tensor, bias: Tensor | None) -> None:
+        """Form checks of :meth:`linear`'s arguments (no device synchronisation)."""
+        check_tensor("weight", weight)
+        check_shape("weight", weight, (self.num_features, None))
+        check_same_dtype_device("the moments' mean", self.mean, {"weight": weight, "bias": bias})
 
     def diagonal(self) -> Moments:
         """Drop the off-diagonal covariances (keep mean and variances)."""

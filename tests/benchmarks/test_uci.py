@@ -1,7 +1,5 @@
-"""The UCI harness's metric code (``benchmarks/uci.py``) against scipy, and the prototype's
-weight treatment (``pyro_gpn/_proto_bayes.py``) against Monte Carlo."""
-
-import math
+"""The UCI harness's metric code (``benchmarks/uci.py``) against scipy (the variational weights
+it benchmarks are tested in ``tests/layers/test_variational.py``)."""
 
 import numpy as np
 import pytest
@@ -57,34 +55,3 @@ def test_metrics_reject_bad_shapes():
         metrics_of(torch.zeros(3), torch.ones(3), torch.zeros(3), 1.0)
     with pytest.raises(ValueError, match="rows"):
         metrics_of(torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(4), 1.0)
-
-
-def test_proto_vi_weights_moments_match_monte_carlo():
-    """With q(W) Gaussian, the first layer's closed-form output moments equal a Monte Carlo
-    average over weight draws (observed inputs: the propagation is exact)."""
-    import pyro
-
-    from pyro_gpn._proto_bayes import ProtoVGPN
-
-    with pyro.settings.context(module_local_params=True):
-        torch.manual_seed(0)
-        model = ProtoVGPN([3, 4, 1], weights="vi", weight_std_init=0.5, whiten=True)
-        layer = model.layers[0]
-        x = torch.randn(5, 3, dtype=torch.float64)
-        layer.double()
-        model.weight_log_std.double()
-        with torch.no_grad():
-            from pyro_gpn._proto_bayes import _layer_moments
-
-            got = _layer_moments(layer, x, model.weight_var(0), noise=True)
-            std = model.weight_var(0).sqrt()
-            draws = 40000
-            w = layer.weight + std * torch.randn(draws, 3, 4, dtype=torch.float64)
-            acts = torch.einsum("sm,kmn->ksn", x, w).reshape(-1, 4)
-            cmean, cvar = layer.conditional(acts, noise=True)
-            cmean, cvar = cmean.reshape(draws, 5, 4), cvar.reshape(draws, 5, 4)
-            mc_mean = cmean.mean(0)
-            mc_var = (cvar + cmean.square()).mean(0) - mc_mean.square()
-        se = (cmean.std(0) / math.sqrt(draws)).max()
-        assert torch.allclose(got.mean, mc_mean, atol=6 * float(se))
-        assert torch.allclose(got.variance, mc_var, rtol=0.05, atol=1e-3)

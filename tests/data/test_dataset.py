@@ -88,3 +88,29 @@ def test_unstandardize_recovers_original_units() -> None:
     np.testing.assert_allclose(mean.squeeze(1).numpy(), y[80:], rtol=1e-5)
     np.testing.assert_allclose(var.numpy(), data.y_std.numpy() ** 2 * np.ones((20, 1)), rtol=1e-6)
     assert data.unstandardize(data.y_test)[1] is None
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_from_arrays_names_the_first_non_finite_row_and_column(bad):
+    x = np.arange(30, dtype=np.float64).reshape(10, 3)
+    x[7, 2] = bad
+    kind = "NaN" if np.isnan(bad) else "infinite"
+    with pytest.raises(
+        ValueError, match=rf"x holds 1 non-finite values, the first {kind} in row 7, 'c'"
+    ):
+        RegressionData.from_arrays(
+            "toy", x, np.arange(10.0), np.arange(8), np.arange(8, 10),
+            feature_names=("a", "b", "c"), description="toy",
+        )  # fmt: skip
+    y = np.zeros(10)
+    y[3] = bad
+    with pytest.raises(ValueError, match=r"y holds 1 non-finite values, the first .* in row 3"):
+        RegressionData.from_arrays(
+            "toy", np.ones((10, 3)), y, np.arange(8), np.arange(8, 10),
+            feature_names=("a", "b", "c"), description="toy",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="x_train holds 1 non-finite values"):
+        ClassificationData.from_arrays(
+            "toy", x, np.arange(10) % 2, np.ones((4, 3)), np.arange(4) % 2,
+            feature_names=("a", "b", "c"), class_names=("n", "p"), description="toy",
+        )  # fmt: skip

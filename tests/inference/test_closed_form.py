@@ -65,6 +65,9 @@ ONE_LAYER = [
     dict(share="layer"),
     dict(mode="cov"),
     dict(num_data=40),
+    dict(weight_scale_init=0.8),  # q(W) of a wide spread: its moments must be exact too
+    dict(weight_scale_init=0.8, mode="cov", whiten=True),
+    dict(weights="point"),
 ]
 
 
@@ -97,7 +100,7 @@ def test_closed_form_is_kl_minus_scaled_expected_log_likelihood():
 
 @pyro.settings.context(module_local_params=True)
 def test_whitened_and_plain_parametrisations_give_the_same_elbo():
-    plain = _net([2, 3, 1], targets_init="random")
+    plain = _net([2, 3, 1], targets_init="random", whiten=False)
     white = _net([2, 3, 1], whiten=True)
     white.load_state_dict(plain.state_dict(), strict=False)
     with torch.no_grad():
@@ -172,10 +175,13 @@ class _Loss(torch.nn.Module):
         ([2, 2], dict()),
         ([2, 2, 1], dict(whiten=True)),
         ([2, 2, 3], dict(head="softmax", q_cov="diag")),
+        ([2, 2, 1], dict(weight_scale_init=0.5, mode="cov")),
     ],
 )
 @pyro.settings.context(module_local_params=True)
 def test_gradcheck_closed_form_loss_wrt_variational_parameters(sizes, kwargs):
+    """float64 gradcheck of the negative ELBO in q(U) and q(W) (``weight``: the mean of
+    q(W); ``weight_scale_unconstrained``: its log standard deviation)."""
     vgpn = _net(sizes, num_inducing=4, **kwargs)
     x, y = _regression_data(n=4)
     if isinstance(vgpn.head, SoftmaxHead):
@@ -184,9 +190,11 @@ def test_gradcheck_closed_form_loss_wrt_variational_parameters(sizes, kwargs):
         y = y.expand(-1, sizes[-1]).contiguous()
     loss = _Loss(vgpn, x, y)
     params = dict(loss.named_parameters())
-    names = [n for n in params if ".targets_" in n]
+    names = [
+        n for n in params if n.startswith("vgpn.layers") and (".targets_" in n or ".weight" in n)
+    ]
     inputs = tuple(params[n].detach().clone().requires_grad_() for n in names)
-    assert len(inputs) == 2 * vgpn.num_layers
+    assert len(inputs) == 4 * vgpn.num_layers  # targets loc/scale, weight loc/scale
 
     def fn(*values):
         return functional_call(loss, dict(zip(names, values, strict=True)), ())
@@ -246,3 +254,86 @@ def test_two_layers_gap_after_training(whiten):
     mean, se = estimates.mean().item(), estimates.std().item() / math.sqrt(len(estimates))
     print(f"\nwhiten={whiten}: closed {closed:.3f}, Trace_ELBO {mean:.3f} +- {se:.3f}")
     assert abs(closed - mean) < 0.5
+
+
+# ---------------------------------------------------------------------------------- fit_vgpn
+def test_fit_vgpn_restores_the_best_validation_state_and_stops_on_patience():
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.inference.closed_form import validation_log_lik
+
+    x, y = _regression_data(n=60, seed=3)
+    x_val, y_val = _regression_data(n=20, seed=4)
+    vgpn = _net([2, 4, 1])
+    # a large learning rate that keeps decaying slowly overshoots: the curve is not monotone
+    fit = fit_vgpn(
+        vgpn, x, y, x_val, y_val, num_steps=120, lr=0.3, lr_decay=1.0, eval_every=5, patience=3
+    )
+    values = [v for _, v in fit.curve]
+    assert fit.best_val_log_lik == max(values)
+    assert dict(fit.curve)[fit.best_step] == fit.best_val_log_lik
+    # the restored state is the best one (not the last)
+    assert validation_log_lik(vgpn, x_val, y_val) == pytest.approx(fit.best_val_log_lik, abs=1e-9)
+    if fit.stopped_early:
+        assert fit.num_steps < 120 and len(values) - values.index(max(values)) - 1 == 4
+    assert vgpn.num_data == 60 and fit.num_val == 20 and len(fit.losses) == fit.num_steps
+
+
+def test_fit_vgpn_holds_out_validation_rows_inside_the_training_data():
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.inference.closed_form import holdout
+
+    x, y = _regression_data(n=50, seed=5)
+    xt, yt, xv, yv = holdout(x, y, 0.2, seed=1)
+    assert xt.shape[0] == 40 and xv.shape[0] == 10
+    rows = {tuple(r.tolist()) for r in x}
+    assert {tuple(r.tolist()) for r in torch.cat([xt, xv])} == rows  # a partition
+    assert not {tuple(r.tolist()) for r in xt} & {tuple(r.tolist()) for r in xv}
+    fit = fit_vgpn(_net([2, 2, 1]), x, y, num_steps=10, eval_every=5, val_fraction=0.2)
+    assert fit.num_train == 40 and fit.num_val == 10 and [s for s, _ in fit.curve] == [5, 10]
+    none = fit_vgpn(_net([2, 2, 1]), x, y, num_steps=4, val_fraction=0.0)
+    assert none.num_val == 0 and none.curve == [] and none.best_step == 4
+
+
+def test_fit_vgpn_lowers_the_negative_elbo_and_reads_the_recommendations():
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.recommended import VGPN
+
+    x, y = _regression_data(n=40, seed=6)
+    vgpn = VariationalGPN([2, 3, 1], dtype=DT)
+    assert vgpn.layers[0].response.whiten is VGPN.whiten
+    assert vgpn.layers[0].weight_treatment == VGPN.weights
+    assert vgpn.layers[0].response.targets_init == VGPN.targets_init
+    fit = fit_vgpn(vgpn, x, y, num_steps=60, val_fraction=0.0)
+    assert fit.losses[-1] < fit.losses[0] - 0.2
+    assert VGPN.batch_for(10**5) == VGPN.large_batch_size and VGPN.batch_for(100) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_steps=0), "num_steps"),
+        (dict(lr=-1.0), "lr"),
+        (dict(lr_decay=0.0), "lr_decay"),
+        (dict(patience=-1), "patience"),
+        (dict(eval_every=0), "eval_every"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(val_fraction=1.5), "val_fraction"),
+    ],
+)
+def test_fit_vgpn_rejects_bad_arguments(kwargs, match):
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=20)
+    with pytest.raises(ValueError, match=match):
+        fit_vgpn(_net([2, 1]), x, y, **kwargs)
+    with pytest.raises(ValueError, match="x_val"):
+        fit_vgpn(_net([2, 1]), x, y, x_val=x)
+
+
+def test_fit_vgpn_checks_the_data_once_on_entry():
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=20)
+    y[3] = float("nan")
+    with pytest.raises(ValueError, match="y"):
+        fit_vgpn(_net([2, 1]), x, y, num_steps=3, val_fraction=0.0)

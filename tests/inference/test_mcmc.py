@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import math
 
+import arviz as az
+import numpy as np
 import pyro
 import pytest
 import torch
 
-from pyro_gpn.diagnostics import max_rhat, num_divergences
+from pyro_gpn.diagnostics import (
+    compare_heldout_lpd,
+    heldout_lpd_from_draws,
+    max_rhat,
+    num_divergences,
+)
 from pyro_gpn.inference.mcmc import NUTSResult, run_nuts
 from pyro_gpn.models.nonparametric import NonParametricGPN
+from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 
 F64 = torch.float64
 NOISE = 0.1
@@ -51,13 +59,28 @@ def gp_run():
     pyro.enable_validation(True)
     x, y, x_test = sine_data(15, 8)
     return run_nuts(
-        NonParametricGPN([1, 1]), x, y, x_test, num_samples=100, warmup_steps=100, seed=0
+        NonParametricGPN([1, 1]),
+        x,
+        y,
+        x_test,
+        num_samples=100,
+        warmup_steps=100,
+        seed=0,
+        init_steps=100,
     )
 
 
 def test_nuts_recovers_sine(gp_run):
     check_recovery(gp_run, last=1)
-    assert gp_run.num_divergences() == num_divergences(gp_run.to_arviz())
+    assert gp_run.num_divergences == num_divergences(gp_run.to_arviz())
+
+
+def test_num_divergences_is_a_property_with_a_deprecated_call(gp_run):
+    count = gp_run.num_divergences
+    assert isinstance(count, int) and count == int(count)
+    assert gp_run.divergence_rate == count / (gp_run.num_chains * gp_run.num_samples)
+    with pytest.warns(DeprecationWarning, match="property"):
+        assert gp_run.num_divergences() == count
 
 
 def test_result_layout_and_arviz_groups(gp_run):
@@ -79,6 +102,41 @@ def test_result_layout_and_arviz_groups(gp_run):
     assert idata.posterior_predictive["y_test"].shape == (2, 100, 1, 8)
     assert idata.observed_data["y_train"].shape == (1, 15)
     assert idata.sample_stats["diverging"].shape == (2, 100)
+    for name in ("energy", "lp", "tree_depth", "n_steps", "step_size", "acceptance_rate"):
+        assert idata.sample_stats[name].shape == (2, 100), name
+    # lp is minus the potential energy of the kept state; energy adds the kinetic energy >= 0
+    assert (idata.sample_stats["energy"] >= -idata.sample_stats["lp"] - 50).all()
+    steps = idata.sample_stats["n_steps"].values
+    assert ((steps >= 1) & (steps <= 2**10)).all()
+    assert (idata.sample_stats["tree_depth"].values == np.ceil(np.log2(steps + 1))).all()
+    assert idata.log_likelihood["y"].shape == (2, 100, 15)
+    assert az.bfmi(idata).shape == (2,)
+
+
+def test_loo_and_waic_work_on_the_run(gp_run):
+    """PSIS-LOO on the exact leave-one-out terms of the marginal normal likelihood."""
+    idata = gp_run.to_arviz()
+    loo = az.loo(idata, pointwise=True)
+    waic = az.waic(idata)
+    assert math.isfinite(loo.elpd_loo) and math.isfinite(waic.elpd_waic)
+    assert loo.loo_i.shape == (15,)
+    # effective number of parameters: the model has two (W1, sigma1) and a GP's smoothing;
+    # a wrong sign or scale of the pointwise terms would put it far outside this range
+    assert 0.5 < loo.p_loo < 8 and 0.5 < waic.p_waic < 8
+    # the LOO predictive density of a row is below its in-sample one
+    lppd_i = heldout_lpd_from_draws(gp_run.pointwise_log_likelihood())
+    assert (loo.loo_i.values <= lppd_i + 1e-9).all()
+
+
+def test_heldout_comparison_of_routes(gp_run):
+    """az.compare via pointwise test log predictive densities: the posterior predictive
+    beats a deliberately wrong route (a constant Gaussian at 0 with sd 3)."""
+    y_test = torch.sin(gp_run.x_test[:, 0])
+    nuts = heldout_lpd_from_draws(gp_run.test_log_density(y_test))
+    wrong = torch.distributions.Normal(0.0, 3.0).log_prob(y_test).numpy()
+    table = compare_heldout_lpd({"nuts": nuts, "constant": wrong})
+    assert list(table.index) == ["nuts", "constant"]
+    assert table.loc["constant", "elpd_diff"] > 0 and table.loc["constant", "dse"] > 0
 
 
 def test_joint_sampling_keeps_test_rows_in_the_chain():
@@ -92,9 +150,10 @@ def test_joint_sampling_keeps_test_rows_in_the_chain():
         warmup_steps=4,
         num_chains=1,
         joint=True,
+        init_steps=20,
     )
-    assert set(joint.samples) == {"W1", "sigma1", "Z1_train", "Z1_test", "W2", "sigma2", "y_test"}
-    assert joint.samples["Z1_test"].shape == (4, 2, 3)
+    assert set(joint.samples) == {"W1", "sigma1", "W2", "Za2_train", "Za2_test", "sigma2", "y_test"}
+    assert joint.samples["Za2_test"].shape == (4, 3)
     torch.testing.assert_close(joint.posterior_predictive["y_test"], joint.samples["y_test"])
     idata = joint.to_arviz()
     assert "y_test" in idata.posterior and "posterior_predictive" not in idata.groups()
@@ -134,7 +193,9 @@ def test_nuts_two_layer_network_recovers_sine():
 
 def test_without_test_inputs():
     x, y, _ = sine_data(6, 1)
-    result = run_nuts(NonParametricGPN([1, 1]), x, y, num_samples=5, warmup_steps=5, num_chains=1)
+    result = run_nuts(
+        NonParametricGPN([1, 1]), x, y, num_samples=5, warmup_steps=5, num_chains=1, init_steps=20
+    )
     assert result.posterior_predictive == {}
     with pytest.raises(ValueError, match="x_test"):
         _ = result.y_test
@@ -150,6 +211,9 @@ def test_without_test_inputs():
         ({"warmup_steps": -1}, "warmup_steps"),
         ({"target_accept_prob": 1.0}, "target_accept_prob"),
         ({"model": "gpn"}, "model"),
+        ({"init": "prior"}, "init"),
+        ({"metric": "euclid"}, "metric"),
+        ({"init_steps": -1}, "init_steps"),
         ({"x_test": torch.zeros(500, 1, dtype=F64)}, "max_samples"),
         ({"x_train": torch.zeros(6, 2, dtype=F64)}, "x_train"),
     ],
@@ -168,3 +232,96 @@ def test_sine_data_noise_level():
     residual = y - torch.sin(x[:, 0])
     assert abs(residual.std().item() - NOISE) < 0.01
     assert abs(residual.mean().item()) < 3 * NOISE / math.sqrt(2000)
+
+
+def _exact_predictive_by_quadrature(x, y, x_test, jitter=1e-6):
+    """The single-layer GPN's exact posterior predictive (noise included): a mixture over a
+    (|w|, log sigma) grid of GP predictives, weighted by the exact marginal likelihood times
+    the priors (w ~ N(0, 1), sigma ~ LogNormal(log 0.1, 1), lengthscale 1). The posterior is
+    symmetric in w, so |w| suffices."""
+    w = torch.linspace(1e-3, 5.0, 250, dtype=F64)
+    log_s = torch.linspace(-6.0, 0.5, 220, dtype=F64)
+    ww, ll = (t.reshape(-1) for t in torch.meshgrid(w, log_s, indexing="ij"))
+    s2 = (2 * ll).exp()
+    x_all = torch.cat([x, x_test])[:, 0]
+    diff = x_all[:, None] - x_all[None, :]
+    k = torch.exp(-0.5 * (ww[:, None, None] * diff) ** 2)  # [G, S, S]
+    n = x.shape[0]
+    eye = torch.eye(len(x_all), dtype=F64)
+    cov = k + (s2 + jitter)[:, None, None] * eye
+    c11, c21, c22 = cov[:, :n, :n], cov[:, n:, :n], cov[:, n:, n:]
+    chol = torch.linalg.cholesky(c11)
+    alpha = torch.cholesky_solve(y[None, :, None].expand(len(ww), n, 1), chol)
+    log_ml = (
+        -0.5 * (y[None, :, None] * alpha).sum((-2, -1))
+        - chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        - 0.5 * n * math.log(2 * math.pi)
+    )
+    log_prior = (
+        torch.distributions.Normal(0.0, 1.0).log_prob(ww)
+        + torch.distributions.Normal(math.log(0.1), 1.0).log_prob(ll)  # density of log sigma
+    )
+    weights = torch.softmax(log_ml + log_prior, 0)
+    mean = (c21 @ alpha)[..., 0]  # [G, S_test]
+    var = c22.diagonal(dim1=-2, dim2=-1) - (c21 * torch.cholesky_solve(c21.mT, chol).mT).sum(-1)
+    pred_mean = (weights[:, None] * mean).sum(0)
+    pred_var = (weights[:, None] * (var + mean**2)).sum(0) - pred_mean**2
+    return pred_mean, pred_var, weights
+
+
+@pytest.mark.slow
+def test_single_layer_matches_the_exact_predictive():
+    """NUTS on a single-layer GPN (a GP with the projected kernel) against the exact Bayesian
+    predictive of the same model, integrated over its two hyperparameters on a grid (an
+    analytic reference, not another sampler)."""
+    x, y, x_test = sine_data(15, 8)
+    mean, var, weights = _exact_predictive_by_quadrature(x, y, x_test)
+    assert weights.max() < 0.05  # the grid resolves the posterior
+    result = run_nuts(
+        NonParametricGPN([1, 1]), x, y, x_test, num_samples=500, warmup_steps=300, seed=0
+    )
+    draws = result.y_test
+    sd = var.sqrt()
+    # Monte Carlo error of a mean over ~1000 draws: ~0.03-0.05 predictive sd
+    assert ((draws.mean(0) - mean).abs() / sd).max() < 0.2
+    ratio = draws.var(0) / var
+    assert ((ratio > 0.8) & (ratio < 1.25)).all(), ratio
+
+
+@pytest.mark.parametrize("route", ["nonparametric", "sampled-targets"])
+def test_classification_runs_end_to_end(route):
+    """Bernoulli likelihood through run_nuts: class probabilities, labels, ArviZ groups."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 2, generator=g, dtype=F64)
+    labels = (x[:, 0] + 0.3 * x[:, 1] > 0).double()
+    x_test = torch.randn(5, 2, generator=g, dtype=F64)
+    if route == "nonparametric":
+        model = NonParametricGPN([2, 1], likelihood="bernoulli")
+    else:
+        model = SampledTargetsGPN([2, 2, 1], likelihood="bernoulli", num_inducing=5)
+    result = run_nuts(
+        model, x, labels, x_test, num_samples=6, warmup_steps=6, num_chains=2, init_steps=20
+    )
+    prediction = result.predict()
+    assert prediction.task == "classification" and prediction.probs.shape == (5, 2)
+    torch.testing.assert_close(prediction.probs.sum(-1), torch.ones(5, dtype=F64))
+    assert result.y_test.shape == (12, 5)
+    assert set(result.y_test.unique().tolist()) <= {0.0, 1.0}
+    idata = result.to_arviz()
+    assert idata.log_likelihood["y"].shape == (2, 6, 12)
+    assert idata.posterior_predictive["p_test"].shape == (2, 6, 5, 2)
+    density = result.test_log_density((x_test[:, 0] > 0).double())
+    assert density.shape == (12, 5) and (density <= 0).all()
+
+
+def test_sampled_targets_regression_runs_end_to_end():
+    x, y, x_test = sine_data(10, 4)
+    model = SampledTargetsGPN([1, 2, 1], num_inducing=5)
+    result = run_nuts(
+        model, x, y, x_test, num_samples=5, warmup_steps=5, num_chains=1, init_steps=20
+    )
+    assert result.samples["z1"].shape == (5, 2, 5)
+    assert result.y_test.shape == (5, 4)
+    assert result.pointwise_log_likelihood().shape == (5, 10)
+    assert result.test_log_density(torch.sin(x_test[:, 0])).shape == (5, 4)
+    assert set(result.to_arviz().sample_stats.data_vars) >= {"energy", "tree_depth"}

@@ -293,3 +293,88 @@ def test_bad_fit_arguments(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             Trainer(ScriptedModel([1.0]), _config(device="cuda"))
+
+
+# ---------------------------------------------------------------------------------- issue 14
+def test_saved_files_carry_verified_checksums(tmp_path):
+    from pyro_gpn.io import checksum_path, verify
+
+    seed_everything(0)
+    train = _blobs(0)
+    Trainer(SoftmaxRegression(2, 3), _config(tmp_path, max_epochs=2)).fit(train, train)
+    for name in (CHECKPOINT_NAME, BEST_MODEL_NAME):
+        assert checksum_path(tmp_path / name).exists()
+        verify(tmp_path / name)
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path, damage):
+    from pyro_gpn.io import CorruptFileError
+
+    seed_everything(0)
+    train = _blobs(0)
+    Trainer(SoftmaxRegression(2, 3), _config(tmp_path, max_epochs=2)).fit(train, train)
+    path = tmp_path / CHECKPOINT_NAME
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = b""
+    path.write_bytes(bytes(data))
+    trainer = Trainer(SoftmaxRegression(2, 3), _config(tmp_path, max_epochs=3))
+    with pytest.raises(CorruptFileError, match=r"checkpoint\.pt.*resume=False"):
+        trainer.fit(train, train, resume=True)
+
+
+def test_out_dir_that_is_a_file_or_in_use_is_refused(tmp_path):
+    from pyro_gpn.io import RunInUseError
+
+    train = _blobs(0)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        Trainer(SoftmaxRegression(2, 3), _config(tmp_path / "f")).fit(train, train)
+    # a second process holding the folder: the lock of another PID
+    import subprocess
+    import sys
+
+    out = tmp_path / "busy"
+    code = (
+        "import sys, time; from pyro_gpn.io import RunLock; "
+        f"lock = RunLock({str(out)!r}).acquire(); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunInUseError, match=f"in use by process {holder.pid}"):
+            Trainer(SoftmaxRegression(2, 3), _config(out)).fit(train, train)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_float64_and_numpy_data_are_cast_to_the_model_dtype(tmp_path):
+    seed_everything(0)
+    x, y = _blobs(0)
+    model = SoftmaxRegression(2, 3, dropout=0.0)
+    result = Trainer(model, _config(max_epochs=1)).fit((x.double().numpy(), y), (x.double(), y))
+    assert math.isfinite(result.history[-1]["val_loss"])
+
+
+def test_evaluate_refuses_regression_on_labels():
+    x, y = _blobs(0)
+    model = SoftmaxRegression(2, 3)
+    with pytest.raises(ValueError, match="task='regression' needs floating targets y"):
+        evaluate(model, x, y, task="regression")
+    with pytest.raises(ValueError, match=r"task='regression': y \(90, 2\) does not match"):
+        evaluate(model, x, torch.randn(len(x), 2), task="regression")
+
+
+def test_data_on_a_device_without_data_is_refused():
+    x, y = _blobs(0)
+    with pytest.raises(ValueError, match="train x is on device meta"):
+        Trainer(SoftmaxRegression(2, 3), _config()).fit((x.to("meta"), y.to("meta")), (x, y))
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', got 'tpu'"):
+        TrainConfig(device="tpu")

@@ -27,7 +27,9 @@ def _nearly_noise_free_gpn_layer() -> GPNLayer:
 
 def _nearly_exact_variational_layer(whiten: bool) -> VariationalGPNLayer:
     torch.manual_seed(1)
-    layer = VariationalGPNLayer(2, 4, whiten=whiten, dtype=torch.float32)
+    # point weights: these tests are about the response's variance algebra (q(W) adds the
+    # weights' variance to the activations', tests/layers/test_variational.py)
+    layer = VariationalGPNLayer(2, 4, whiten=whiten, dtype=torch.float32, weights="point")
     with torch.no_grad():
         layer.targets_scale_tril = 1e-3 * layer.targets_scale_tril
     return layer

@@ -62,11 +62,12 @@ def test_kl_equals_torch_kl_divergence(kwargs):
     q = MultivariateNormal(loc, covariance_matrix=cov)
     p = MultivariateNormal(torch.zeros_like(loc), covariance_matrix=_gram(layer))
     expected = kl_divergence(q, p).sum()
-    torch.testing.assert_close(layer.kl_divergence(), expected)
+    targets_kl = layer.kl_divergence() - layer.weight_kl_divergence()  # the q(U) part
+    torch.testing.assert_close(targets_kl, expected)
     # and in the coordinates of the sample site, with the layer's own distributions
     site_kl = kl_divergence(layer.target_posterior(), layer.target_prior()).sum()
-    torch.testing.assert_close(layer.kl_divergence(), site_kl)
-    assert layer.kl_divergence() > 0
+    torch.testing.assert_close(targets_kl, site_kl)
+    assert targets_kl > 0
 
 
 @pytest.mark.parametrize("kwargs", VARIANTS)
@@ -82,8 +83,9 @@ def test_response_weights_are_the_papers_beta_and_khat(kwargs):
 @pytest.mark.parametrize("whiten", [False, True])
 @pytest.mark.parametrize("mode", ["meanvar", "cov"])
 def test_q_equal_to_prior_gives_the_gp_prior(whiten, mode):
-    """The paper's check: mu_hat = 0, Sigma_hat = K gives Khat = 0, mean 0, variance 1 + sigma^2."""
-    layer = _layer(whiten=whiten)
+    """The paper's check: mu_hat = 0, Sigma_hat = K gives Khat = 0, mean 0, variance 1 + sigma^2
+    (point weights: the KL is then that of q(U) alone)."""
+    layer = _layer(whiten=whiten, weights="point")
     with torch.no_grad():
         layer.targets_loc.zero_()
         layer.targets_scale_tril = (
@@ -160,9 +162,13 @@ def test_target_conditional_broadcasts_over_particles():
 
 def test_initialisation():
     torch.manual_seed(0)
-    prior_like = VariationalGPNLayer(2, 3, targets_init="zero", targets_scale_init=1.0, dtype=DT)
+    prior_like = VariationalGPNLayer(
+        2, 3, targets_init="zero", targets_scale_init=1.0, dtype=DT, weights="point"
+    )
     torch.testing.assert_close(prior_like.kl_divergence(), torch.tensor(0.0, dtype=DT))
-    white = VariationalGPNLayer(2, 3, whiten=True, targets_init="zero", targets_scale_init=1.0)
+    white = VariationalGPNLayer(
+        2, 3, whiten=True, targets_init="zero", targets_scale_init=1.0, weights="point"
+    )
     assert abs(white.kl_divergence().item()) < 1e-5
     ident = VariationalGPNLayer(2, 3, targets_init="identity", targets_scale_init=1e-3, dtype=DT)
     a = torch.linspace(-1.5, 1.5, 11, dtype=DT)[:, None].expand(-1, 3)
@@ -222,3 +228,144 @@ def test_gradcheck_kl_and_propagation_wrt_variational_parameters(kwargs):
         grads = torch.autograd.grad(total, inputs)
         assert all(g.abs().sum() > 0 for g in grads)  # the substitution reaches the outputs
         assert torch.autograd.gradcheck(fn, inputs)
+
+
+# ---------------------------------------------------------------------- variational weights
+def _wlayer(m=3, n=4, scale=0.4, seed=0, **kwargs):
+    """A layer with ``q(W)`` of a non-trivial spread (``weight_scale`` ~ ``scale``)."""
+    layer = _layer(m, n, seed=seed, **kwargs)
+    with torch.no_grad():
+        layer.weight_scale = (torch.rand(m, n, dtype=DT) + 0.5) * scale
+    return layer
+
+
+def test_weights_default_to_variational_and_point_keeps_the_paper():
+    layer = VariationalGPNLayer(3, 2, dtype=DT)
+    assert layer.variational_weights and layer.weight_scale.shape == (3, 2)
+    point = VariationalGPNLayer(3, 2, dtype=DT, weights="point")
+    assert not point.variational_weights and "weight_scale" not in dict(point.named_parameters())
+    assert point.weight_kl_divergence() == 0
+    assert "weights='point'" in repr(point)
+
+
+@pytest.mark.parametrize("mode", ["meanvar", "cov"])
+def test_activation_moments_match_monte_carlo(mode):
+    """Moments of A = X W for Gaussian X (full covariance) and W ~ q(W), against sampling."""
+    from pyro_gpn.layers.variational import activation_moments
+
+    gen = torch.Generator().manual_seed(1)
+    s, m, n, k = 3, 4, 3, 200_000
+    mean = torch.randn(s, m, dtype=DT, generator=gen)
+    root = torch.randn(s, m, m, dtype=DT, generator=gen) * 0.4
+    cov = root @ root.mT + 0.05 * torch.eye(m, dtype=DT)
+    loc = torch.randn(m, n, dtype=DT, generator=gen)
+    var = torch.rand(m, n, dtype=DT, generator=gen) * 0.5 + 0.1
+    inputs = Moments(mean, cov=cov)
+    got = activation_moments(inputs if mode == "cov" else inputs.diagonal(), loc, var, mode)
+    xs = torch.distributions.MultivariateNormal(mean, cov).sample((k,))  # [K, S, M]
+    if mode == "meanvar":  # the diagonal mode sees independent inputs
+        xs = mean + cov.diagonal(dim1=-2, dim2=-1).sqrt() * torch.randn(k, s, m, dtype=DT)
+    ws = loc + var.sqrt() * torch.randn(k, m, n, dtype=DT)  # one W per draw, shared by samples
+    acts = xs @ ws  # [K, S, N]
+    assert_mc_mean(acts, got.mean, n_se=4.5)
+    assert_mc_variance(acts, got.variance, n_se=4.5)
+    if mode == "cov":
+        from tests.mc import assert_mc_covariance
+
+        assert_mc_covariance(acts, got.cov, n_se=4.5)
+    # the weights' variance is a visible part of the answer (the test can fail)
+    point = activation_moments(inputs if mode == "cov" else inputs.diagonal(), loc, None, mode)
+    assert (got.variance - point.variance).min() > 0.1
+
+
+def test_activation_moments_of_point_weights_and_mean_mode_are_the_linear_map():
+    from pyro_gpn.layers.variational import activation_moments
+
+    x = torch.randn(5, 3, dtype=DT)
+    loc, var = torch.randn(3, 2, dtype=DT), torch.rand(3, 2, dtype=DT)
+    det = activation_moments(Moments(x), loc, var, "meanvar")
+    torch.testing.assert_close(det.var, (x.square() @ var))  # deterministic inputs: E[x^2] v
+    assert activation_moments(Moments(x), loc, var, "mean").is_deterministic
+    torch.testing.assert_close(activation_moments(Moments(x), loc, None, "meanvar").mean, x @ loc)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(share="layer", whiten=True)])
+def test_propagate_with_variational_weights_matches_monte_carlo_over_q_w(kwargs):
+    """Observed inputs: the layer's output moments under q(W) q(U) are exact; compare with
+    W drawn from q(W) and the conditional response given the activation (law of total
+    variance)."""
+    layer = _wlayer(**kwargs)
+    x = torch.rand(5, 3, dtype=DT) * 2 - 1
+    k = 100_000
+    ws = layer.weight_posterior().sample((k,))  # [K, 3, 4]
+    acts = (x @ ws).reshape(-1, layer.out_features)  # [K * 5, 4]
+    with torch.no_grad():
+        mean, var = layer.conditional(acts, noise=True)
+        got = layer.propagate(x)
+    mean, var = mean.reshape(k, 5, -1), var.reshape(k, 5, -1)
+    total_mean = mean.mean(0)
+    total_var = var.mean(0) + mean.var(0)
+    se_mean = (var.mean(0) + mean.var(0)).sqrt() / k**0.5
+    assert ((total_mean - got.mean).abs() < 4.5 * se_mean).all()
+    torch.testing.assert_close(total_var, got.var, rtol=0.03, atol=1e-3)
+    # and the weights' spread matters here (otherwise the test could not fail)
+    point = layer.propagate(Moments(x), mode="mean")
+    assert (got.var - layer.noise_std.square()).max() > 0.05
+    assert (total_mean - point.mean).abs().max() > 0.01
+
+
+def test_weight_kl_equals_torch_kl_divergence_and_enters_the_layer_kl():
+    layer = _wlayer(m=5, n=3)
+    q = torch.distributions.Normal(layer.weight, layer.weight_scale)
+    p = torch.distributions.Normal(torch.zeros_like(layer.weight), 1 / 5**0.5)
+    expected = kl_divergence(q, p).sum()
+    torch.testing.assert_close(layer.weight_kl_divergence(), expected)
+    torch.testing.assert_close(
+        kl_divergence(layer.weight_posterior(), layer.weight_prior()).sum(), expected
+    )
+    targets_kl = kl_divergence(layer.target_posterior(), layer.target_prior()).sum()
+    torch.testing.assert_close(layer.kl_divergence(), targets_kl + expected)
+    wide = VariationalGPNLayer(5, 3, dtype=DT, weight_prior_scale=3.0)
+    assert wide.weight_prior().scale[0, 0] == pytest.approx(3.0 / 5**0.5)
+
+
+def test_tiny_weight_variance_is_the_point_layer():
+    """q(W) of vanishing spread gives the point-weight layer's moments (float64, 1e-10)."""
+    point = _layer(weights="point")
+    tiny = _layer()
+    with torch.no_grad():
+        tiny.weight_scale = torch.full_like(tiny.weight, 1e-9)
+    x = Moments(torch.randn(6, 3, dtype=DT), var=torch.rand(6, 3, dtype=DT) * 0.1)
+    for mode in ("meanvar", "cov"):
+        a, b = point.propagate(x, mode), tiny.propagate(x, mode)
+        torch.testing.assert_close(a.mean, b.mean, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(a.covariance, b.covariance, rtol=1e-8, atol=1e-10)
+
+
+def test_variational_weights_in_float32_agree_with_float64():
+    """float32 parameters (the GP algebra in float64) give the float64 moments to 1e-5."""
+    layer64 = _wlayer()
+    layer32 = VariationalGPNLayer(3, 4, num_inducing=6, dtype=torch.float32)
+    layer32.load_state_dict({k: v.float() for k, v in layer64.state_dict().items()})
+    x = torch.rand(7, 3, dtype=DT) * 4 - 2
+    with torch.no_grad():
+        a, b = layer64.propagate(x), layer32.propagate(x.float())
+    assert b.mean.dtype == torch.float32
+    torch.testing.assert_close(b.mean.double(), a.mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.var.double(), a.var, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(weights="bayes"), "weights"),
+        (dict(weight_prior_scale=0.0), "weight_prior_scale"),
+        (dict(weight_scale_init=-1.0), "weight_scale_init"),
+        (dict(weight_scale_init=float("nan")), "weight_scale_init"),
+    ],
+)
+def test_invalid_weight_options_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        VariationalGPNLayer(2, 3, **kwargs)
+    with pytest.raises(ValueError, match="weights"):
+        VariationalGPNLayer(2, 3, weights="point", dtype=DT).weight_posterior()

@@ -1,8 +1,13 @@
 """Tests of the non-parametric GPN model: site shapes, the prior covariance of
-eq:gpn_output_marginal, the train/test factorisation, and argument checks."""
+eq:gpn_output_marginal, the train/test factorisation, the exactness of the collapsed last hidden
+layer and of the integrated last layer, the leave-one-out terms, classification, and argument
+checks."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -43,7 +48,7 @@ def _sites(trace):
 @pytest.mark.parametrize("with_test", [True, False])
 def test_trace_sites_and_shapes(whiten, with_test):
     x, y, x_test = _data(m=2)
-    gpn = NonParametricGPN([2, 3, 2, 1], whiten=whiten)
+    gpn = NonParametricGPN([2, 3, 2, 1], whiten=whiten, collapse=False)
     trace = poutine.trace(gpn.model).get_trace(x, y, x_test if with_test else None)
     trace.compute_log_prob()
     sites = _sites(trace)
@@ -126,7 +131,7 @@ def test_prior_covariance_of_a_unit(layer):
         draws = _fixed_draws(gpn, {"W1": weight, "sigma1": sigma}, x, x_test, ["y_train", "y_test"])
         rows = torch.cat([draws["y_train"], draws["y_test"]], dim=-1)
     else:
-        gpn = NonParametricGPN([2, 3, 1], whiten=False)
+        gpn = NonParametricGPN([2, 3, 1], whiten=False, collapse=False)
         draws = _fixed_draws(
             gpn, {"W1": weight, "sigma1": sigma}, x, x_test, ["X1_train", "X1_test"]
         )
@@ -149,7 +154,7 @@ def test_whitened_and_centred_parametrisations_agree():
     }
     covs = []
     for whiten in (True, False):
-        gpn = NonParametricGPN([1, 2, 1], whiten=whiten)
+        gpn = NonParametricGPN([1, 2, 1], whiten=whiten, collapse=False)
         draws = _fixed_draws(gpn, params, x, x_test, ["y_train", "y_test"])
         covs.append(_empirical_cov(torch.cat([draws["y_train"], draws["y_test"]], dim=-1)))
     torch.testing.assert_close(covs[0], covs[1], atol=0.05, rtol=0.0)
@@ -214,3 +219,132 @@ def test_bad_arguments_raise(kwargs, match):
     kwargs = {"sizes": [2, 3, 1]} | kwargs
     with pytest.raises(ValueError, match=match):
         NonParametricGPN(**kwargs)
+
+
+def _collapsed_sites(whiten: bool, with_test: bool) -> dict:
+    x, y, x_test = _data(m=2)
+    gpn = NonParametricGPN([2, 3, 2, 1], whiten=whiten)
+    trace = poutine.trace(gpn.model).get_trace(x, y, x_test if with_test else None)
+    trace.compute_log_prob()
+    assert torch.isfinite(trace.log_prob_sum())
+    return {k: tuple(s["value"].shape) for k, s in _sites(trace).items()}
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_collapsed_sites_replace_the_last_hidden_layer(whiten):
+    """collapse=True (default): the last hidden layer's outputs give way to the last layer's
+    activations, one per row and output unit."""
+    p = "Za3" if whiten else "A3"
+    want = {"W1": (3, 2), "sigma1": (3,), ("Z1_train" if whiten else "X1_train"): (3, 6)}
+    want |= {"W2": (2, 3), "sigma2": (2,), "W3": (1, 2), f"{p}_train": (6,), "sigma3": (1,)}
+    want |= {"y_train": (1, 6)}
+    assert _collapsed_sites(whiten, False) == want
+    with_test = _collapsed_sites(whiten, True)
+    assert with_test[f"{p}_test"] == (4,) and with_test["y_test"] == (1, 4)
+
+
+def _log_evidence_collapsed(gpn, params, x, y, grid):
+    """log p(y | theta) of a [1, N, 1] network on two rows by 2-D quadrature over the two
+    activations of the collapsed model (a Gaussian in A, then the output layer's MVN)."""
+    model = poutine.condition(gpn.model, params)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(grid)
+    nodes, weights = torch.as_tensor(nodes), torch.as_tensor(weights / math.sqrt(2 * math.pi))
+    z = torch.stack(torch.meshgrid(nodes, nodes, indexing="ij"), -1).reshape(-1, 2)
+    w = (weights[:, None] * weights[None, :]).reshape(-1)
+    terms = []
+    for zi in z:  # whitened activations: A = L z with z ~ N(0, I) exactly
+        trace = poutine.trace(poutine.condition(model, {"Za2_train": zi})).get_trace(x, y)
+        terms.append(trace.nodes["y_train"]["fn"].log_prob(trace.nodes["y_train"]["value"]).sum())
+    return torch.logsumexp(torch.stack(terms) + w.log(), 0)
+
+
+def test_collapsed_last_hidden_layer_is_exact():
+    """p(y | theta) is the same whether the hidden outputs X^1 (4 dimensions here) or the
+    activations A^2 = X^1 W^2 (2 dimensions) are integrated: quadrature of the collapsed model
+    against a Monte Carlo average over X^1 of the uncollapsed one (standard error < 0.3 %)."""
+    x = torch.tensor([[-0.4], [0.9]], dtype=F64)
+    y = torch.tensor([0.3, -0.5], dtype=F64)
+    params = {
+        "W1": torch.tensor([[1.3], [-0.6]], dtype=F64),
+        "sigma1": torch.tensor([0.3, 0.2], dtype=F64),
+        "W2": torch.tensor([[0.8, 1.4]], dtype=F64),
+        "sigma2": torch.tensor([0.25], dtype=F64),
+    }
+    quad = _log_evidence_collapsed(NonParametricGPN([1, 2, 1]), params, x, y, 40)
+    full = NonParametricGPN([1, 2, 1], collapse=False)
+    num = 200_000
+    fixed = {k: v.expand(num, *v.shape) for k, v in params.items()}
+    trace = Predictive(
+        full.model, posterior_samples=fixed, parallel=True, return_sites=[]
+    ).get_vectorized_trace(x, y)
+    log_lik = trace.nodes["y_train"]["fn"].log_prob(trace.nodes["y_train"]["value"]).reshape(num)
+    mc = torch.logsumexp(log_lik, 0) - math.log(num)
+    assert abs(float(mc - quad)) < 0.01, (float(mc), float(quad))
+
+
+def test_integrated_last_layer_matches_its_latent_function():
+    """The Gaussian last layer is integrated in closed form. With its latent function values F
+    explicit, p(y) = p(y | F) p(F) / p(F | y) for every F (the identity of Bayes' rule): the
+    model's MVN log density equals that ratio at random F, built from the un-marginalised
+    pieces (F ~ N(0, K), y | F ~ N(F, sigma^2 I))."""
+    x, y, _ = _data(num_train=5, m=2)
+    gpn = NonParametricGPN([2, 1], jitter=1e-3)
+    weight, sigma = torch.tensor([[2.5, -1.7]], dtype=F64), torch.tensor([0.35], dtype=F64)
+    trace = poutine.trace(poutine.condition(gpn.model, {"W1": weight, "sigma1": sigma})).get_trace(
+        x, y
+    )
+    marginal = trace.nodes["y_train"]["fn"].log_prob(trace.nodes["y_train"]["value"]).sum()
+    k = gpn_kernel(x, None, weight[0]) + 1e-3 * torch.eye(5, dtype=F64)  # the model's jitter
+    noise = sigma.square() * torch.eye(5, dtype=F64)
+    prior = dist.MultivariateNormal(torch.zeros(5, dtype=F64), k)
+    post_cov = k - k @ torch.linalg.solve(k + noise, k)
+    post_mean = k @ torch.linalg.solve(k + noise, y)
+    posterior = dist.MultivariateNormal(post_mean, post_cov)
+    for seed in range(3):
+        f = torch.randn(5, generator=torch.Generator().manual_seed(seed), dtype=F64) * 0.3
+        f = post_mean + f
+        joint = dist.Normal(f, sigma).log_prob(y).sum() + prior.log_prob(f)
+        torch.testing.assert_close(joint - posterior.log_prob(f), marginal, rtol=0, atol=1e-5)
+
+
+def test_pointwise_log_likelihood_is_leave_one_out():
+    """Regression terms are log p(y_s | y_-s, theta) of the marginal MVN: log p(y) minus the
+    log density of y without row s."""
+    x, y, _ = _data(num_train=6, m=2)
+    gpn = NonParametricGPN([2, 1])
+    samples = {
+        "W1": torch.tensor([[[0.9, -0.4]], [[0.3, 1.2]]], dtype=F64),
+        "sigma1": torch.tensor([[0.35], [0.6]], dtype=F64),
+    }
+    terms = gpn.pointwise_log_likelihood(samples, x, y)
+    assert terms.shape == (2, 6)
+    for d in range(2):
+        w, s = samples["W1"][d, 0], samples["sigma1"][d]
+        cov = gpn_kernel(x, None, w) + (s.square() + gpn.jitter) * torch.eye(6, dtype=F64)
+        full = dist.MultivariateNormal(torch.zeros(6, dtype=F64), cov).log_prob(y)
+        for row in range(6):
+            keep = [i for i in range(6) if i != row]
+            rest = dist.MultivariateNormal(torch.zeros(5, dtype=F64), cov[keep][:, keep]).log_prob(
+                y[keep]
+            )
+            torch.testing.assert_close(terms[d, row], full - rest)
+
+
+@pytest.mark.parametrize("likelihood", ["bernoulli", "categorical"])
+def test_classification_sites(likelihood):
+    x, _, x_test = _data(m=2)
+    n_out = 1 if likelihood == "bernoulli" else 3
+    labels = torch.tensor([0, 1, 0, 1, 1, 0]) if n_out == 1 else torch.tensor([0, 2, 1, 2, 1, 0])
+    gpn = NonParametricGPN([2, 3, n_out], likelihood=likelihood)
+    trace = poutine.trace(gpn.model).get_trace(x, labels, x_test)
+    trace.compute_log_prob()
+    sites = {k: tuple(s["value"].shape) for k, s in _sites(trace).items()}
+    # no output noise: the latent function is the last layer's (whitened) output
+    assert "sigma2" not in sites and sites["Z2_train"] == (n_out, 6)
+    assert sites["y_train"] == (6,) and sites["y_test"] == (4,)
+    probs = trace.nodes["p_test"]["value"]
+    assert probs.shape == (4, 2 if n_out == 1 else 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(4, dtype=F64))
+    assert torch.isfinite(trace.log_prob_sum())
+    with pytest.raises(ValueError, match="y_train must hold integer class labels"):
+        gpn.model(x, labels + 5)

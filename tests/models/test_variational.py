@@ -20,6 +20,7 @@ CONFIGS = [
     dict(sizes=[2, 3, 2], head="gaussian", q_cov="diag", share="layer"),
     dict(sizes=[2, 3, 4], head="softmax"),
     dict(sizes=[2, 3, 2, 4], head="softmax", whiten=True, q_cov="diag", mode="cov"),
+    dict(sizes=[2, 3, 1], head="gaussian", weights="point"),
 ]
 
 
@@ -66,12 +67,19 @@ def test_trace_elbo_runs_without_site_mismatch(config):
     num_layers = vgpn.num_layers
     assert {f"layer{l}.targets" for l in range(num_layers)} <= latent
     assert {f"layer{l}.response" for l in range(num_layers)} <= latent
+    weights = {f"layer{l}.weight" for l in range(num_layers)}
+    if config.get("weights") == "point":
+        assert not weights & latent
+    else:  # the default: W is latent, q(W) in the guide, outside the data plate
+        assert weights <= latent
+        assert model_trace.nodes["layer0.weight"]["value"].shape == vgpn.layers[0].weight.shape
+        assert model_trace.nodes["layer0.weight"]["scale"] == 1.0
     assert model_trace.nodes["obs"]["is_observed"]
     # the local sites have identical densities in model and guide: they cancel in Trace_ELBO
     model_trace.compute_log_prob()
     guide_trace.compute_log_prob()
     for name in latent:
-        if not name.endswith(".targets"):
+        if not name.endswith((".targets", ".weight")):
             torch.testing.assert_close(
                 model_trace.nodes[name]["log_prob"], guide_trace.nodes[name]["log_prob"]
             )
@@ -124,10 +132,11 @@ def test_prior_predictive_is_the_gp_prior(whiten):
 def test_predict_agrees_with_predictive_moments_for_one_layer():
     """One layer with observed inputs: the propagated moments are exact."""
     config = dict(sizes=[2, 2], head="gaussian")
-    vgpn = _net(config, targets_scale_init=0.5)
+    vgpn = _net(config, targets_scale_init=0.5, weight_scale_init=0.8)
     x, _ = _data(config, batch=5)
     samples = vgpn.sample_predictive(x, num_samples=4000)
     assert samples["obs"].shape == (4000, 5, 2)
+    assert samples["layer0.weight"].shape == (4000, 1, 2, 2)  # q(W) reaches the predictive
     assert samples["layer0.targets"].shape == (4000, 1, 2, 5)  # plate-aligned
     moments = vgpn(x)
     assert_mc_mean(samples["obs"], moments.mean, n_se=4.5)
@@ -154,6 +163,7 @@ def test_parameters_are_registered_with_the_param_store():
     names = set(capture.trace.nodes)
     expected = {
         "layers.0.weight",
+        "layers.0.weight_scale",
         "layers.0.lengthscales",
         "layers.0.noise_std",
         "layers.0.response.targets_loc",

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
+import pyro_gpn.moments.cross as cross
 import pyro_gpn.moments.propagate as propagate
 from pyro_gpn.moments import (
     Moments,
@@ -158,7 +159,7 @@ def test_chunked_covariance_equals_unchunked_with_gradients(monkeypatch):
 
     whole = run()
     pairs = 4 * 3 // 2
-    monkeypatch.setattr(propagate, "COV_CHUNK_ELEMENTS", pairs * 6 * 6 * 2)  # two samples a chunk
+    monkeypatch.setattr(cross, "COV_CHUNK_ELEMENTS", pairs * 6 * 6 * 2)  # two samples a chunk
     chunked = run()
     for w, c in zip(whole, chunked):
         torch.testing.assert_close(w, c)

@@ -1,0 +1,166 @@
+"""The NUTS runs of ``docs/results/nuts.md``: convergence (r-hat, bulk ESS, divergences) on the
+identified quantities, wall time and test log-likelihood for one configuration.
+
+Runs (``--run``):
+
+* ``synthetic``: ``NonParametricGPN(sizes)`` on the routes' synthetic problem
+  (``synthetic_1d(60, 100, seed=0)``: 54 training rows, 100 test rows);
+* ``uci``: ``NonParametricGPN(sizes)`` on a UCI regression split (``--dataset``, ``--split``),
+  the training split without its validation hold-out;
+* ``sampled-u``: ``SampledTargetsGPN(sizes)`` on a UCI regression split, optionally the first
+  ``--max-train`` training rows;
+* ``moons``: classification, two interleaving half circles (``sklearn.datasets.make_moons``,
+  ``--n-train`` rows, noise 0.2), ``--model nonparametric`` or ``sampled-u``.
+
+r-hat and ESS are ArviZ's rank-normalised split r-hat and bulk ESS over the posterior predictive
+test outputs (regression: ``y_test``; classification: the class probabilities ``p_test``) and
+the noise scales; latent sites (weights, hidden outputs, targets) are not identified (unit
+permutations, sign flips) and are not reported. Test log-likelihood in original target units:
+``lpd`` is the mean over test rows of ``log mean_d p(y_j | theta_d)``; ``ll_gauss`` that of the
+moment-matched Gaussian of the predictive draws (what ``docs/results/routes.md`` reports).
+
+Example::
+
+    OMP_NUM_THREADS=1 python benchmarks/nuts_runs.py --run synthetic --sizes 1 4 1 \\
+        --chains 4 --samples 500 --warmup 500 --out docs/results/nuts_runs/synthetic.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pyro_gpn.diagnostics import heldout_lpd_from_draws, max_rhat, min_ess
+from pyro_gpn.inference.mcmc import run_nuts
+from pyro_gpn.models.nonparametric import NonParametricGPN
+from pyro_gpn.models.sampled_targets import SampledTargetsGPN
+
+
+def _moons(n_train: int, n_test: int, seed: int):
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_train + n_test, noise=0.2, random_state=seed)
+    x = (x - x[:n_train].mean(0)) / x[:n_train].std(0)
+    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", choices=["synthetic", "uci", "sampled-u", "moons"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 1])
+    parser.add_argument("--dataset", default="yacht")
+    parser.add_argument("--split", type=int, default=0)
+    parser.add_argument("--max-train", type=int, default=None)
+    parser.add_argument("--n-train", type=int, default=100)
+    parser.add_argument("--model", default="nonparametric")
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metric", default="dense-block")
+    parser.add_argument("--max-tree-depth", type=int, default=10)
+    parser.add_argument("--target-accept", type=float, default=0.8)
+    parser.add_argument("--num-inducing", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    y_std, task = 1.0, "regression"
+    if args.run == "synthetic":
+        from pyro_gpn.data import synthetic_1d
+
+        data = synthetic_1d(60, 100, seed=0)
+    elif args.run in ("uci", "sampled-u"):
+        from pyro_gpn.data import load_dataset
+
+        data = load_dataset(args.dataset, seed=0, split=args.split)
+    if args.run == "moons":
+        task = "classification"
+        x, y, x_test, y_test = _moons(args.n_train, 200, args.seed)
+    else:
+        x, y = data.x_train.double(), data.y_train.double()[:, 0]
+        x_test, y_test = data.x_test.double(), data.y_test.double()[:, 0]
+        y_std = float(data.y_std.reshape(-1)[0])
+        if args.max_train is not None:
+            x, y = x[: args.max_train], y[: args.max_train]
+    sampled_u = args.run == "sampled-u" or args.model == "sampled-u"
+    if sampled_u:
+        likelihood = "gaussian" if task == "regression" else "bernoulli"
+        model = SampledTargetsGPN(args.sizes, likelihood=likelihood, num_inducing=args.num_inducing)
+    else:
+        model = NonParametricGPN(
+            args.sizes,
+            max_samples=len(x) + len(x_test),
+            likelihood="gaussian" if task == "regression" else "bernoulli",
+        )
+    cpu = time.process_time()
+    result = run_nuts(
+        model,
+        x,
+        y,
+        x_test,
+        num_samples=args.samples,
+        warmup_steps=args.warmup,
+        num_chains=args.chains,
+        seed=args.seed,
+        metric=args.metric,
+        max_tree_depth=args.max_tree_depth,
+        target_accept_prob=args.target_accept,
+    )
+    cpu = time.process_time() - cpu
+    idata = result.to_arviz()
+    noise = [s for s in model.parameter_sites() if s.startswith("sigma")]
+    pred = "y_test" if task == "regression" else "p_test"
+    rhat = {
+        "predictive": max_rhat(idata, [pred], group="posterior_predictive"),
+        "noise": max_rhat(idata, noise) if noise else None,
+    }
+    ess = {
+        "predictive": min_ess(idata, [pred], group="posterior_predictive"),
+        "noise": min_ess(idata, noise) if noise else None,
+    }
+    lpd = heldout_lpd_from_draws(result.test_log_density(y_test))
+    stats = result.sample_stats
+    steps = np.concatenate([s["n_steps"] for s in stats]) if stats else np.array([np.nan])
+    report = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "rows": {"train": len(x), "test": len(x_test)},
+        "machine": f"{platform.machine()}, torch {torch.__version__}, threads "
+        f"{torch.get_num_threads()}",
+        "load_before_end": " ".join(f"{v:.1f}" for v in __import__("os").getloadavg()),
+        "wall_s": round(result.wall_time_s, 1),
+        "init_s": round(result.init_time_s, 1),
+        "cpu_s": round(cpu, 1),
+        "max_rhat": rhat,
+        "min_bulk_ess": ess,
+        "divergences": int(result.num_divergences),
+        "divergence_rate": result.divergence_rate,
+        "mean_leapfrog_steps": float(steps.mean()),
+        "step_size": [round(s["step_size"][-1], 4) for s in stats] if stats else None,
+        "test_lpd": float(lpd.mean() - math.log(y_std)),
+    }
+    if task == "regression":
+        draws = result.y_test
+        mean, var = draws.mean(0), draws.var(0)
+        gauss = -0.5 * (math.log(2 * math.pi) + var.log() + (y_test - mean) ** 2 / var)
+        report["test_ll_gauss"] = float(gauss.mean() - math.log(y_std))
+        report["test_rmse"] = float((mean - y_test).square().mean().sqrt() * y_std)
+    else:
+        probs = result.predict().probs
+        report["test_accuracy"] = float((probs.argmax(-1) == y_test.long()).double().mean())
+    print(json.dumps(report))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

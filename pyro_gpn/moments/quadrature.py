@@ -1,0 +1,200 @@
+r"""The narrow regime of the output variance (issue 13, ``docs/results/accuracy.md``).
+
+Where the activation ``a ~ N(mu, v)`` is narrow against the lengthscale
+(``sqrt(v) <= GH_MAX_STD_RATIO lambda``) and the closed form
+``1 - tr[(C - beta beta^T) Omega] - mu^2`` is not provably accurate (its rounding-error bound,
+:func:`closed_form_error_scale`, exceeds :data:`CLOSED_FORM_RTOL` of its value: ``K + S``
+ill-conditioned, ``|beta|^2`` huge), ``Var f = E[1 - alpha(a)^T C alpha(a)] + Var[m(a)]`` is
+evaluated by Gauss-Hermite quadrature with the node count of each row's ``sqrt(v) / lambda``
+(:data:`GH_TIERS`)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CLOSED_FORM_RTOL",
+    "GH_MAX_STD_RATIO",
+    "GH_TIERS",
+    "closed_form_error_scale",
+    "gauss_hermite",
+    "gauss_hermite_nodes",
+]
+
+
+#: The narrow regime: activation standard deviation at most this multiple of the lengthscale
+#: (beyond it the closed form is accurate: float64 relative error <= 1e-6 from the ratio 1.2 in
+#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0).
+GH_MAX_STD_RATIO = 1.25
+
+
+#: Gauss-Hermite node counts of the narrow regime: ``(ratio, nodes)``, the first row whose
+#: ratio is at least the largest ``sqrt(v) / lambda`` of the narrow samples in the call gives the
+#: node count (measured in float64: <= 3e-7 relative at each row's ratio, 1e-9 well inside).
+#: Deterministic activations (``v = 0``) need one node.
+GH_TIERS: tuple[tuple[float, int], ...] = (
+    (0.0, 1),
+    (0.1, 8),
+    (0.2, 12),
+    (0.4, 20),
+    (0.75, 32),
+    (1.0, 48),
+    (1.25, 64),
+)
+
+
+#: The closed-form variance is used in the narrow regime too wherever its rounding-error bound
+#: (:func:`closed_form_error_scale` times the magnitude of its terms) is at most this fraction
+#: of its value: well-conditioned units (``K + S`` far from singular) pay no quadrature.
+CLOSED_FORM_RTOL = 1e-8
+
+
+def closed_form_error_scale(num_points: int, dtype: torch.dtype) -> float:
+    """Rounding-error factor of the closed-form variance ``1 - tr[(C - beta beta^T) Omega] -
+    mu^2``: each of its ``2R - 1`` midpoint terms (and the ``R`` products summed into each) is
+    exact to ``~(2R + 8) eps`` relative, so the sum is wrong by at most this factor times the sum
+    of the terms' magnitudes ``1 + tr[(|C| + |beta| |beta|^T) Omega] + mu^2`` (a factor 4 of
+    margin)."""
+    return 4.0 * (2 * num_points + 8) * torch.finfo(dtype).eps
+
+
+def gauss_hermite_nodes(std_ratio: float) -> int:
+    """Node count of :data:`GH_TIERS` for the largest ``sqrt(v) / lambda`` of a call."""
+    for ratio, nodes in GH_TIERS:
+        if std_ratio <= ratio:
+            return nodes
+    return GH_TIERS[-1][1]
+
+
+@functools.lru_cache(maxsize=16)
+def gauss_hermite(
+    num_nodes: int, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Probabilists' Gauss-Hermite rule: nodes ``z`` and weights ``w`` (summing to 1) with
+    ``E[g(Z)] ~ sum_i w_i g(z_i)`` for ``Z ~ N(0, 1)``, exact for polynomials of degree
+    ``< 2 num_nodes``. Each ``[num_nodes]``."""
+    import numpy as np
+
+    nodes, weights = np.polynomial.hermite_e.hermegauss(num_nodes)
+    weights = weights / weights.sum()
+    return (
+        torch.tensor(nodes, dtype=dtype, device=device),
+        torch.tensor(weights, dtype=dtype, device=device),
+    )
+
+
+def _safe_sqrt(x: Tensor) -> Tensor:
+    """``sqrt(max(x, 0))`` with a zero (not infinite) derivative at ``x <= 0``."""
+    positive = x > 0
+    return torch.where(positive, torch.where(positive, x, 1).sqrt(), 0)
+
+
+class _NodeValues:
+    """The mean function at the Gauss-Hermite nodes of each activation (narrow regime)."""
+
+    def __init__(self, centred: Tensor, variance: Tensor, std: Tensor, weights: Tensor):
+        self.centred = centred  # [S, N, G]: m(a_i) - sum_i w_i m(a_i)
+        self.variance = variance  # [S, N]: E[1 - alpha^T C alpha] + Var[m(a)], noise-free
+        self.std = std  # [S, N]
+        self.weights = weights  # [G]
+
+
+def _node_variance_rows(
+    out_var: Tensor,
+    rows: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+) -> Tensor:
+    r"""``out_var`` ``[S, N]`` with the entries ``rows`` (bool ``[S, N]``) replaced by their
+    Gauss-Hermite variance (:func:`_node_values`), each with the node count of its own
+    ``sqrt(v) / lambda`` (:data:`GH_TIERS`): the rows of one tier are gathered, evaluated with
+    their units' parameters and scattered back."""
+    num_units = mean.shape[-1]
+    ls2 = lengthscales.expand(num_units).square()
+    std_ratio = (var.detach() / ls2.detach()).clamp_min(0).sqrt()
+    bounds = torch.tensor([r for r, _ in GH_TIERS], dtype=std_ratio.dtype, device=mean.device)
+    tier = torch.searchsorted(bounds, std_ratio.contiguous()).clamp_max(len(GH_TIERS) - 1)
+    points = inducing_points.expand(num_units, -1)
+    beta = beta.expand(num_units, -1)
+    flat = out_var.reshape(-1)
+    for t in tier[rows].unique().tolist():
+        sel = (rows & (tier == t)).reshape(-1).nonzero().squeeze(-1)
+        unit = sel % num_units
+        z, w = gauss_hermite(GH_TIERS[t][1], mean.dtype, mean.device)
+        m_sel = mean.reshape(-1)[sel]
+        std = _safe_sqrt(var.reshape(-1)[sel])
+        nodes = m_sel.unsqueeze(-1) + std.unsqueeze(-1) * z  # [P, G]
+        diff = nodes.unsqueeze(-1) - points[unit].unsqueeze(-2)  # [P, G, R]
+        alpha = (diff.square() * (-0.5 / ls2[unit])[:, None, None]).exp()
+        values = (alpha @ beta[unit].unsqueeze(-1)).squeeze(-1)
+        centred = values - (values @ w).unsqueeze(-1)
+        if variance_cholesky is not None:
+            chol = variance_cholesky.expand(num_units, -1, -1)[unit]
+            solved = torch.linalg.solve_triangular(chol, alpha.mT, upper=False)  # [P, R, G]
+            if variance_inner is None:
+                quad = solved.square().sum(-2)
+            else:
+                inner = variance_inner.expand(num_units, -1, -1)[unit]
+                quad = (solved * (inner @ solved)).sum(-2)
+        else:
+            reduction = variance_reduction.expand(num_units, -1, -1)[unit]
+            quad = ((alpha @ reduction) * alpha).sum(-1)
+        flat = flat.index_put((sel,), ((1 - quad) + centred.square()) @ w)
+    return flat.reshape(out_var.shape)
+
+
+def _node_values(
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None = None,
+    num_nodes: int = GH_TIERS[-1][1],
+) -> _NodeValues:
+    r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
+
+    With ``a_i = mu + sqrt(v) z_i``: ``m_i = alpha(a_i)^T beta`` (a linear form: accurate
+    however large and alternating ``beta`` is), ``q_i = alpha(a_i)^T C alpha(a_i)`` or, given
+    ``L`` with ``C = (L L^T)^-1``, ``q_i = |L^-1 alpha(a_i)|^2`` by a triangular solve
+    (``x^T M x`` with ``x = L^-1 alpha(a_i)`` given ``M = variance_inner``) (accurate
+    to ~eps where an explicit ``C`` loses ``eps * cond(K + S)``), and
+    ``Var = sum_i w_i [(1 - q_i) + (m_i - sum_j w_j m_j)^2]``: no cancellation of terms of size
+    ``|beta|^2``.
+    """
+    num_units = mean.shape[-1]
+    z, w = gauss_hermite(num_nodes, mean.dtype, mean.device)
+    std = _safe_sqrt(var)
+    nodes = mean.unsqueeze(-1) + std.unsqueeze(-1) * z  # [S, N, G]
+    points = inducing_points.expand(num_units, -1)
+    ls2 = lengthscales.expand(num_units).square()
+    diff = nodes.unsqueeze(-1) - points.unsqueeze(-2)  # [S, N, G, R]
+    alpha = (diff.square() * (-0.5 / ls2)[:, None, None]).exp()
+    values = torch.einsum("sngr,nr->sng", alpha, beta.expand(num_units, -1))
+    centred = values - (values @ w).unsqueeze(-1)
+    if variance_cholesky is not None:
+        chol = variance_cholesky.expand(num_units, -1, -1)
+        rhs = alpha.permute(1, 3, 0, 2).reshape(num_units, alpha.shape[-1], -1)  # [N, R, S*G]
+        solved = torch.linalg.solve_triangular(chol, rhs, upper=False)
+        if variance_inner is None:
+            quad = solved.square().sum(-2)
+        else:
+            inner = variance_inner.expand(num_units, -1, -1)
+            quad = (solved * (inner @ solved)).sum(-2)
+        quad = quad.reshape(num_units, mean.shape[0], -1).permute(1, 0, 2)
+    else:
+        reduction = variance_reduction.expand(num_units, -1, -1)
+        quad = torch.einsum("sngr,nrt,sngt->sng", alpha, reduction, alpha)
+    variance = ((1 - quad) + centred.square()) @ w
+    return _NodeValues(centred, variance, std, w)

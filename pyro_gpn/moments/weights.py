@@ -1,0 +1,95 @@
+"""Parameter-only part of a GPN layer: the virtual observations' weights ``beta``, ``kappa``
+and the Cholesky factor of ``K(V, V) + diag(S)`` (``eq:gpn_normal_alpha_kappa``), computed
+once per step (not per sample)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..kernels import squared_exponential
+from .backend import cpu_parameter_kernels
+
+__all__ = [
+    "safe_cholesky",
+    "virtual_observation_weights",
+]
+
+
+def virtual_observation_weights(
+    inducing_points: Tensor,
+    targets: Tensor,
+    target_variances: Tensor,
+    lengthscales: Tensor,
+    jitter: float = 0.0,
+    with_kappa: bool = True,
+    with_cholesky: bool = False,
+) -> tuple[Tensor | None, Tensor] | tuple[Tensor | None, Tensor, Tensor]:
+    """GP-regression weights of the virtual observations (``eq:gpn_normal_alpha_kappa``).
+
+    Args:
+        inducing_points: ``[N | 1, R]`` inducing points ``V``.
+        targets: ``[N | 1, R]`` targets ``U``.
+        target_variances: ``[N | 1, R]`` variances ``S`` (positive).
+        lengthscales: ``[N | 1]``.
+        jitter: added to the diagonal of ``K(V, V) + diag(S)``.
+        with_kappa: also return ``kappa`` (needed for variances, not for means).
+        with_cholesky: also return the lower Cholesky factor ``L`` of ``K(V, V) + diag(S)``,
+            the ``variance_cholesky`` of :func:`response_moments` (the accurate conditional
+            variance ``1 - |L^-1 alpha(a)|^2``).
+
+    Returns:
+        ``kappa = (K(V, V) + diag(S))^-1`` of shape ``[N | 1, R, R]`` (or ``None``),
+        ``beta = kappa U`` of shape ``[N | 1, R]``, and with ``with_cholesky`` ``L``
+        ``[N | 1, R, R]``. ``beta`` comes from two triangular solves with ``L``. ``kappa`` is
+        the LU-based inverse, symmetrised: measured against 50-digit arithmetic
+        (``docs/results/accuracy.md``) it gives ``alpha^T kappa alpha`` more accurately than
+        ``cholesky_inverse`` when ``K + S`` is ill-conditioned; where that matters the variance
+        path uses ``L`` instead.
+    """
+    if not with_cholesky and cpu_parameter_kernels(
+        inducing_points, targets, target_variances, lengthscales
+    ):
+        from .cpu_kernels import NotPositiveDefinite, cpu_virtual_observation_weights
+
+        try:
+            kappa, beta = cpu_virtual_observation_weights(
+                inducing_points, targets, target_variances, lengthscales, jitter
+            )
+            return (kappa if with_kappa else None), beta
+        except NotPositiveDefinite:
+            pass  # the reference path below retries with more jitter
+    gram = squared_exponential(inducing_points, inducing_points, lengthscales)
+    gram = gram + torch.diag_embed(target_variances + jitter)
+    chol = safe_cholesky(gram)
+    beta = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)
+    kappa = None
+    if with_kappa:
+        kappa = torch.linalg.inv(gram)
+        kappa = 0.5 * (kappa + kappa.mT)
+    if with_cholesky:
+        return kappa, beta, chol
+    return kappa, beta
+
+
+def safe_cholesky(matrix: Tensor, max_tries: int = 4) -> Tensor:
+    """Lower Cholesky factor of the symmetric positive definite ``[..., R, R]`` ``matrix``.
+
+    When rounding makes a numerically singular ``matrix`` (a long lengthscale and a target
+    variance near the dtype's resolution) indefinite, retries with ``10^k * eps * max diag``
+    added to the diagonal, ``k = 0 .. max_tries - 1``, and raises a clear error after that.
+    """
+    chol, info = torch.linalg.cholesky_ex(matrix)
+    if not bool((info > 0).any()):
+        return chol
+    eps = torch.finfo(matrix.dtype).eps
+    scale = torch.diagonal(matrix, dim1=-2, dim2=-1).amax(-1, keepdim=True).detach()
+    for k in range(max_tries):
+        extra = torch.diag_embed((10.0**k * eps * scale).expand(matrix.shape[:-1]))
+        chol, info = torch.linalg.cholesky_ex(matrix + extra)
+        if not bool((info > 0).any()):
+            return chol
+    raise ValueError(
+        "K(V, V) + diag(S) is not positive definite in "
+        f"{matrix.dtype} (increase the target variances or the jitter, or compute in float64)"
+    )
