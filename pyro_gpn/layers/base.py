@@ -44,7 +44,7 @@ from .._validation import (
     check_shape,
 )
 from ..moments.gaussian import Moments
-from ..moments.propagate import MODES, Mode, is_equidistant, response_moments
+from ..moments.propagate import MODES, Mode, is_equidistant
 
 __all__ = ["GPNLayerBase", "Response", "SHARE_OPTIONS"]
 
@@ -391,35 +391,25 @@ class GPNLayerBase(PyroModule):
             )
         return inputs
 
+    def activation_moments(self, inputs: Moments, mode: Mode = "meanvar") -> Moments:
+        """Moments of the activations ``A = X W`` given checked input :class:`Moments`
+        (``eq:gpn_normal_a``; all variances zero in ``"mean"`` mode).
+
+        Shape:
+            inputs ``[S, M]`` -> activations ``[S, N]`` (``var [S, N]`` or ``cov [S, N, N]``).
+        """
+        if mode == "mean":
+            return Moments(inputs.mean @ self.weight, validate=False)
+        if mode == "cov":
+            return inputs.linear_full(self.weight)
+        return inputs.diagonal().linear(self.weight)
+
     def _propagate(self, inputs: Moments, mode: Mode = "meanvar", noise: bool = True) -> Moments:
-        """:meth:`propagate` of checked :class:`Moments` (the network's inner layers)."""
-        if mode == "mean":
-            activations = Moments(inputs.mean @ self.weight, validate=False)
-        elif mode == "cov":
-            activations = inputs.linear_full(self.weight)
-        else:
-            activations = inputs.diagonal().linear(self.weight)
-        chol = inner = None
-        if mode == "mean":
-            beta, reduction = self.response_mean_weights(), None
-        elif self._needs_factors():
-            beta, reduction, chol, inner = self.response_factored_weights()
-        else:
-            beta, reduction = self.response_weights()
-        out_dtype = activations.mean.dtype
-        outputs = response_moments(
-            activations.to(self.compute_dtype) if self.compute_dtype else activations,
-            self.compute_inducing_points(),
-            self.to_compute(self.lengthscales),
-            beta,
-            reduction,
-            self._compute_noise_var() if noise else None,
-            mode,
-            equidistant=self._equidistant,
-            variance_cholesky=chol,
-            variance_inner=inner,
-        )
-        return outputs.to(out_dtype)
+        """:meth:`propagate` of checked :class:`Moments` (the network's inner layers): the
+        activations' moments, then the response (:func:`~pyro_gpn.layers.respond.respond`)."""
+        from .respond import respond
+
+        return respond(self, self.activation_moments(inputs, mode), mode, noise)
 
     def forward(self, inputs: Moments | Tensor, mode: Mode = "meanvar") -> Moments:
         """:meth:`propagate` with output noise.

@@ -1,23 +1,26 @@
-"""The response half of a layer's propagation, for layers whose activations are not ``X W``.
+"""The response half of every layer's propagation.
 
 :meth:`GPNLayerBase.propagate <pyro_gpn.layers.base.GPNLayerBase.propagate>` computes the
-activation moments of a dense projection and hands them to
-:func:`~pyro_gpn.moments.response_moments` with the layer's response weights. Convolutional and
-recurrent layers (:mod:`pyro_gpn.layers.conv`, :mod:`pyro_gpn.layers.recurrent`) compute their
-activation moments differently but respond exactly as the dense layer does; this module is that
-second half, with the same precision policy (``compute_dtype``, Cholesky factors below float64),
-so that no layer repeats the response algebra.
+activation moments (a dense projection, or ``q(W)``'s for variational weights) and hands them to
+:func:`respond`, which applies :func:`~pyro_gpn.moments.response_moments` with the layer's
+response weights. Convolutional and recurrent layers (:mod:`pyro_gpn.layers.conv`,
+:mod:`pyro_gpn.layers.recurrent`) compute their activation moments differently but respond
+through the same function, with the same precision policy (``compute_dtype``, Cholesky factors
+below float64), so that no layer repeats the response algebra.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
-from .base import GPNLayerBase
+
+if TYPE_CHECKING:
+    from .base import GPNLayerBase
 
 __all__ = ["ResponseParts", "respond", "response_parts"]
 

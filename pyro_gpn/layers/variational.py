@@ -91,10 +91,9 @@ from pyro.nn import PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from .._validation import check_finite, check_ndim, check_tensor
 from ..kernels import squared_exponential
 from ..moments.gaussian import Moments
-from ..moments.propagate import MODES, Mode, response_moments
+from ..moments.propagate import Mode
 from .base import GPNLayerBase, Response
 
 __all__ = [
@@ -432,51 +431,17 @@ class VariationalGPNLayer(GPNLayerBase):
         """``KL(q(U) || p(U)) + KL(q(W) || p(W))``, a scalar in the parameters' dtype."""
         return super().kl_divergence() + self.weight_kl_divergence()
 
-    def propagate(
-        self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True
-    ) -> Moments:
-        """Moments of the layer's outputs under ``q(W)`` (and ``q(U)``) given the inputs'.
-
-        As :meth:`GPNLayerBase.propagate <pyro_gpn.layers.base.GPNLayerBase.propagate>`, with
-        the activations' moments of :func:`activation_moments` (the variance of ``q(W)``
-        included). ``mode="mean"`` and point weights are the base's.
+    def activation_moments(self, inputs: Moments, mode: Mode = "meanvar") -> Moments:
+        """Moments of the activations ``A = X W`` under ``q(W)`` given checked input
+        :class:`Moments` (:func:`activation_moments`, the variance of ``q(W)`` included);
+        ``mode="mean"`` and point weights are the base's.
 
         Shape:
-            inputs ``[S, M]`` -> outputs ``[S, N]`` (``var [S, N]`` or ``cov [S, N, N]``).
+            inputs ``[S, M]`` -> activations ``[S, N]`` (``var [S, N]`` or ``cov [S, N, N]``).
         """
         if not self.variational_weights or mode == "mean":
-            return super().propagate(inputs, mode, noise)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if isinstance(inputs, Tensor):
-            check_tensor("inputs", inputs)
-            check_ndim("inputs", inputs, 2)
-            check_finite("inputs", inputs)
-            inputs = Moments(inputs, validate=False)
-        if inputs.num_features != self.in_features:
-            raise ValueError(
-                f"inputs must have {self.in_features} features, got {inputs.num_features}"
-            )
-        activations = activation_moments(inputs, self.weight, self.weight_var(), mode)
-        chol = inner = None
-        if self._needs_factors():
-            beta, reduction, chol, inner = self.response_factored_weights()
-        else:
-            beta, reduction = self.response_weights()
-        out_dtype = activations.mean.dtype
-        outputs = response_moments(
-            activations.to(self.compute_dtype) if self.compute_dtype else activations,
-            self.compute_inducing_points(),
-            self.to_compute(self.lengthscales),
-            beta,
-            reduction,
-            self._compute_noise_var() if noise else None,
-            mode,
-            equidistant=self._equidistant,
-            variance_cholesky=chol,
-            variance_inner=inner,
-        )
-        return outputs.to(out_dtype)
+            return super().activation_moments(inputs, mode)
+        return activation_moments(inputs, self.weight, self.weight_var(), mode)
 
     def prior_scale_tril(self) -> Tensor:
         """``[N | 1, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I``."""
