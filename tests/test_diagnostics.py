@@ -12,6 +12,8 @@ import torch
 from pyro.infer import MCMC, NUTS, Predictive
 
 from pyro_gpn.diagnostics import (
+    compare_heldout_lpd,
+    heldout_lpd_from_draws,
     max_rhat,
     min_ess,
     num_divergences,
@@ -129,3 +131,46 @@ def test_to_inference_data_checks_its_inputs(mcmc):
         to_inference_data({"mu": torch.zeros(3)})
     with pytest.raises(ValueError, match="posterior_predictive"):
         to_inference_data(mcmc, posterior_predictive={"y": torch.zeros(7, 3)})
+
+
+def test_pointwise_log_likelihood_and_sample_stats_groups(mcmc):
+    """Supplied pointwise terms become the log_likelihood group (chain-major reshaped, so that
+    az.loo sees the same terms as ArviZ's own computation) and extra stats join sample_stats."""
+    samples = mcmc.get_samples()
+    y = mcmc._args[0]
+    terms = dist.Normal(samples["mu"][:, None], 1.0).log_prob(y)  # [120, 20]
+    stats = {"energy": np.arange(120.0).reshape(2, 60)}
+    idata = to_inference_data(mcmc, log_likelihood={"y": terms}, sample_stats=stats)
+    reference = to_inference_data(mcmc, log_likelihood=True)
+    np.testing.assert_allclose(
+        idata.log_likelihood["y"].values, reference.log_likelihood["y"].values, rtol=1e-5
+    )
+    assert idata.sample_stats["energy"].values[1, 0] == 60.0
+    assert az.loo(idata).elpd_loo == pytest.approx(az.loo(reference).elpd_loo, rel=1e-5)
+    with pytest.raises(ValueError, match="sample_stats"):
+        to_inference_data(mcmc, sample_stats={"energy": np.zeros(120)})
+    with pytest.raises(ValueError, match="log_likelihood"):
+        to_inference_data(mcmc, log_likelihood={"y": terms[:7]})
+
+
+def test_heldout_lpd_is_the_log_mean_density():
+    rng = np.random.default_rng(0)
+    logs = rng.normal(-2.0, 3.0, size=(500, 4))
+    want = np.log(np.mean(np.exp(logs.astype(np.longdouble)), axis=0)).astype(float)
+    np.testing.assert_allclose(heldout_lpd_from_draws(torch.as_tensor(logs)), want, rtol=1e-10)
+    with pytest.raises(ValueError, match="log_density"):
+        heldout_lpd_from_draws(np.zeros(5))
+
+
+def test_compare_heldout_lpd_ranks_by_the_sum_and_checks_its_inputs():
+    good, bad = np.array([-0.1, -0.3, 0.2]), np.array([-1.0, -0.2, -2.0])
+    table = compare_heldout_lpd({"bad": bad, "good": good})
+    assert list(table.index) == ["good", "bad"]
+    assert table.loc["good", "elpd_loo"] == pytest.approx(good.sum())
+    diff = good - bad
+    assert table.loc["bad", "elpd_diff"] == pytest.approx(diff.sum())
+    assert table.loc["bad", "dse"] == pytest.approx(np.sqrt(3) * diff.std())
+    with pytest.raises(ValueError, match="at least two"):
+        compare_heldout_lpd({"good": good})
+    with pytest.raises(ValueError, match="same test rows"):
+        compare_heldout_lpd({"good": good, "short": bad[:2]})
