@@ -27,7 +27,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor, nn
 
-from .heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
+from .heads import HEADS, Head, Prediction, make_head
 from .layers.base import GPNLayerBase
 from .layers.linear import MomentFlatten
 from .losses import target_variance_penalty
@@ -117,17 +117,24 @@ class GPNSequential(PyroModule):
         if isinstance(head, str):
             if head not in HEADS:
                 raise ValueError(f"head must be one of {tuple(HEADS)} or a Head, got {head!r}")
-            if head == "softmax":
+            if HEADS[head].has_readout:
                 if not isinstance(num_outputs, int) or num_outputs < 1:
                     raise ValueError(f"num_outputs must be a positive integer, got {num_outputs!r}")
-                head = SoftmaxHead(features, num_outputs, unscented_kappa, **factory)
+                sizes = [input_shape[0], features, num_outputs]
             else:
                 if num_outputs not in (None, features):
                     raise ValueError(
                         f"num_outputs must equal the last block's width {features} for a "
                         f"gaussian head, got {num_outputs}"
                     )
-                head = GaussianHead(features, noise_std_init, **factory)
+                sizes = [input_shape[0], features]
+            head = make_head(
+                head,
+                sizes,
+                noise_std_init=noise_std_init,
+                unscented_kappa=unscented_kappa,
+                **factory,
+            )
         elif not isinstance(head, Head):
             raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
         width = getattr(head, "in_features", getattr(head, "num_outputs", None))

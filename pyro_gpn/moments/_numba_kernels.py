@@ -17,6 +17,21 @@ _OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(inline="always", **_OPTS)
+def progression_ratios(delta, h, K, j0, w):
+    """First ratios ``(q_up, q_dn)`` and their common ratio ``rho`` of the geometric
+    progressions ``E_{k+1} / E_k`` (up) and ``E_{k-1} / E_k`` (down) of
+    ``E_k = exp(-(x - k h)^2 / w)``, anchored at the nearest centre ``j0`` (``delta = x - j0 h``),
+    so that every factor is <= 1; a ratio that has no neighbour on its side is 0."""
+    hh = h * h
+    up = j0 < K - 1
+    down = j0 > 0
+    q_up = math.exp((2.0 * delta * h - hh) / w) if up else 0.0
+    q_dn = math.exp((-2.0 * delta * h - hh) / w) if down else 0.0
+    rho = q_up * q_dn if up and down else math.exp(-2.0 * hh / w)
+    return q_up, q_dn, rho
+
+
+@njit(inline="always", **_OPTS)
 def gsum(x, h, K, w, wts, acc, coef, grad):
     """``sum_k wts[k] E_k`` with ``E_k = exp(-(x - k h)^2 / w)`` and its first two
     moments ``sum wts E e``, ``sum wts E e^2`` (``e = x - k h``); if ``grad``,
@@ -35,21 +50,7 @@ def gsum(x, h, K, w, wts, acc, coef, grad):
     if grad:
         acc[j0] += coef * E0
     if K > 1:
-        up = j0 < K - 1
-        down = j0 > 0
-        hh = h * h
-        if up and down:
-            q_up = math.exp((2.0 * delta * h - hh) / w)
-            q_dn = math.exp((-2.0 * delta * h - hh) / w)
-            rho = q_up * q_dn
-        elif up:
-            q_up = math.exp((2.0 * delta * h - hh) / w)
-            q_dn = 0.0
-            rho = math.exp(-2.0 * hh / w)
-        else:
-            q_up = 0.0
-            q_dn = math.exp((-2.0 * delta * h - hh) / w)
-            rho = math.exp(-2.0 * hh / w)
+        q_up, q_dn, rho = progression_ratios(delta, h, K, j0, w)
         E = E0
         q = q_up
         for k in range(j0 + 1, K):
@@ -94,21 +95,7 @@ def gsum_abs(x, h, K, w, wts, awts):
     s0 = wts[j0] * E0
     a0 = awts[j0] * E0
     if K > 1:
-        hh = h * h
-        up = j0 < K - 1
-        down = j0 > 0
-        if up and down:
-            q_up = math.exp((2.0 * delta * h - hh) / w)
-            q_dn = math.exp((-2.0 * delta * h - hh) / w)
-            rho = q_up * q_dn
-        elif up:
-            q_up = math.exp((2.0 * delta * h - hh) / w)
-            q_dn = 0.0
-            rho = math.exp(-2.0 * hh / w)
-        else:
-            q_up = 0.0
-            q_dn = math.exp((-2.0 * delta * h - hh) / w)
-            rho = math.exp(-2.0 * hh / w)
+        q_up, q_dn, rho = progression_ratios(delta, h, K, j0, w)
         E = E0
         q = q_up
         for k in range(j0 + 1, K):

@@ -143,7 +143,7 @@ def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
     out.min_ess = min(
         min_ess(idata, sigmas), min_ess(idata, ["y_test"], group="posterior_predictive")
     )
-    out.num_divergences = nuts.num_divergences()
+    out.num_divergences = nuts.num_divergences
     out.details.update(
         sizes=model.sizes,
         chains=budget.nuts_chains,
