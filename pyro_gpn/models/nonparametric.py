@@ -107,6 +107,8 @@ from torch import Tensor
 from pyro_gpn._validation import check_finite, check_ndim, check_tensor
 from pyro_gpn.kernels import gpn_kernel
 
+from .gp_rows import cat_rows, conditional_rows, layer_cholesky
+
 __all__ = [
     "DEFAULT_MAX_SAMPLES",
     "LIKELIHOODS",
@@ -142,56 +144,6 @@ def _check_prior(name: str, prior: object) -> None:
             f"{name} must be a distribution over scalars, got event_shape "
             f"{tuple(prior.event_shape)}"
         )
-
-
-def layer_cholesky(
-    inputs: Tensor,
-    weight: Tensor,
-    noise_std: Tensor,
-    lengthscale: Tensor | float,
-    jitter: float,
-) -> Tensor:
-    r"""Cholesky factor of one layer's output covariance over all rows (``eq:gpn_output_marginal``).
-
-    Args:
-        inputs: ``[..., S, M]`` the previous layer's outputs ``X^{l-1}``.
-        weight: ``[..., N, M]`` one row ``W^l_{\star n}`` per unit.
-        noise_std: ``[..., N]`` the noise standard deviations ``sigma^l``.
-        lengthscale: scalar or ``[..., N]``.
-        jitter: added to the diagonal on top of ``sigma^2`` for round-off.
-
-    Returns:
-        ``[..., N, S, S]`` lower-triangular ``L`` with
-        ``L L^T = K_w(X^{l-1}, X^{l-1}) + (sigma^2 + jitter) I`` for every unit. Where the
-        factorisation fails numerically the factor is NaN, so that a sampler rejects the state
-        instead of crashing.
-    """
-    cov = gpn_kernel(inputs, None, weight.mT, lengthscale)
-    diag = noise_std.square() + jitter
-    cov = cov + diag[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype)
-    chol, info = torch.linalg.cholesky_ex(cov)
-    # no data-dependent branch here, so that a JIT trace keeps the failure path
-    return torch.where((info > 0)[..., None, None], torch.nan, chol)
-
-
-def conditional_rows(chol: Tensor, num_train: int, train_rows: Tensor) -> tuple[Tensor, Tensor]:
-    r"""Gaussian of the trailing rows given the leading ones, from the joint's Cholesky factor.
-
-    With ``C = L L^T`` partitioned after ``num_train`` rows,
-    ``x_2 | x_1 ~ N(L_21 L_11^{-1} x_1, L_22 L_22^T)`` (``eq:gp_f_reg_mean_var``).
-
-    Args:
-        chol: ``[..., N, S, S]`` joint factor ``L``.
-        num_train: number of leading (conditioned-on) rows ``S_1``.
-        train_rows: ``[..., N, S_1]`` values of the leading rows.
-
-    Returns:
-        ``loc [..., N, S - S_1]`` and ``scale_tril [..., N, S - S_1, S - S_1]``.
-    """
-    l11 = chol[..., :num_train, :num_train]
-    l21 = chol[..., num_train:, :num_train]
-    white = torch.linalg.solve_triangular(l11, train_rows.unsqueeze(-1), upper=False)
-    return (l21 @ white).squeeze(-1), chol[..., num_train:, num_train:]
 
 
 class NonParametricGPN(PyroModule):
@@ -443,7 +395,7 @@ class NonParametricGPN(PyroModule):
             if n_all > n_train:
                 z_test = pyro.sample(f"Za{top}_test", normal.expand([n_all - n_train]).to_event(1))
                 z_test = z_test.reshape(*batch, n_all - n_train) if z_test.dim() > 1 else z_test
-                z = _cat_rows(z, z_test)
+                z = cat_rows(z, z_test)
             a = (chol @ z.unsqueeze(-1)).squeeze(-1)
         else:
             a = pyro.sample(
@@ -459,7 +411,7 @@ class NonParametricGPN(PyroModule):
                     f"A{top}_test", dist.MultivariateNormal(loc, scale_tril=scale_tril)
                 )
                 a_test = a_test.reshape(*batch, n_all - n_train) if a_test.dim() > 1 else a_test
-                a = _cat_rows(a, a_test)
+                a = cat_rows(a, a_test)
         return a.reshape(*a.shape[:-1], rows, width)
 
     def _hidden_outputs(self, l: int, chol: Tensor, num_train: int) -> Tensor:
@@ -471,7 +423,7 @@ class NonParametricGPN(PyroModule):
             z = pyro.sample(f"Z{l}_train", normal.expand([width, num_train]).to_event(1))
             if num_test:
                 z_test = pyro.sample(f"Z{l}_test", normal.expand([width, num_test]).to_event(1))
-                z = _cat_rows(z, z_test)
+                z = cat_rows(z, z_test)
             return (chol @ z.unsqueeze(-1)).squeeze(-1)
         train_chol = chol[..., :num_train, :num_train]
         x = pyro.sample(
@@ -482,7 +434,7 @@ class NonParametricGPN(PyroModule):
             return x
         loc, scale_tril = conditional_rows(chol, num_train, x)
         x_test = pyro.sample(f"X{l}_test", dist.MultivariateNormal(loc, scale_tril=scale_tril))
-        return _cat_rows(x, x_test)
+        return cat_rows(x, x_test)
 
     @pyro_method
     def model(
@@ -616,9 +568,3 @@ def _class_probs(logits: Tensor, likelihood: str) -> Tensor:
 
 def _zeros(size: int, dtype: torch.dtype) -> Tensor:
     return torch.zeros(size, dtype=dtype)
-
-
-def _cat_rows(train: Tensor, test: Tensor) -> Tensor:
-    """Concatenate ``[..., N, S_1]`` and ``[..., N, S_2]`` along rows, broadcasting batch dims."""
-    batch = torch.broadcast_shapes(train.shape[:-1], test.shape[:-1])
-    return torch.cat([train.expand(*batch, -1), test.expand(*batch, -1)], dim=-1)
