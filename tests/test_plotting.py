@@ -146,7 +146,10 @@ def test_plot_reliability_diagram_draws_the_filled_bins_and_the_ece():
     from pyro_gpn.heads import Prediction
     from pyro_gpn.plotting import plot_reliability_diagram
 
-    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4], [0.45, 0.55]])
+    # float64: in float32, 0.8 and 0.6 round above the bin edges 4/5 and 3/5
+    probs = torch.tensor(
+        [[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4], [0.45, 0.55]], dtype=torch.float64
+    )
     labels = torch.tensor([0, 1, 1, 0, 0])
     fig = plot_reliability_diagram(Prediction(probs, torch.zeros_like(probs), "classification"),
                                    labels, num_bins=5, label="net")  # fmt: skip
