@@ -293,7 +293,10 @@ def meanvar_bwd(
 
 
 @njit(**_OPTS)
-def midpoint_fwd(C, beta, lam, V, P):
+def midpoint_weights(C, beta, lam, V, P, magnitudes):
+    """Midpoint weights ``P [G, 2R - 1]`` of ``C - beta beta^T`` (or, with ``magnitudes``, of
+    ``|C| + |beta| |beta|^T``: the magnitudes of the closed-form variance's terms, for its
+    rounding-error bound; not differentiated)."""
     G, K = P.shape
     R = V.shape[1]
     for n in range(G):
@@ -308,28 +311,22 @@ def midpoint_fwd(C, beta, lam, V, P):
         for r in range(R):
             for t in range(R):
                 j = r - t
-                P[n, r + t] += (c[r, t] - b[r] * b[t]) * math.exp(-a * j * j)
+                if magnitudes:
+                    term = abs(c[r, t]) + abs(b[r] * b[t])
+                else:
+                    term = c[r, t] - b[r] * b[t]
+                P[n, r + t] += term * math.exp(-a * j * j)
+
+
+@njit(**_OPTS)
+def midpoint_fwd(C, beta, lam, V, P):
+    midpoint_weights(C, beta, lam, V, P, False)
 
 
 @njit(**_OPTS)
 def midpoint_abs(C, beta, lam, V, PA):
-    """Midpoint weights of ``|C| + |beta| |beta|^T`` (not differentiated: the magnitudes of the
-    closed-form variance's terms, for its rounding-error bound)."""
-    G, K = PA.shape
-    R = V.shape[1]
-    for n in range(G):
-        c = C[n * min(C.shape[0] - 1, 1)]
-        b = beta[n * min(beta.shape[0] - 1, 1)]
-        lm = lam[n * min(lam.shape[0] - 1, 1)]
-        iv = n * min(V.shape[0] - 1, 1)
-        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
-        a = h * h / (4.0 * lm * lm)
-        for k in range(K):
-            PA[n, k] = 0.0
-        for r in range(R):
-            for t in range(R):
-                j = r - t
-                PA[n, r + t] += (abs(c[r, t]) + abs(b[r] * b[t])) * math.exp(-a * j * j)
+    """:func:`midpoint_weights` of the terms' magnitudes."""
+    midpoint_weights(C, beta, lam, V, PA, True)
 
 
 @njit(**_OPTS)
