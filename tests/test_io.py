@@ -297,6 +297,9 @@ def test_sigint_to_a_writing_process_leaves_no_temporary(tmp_path):
     (tmp_path / "big.bin").write_bytes(b"old")
     child = _standalone_io_child(
         f"""
+        import signal
+        # a shell's background job inherits SIGINT ignored: restore Python's Ctrl-C handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def slow(handle):
             for _ in range(600):
                 handle.write(b"x" * 4096)
