@@ -33,9 +33,8 @@ def main(steps: int = 200) -> None:
             start = time.perf_counter()
             for _ in range(steps):
                 step()
-        print(
-            f"GPN meanvar, validation {validate}: {(time.perf_counter() - start) / steps * 1e3:.3f} ms"
-        )
+        elapsed_ms = (time.perf_counter() - start) / steps * 1e3
+        print(f"GPN meanvar, validation {validate}: {elapsed_ms:.3f} ms")
     linear, inputs = torch.nn.Linear(50, 50), torch.randn(256, 50)
     start = time.perf_counter()
     for _ in range(steps):
