@@ -1,31 +1,25 @@
-"""Print the max |parameter difference| between 2 gloo processes and 1 process after 50 steps.
+"""Print the max |parameter difference| between 2 gloo processes and 1 process.
 
-The same runs as ``tests/inference/test_distributed.py`` (which asserts <= 1e-5), printing the
-measured difference for ``docs/results/conv_rnn.md``::
+The same runs as ``tests/inference/test_distributed.py`` (which asserts <= 1e-5): the unchanged
+:class:`~pyro_gpn.inference.Trainer` (52 steps, dense GPN and GPN CNN) and
+:func:`~pyro_gpn.inference.fit_svi` with the closed-form ELBO (50 steps), printing the measured
+difference for ``docs/results/conv_rnn.md``::
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ddp_check.py
 """
 
 import tempfile
+from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
-from pyro_gpn.inference.distributed import DistContext, fit_distributed
-from tests.inference.test_distributed import _config, _data, _free_port, _model, _worker
+from tests.inference.test_distributed import _max_difference, _spawn, _svi, _train
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for kind in ("dense", "conv"):
-        out = tempfile.mkdtemp() + "/state"
-        mp.spawn(_worker, args=(2, _free_port(), kind, out), nprocs=2, join=True)
-        model = _model(kind)
-        x, y = _data()
-        fit_distributed(model, (x, y), (x, y), _config(), DistContext())
-        ranks = [torch.load(f"{out}.{r}") for r in range(2)]
-        diff = max(
-            float((rank["state"][k] - v).abs().max())
-            for rank in ranks
-            for k, v in model.state_dict().items()
-        )
-        print(f"{kind}: 50 steps, max abs parameter difference {diff:.3g}", flush=True)
+    for job in ("dense", "conv", "svi"):
+        ranks = _spawn(job, Path(tempfile.mkdtemp()))
+        state = (_svi() if job == "svi" else _train(job))[0]
+        diff = max(_max_difference(rank[0], state) for rank in ranks)
+        kind = "fit_svi, closed-form ELBO" if job == "svi" else f"Trainer, {job}"
+        print(f"{kind}: max abs parameter difference 2 processes vs 1: {diff:.3g}", flush=True)

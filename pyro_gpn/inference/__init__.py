@@ -1,14 +1,14 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
 from .closed_form import ClosedFormELBO, VGPNFit, closed_form_elbo, fit_vgpn
-from .distributed import DistConfig, fit_distributed, init_distributed
+from .distributed import DistContext, init_distributed
 from .mcmc import NUTSResult, run_nuts
 from .svi import SVIResult, fit_svi
 from .trainer import TrainConfig, Trainer, TrainResult, evaluate, seed_everything
 
 __all__ = [
     "ClosedFormELBO",
-    "DistConfig",
+    "DistContext",
     "NUTSResult",
     "SVIResult",
     "TrainConfig",
@@ -17,7 +17,6 @@ __all__ = [
     "Trainer",
     "closed_form_elbo",
     "evaluate",
-    "fit_distributed",
     "fit_svi",
     "fit_vgpn",
     "init_distributed",

@@ -22,6 +22,12 @@ read back together): a non-finite value raises :class:`FloatingPointError` namin
 the offending parameters, and the parameters keep their last finite values. Inside the loop
 the library's value checks and Pyro's distribution checks are off
 (:func:`pyro_gpn.settings.validation`); the data are checked once on entry.
+
+**Data-parallel.** Launched by ``torchrun --nproc_per_node=K``, the same call trains on ``K``
+processes: every rank draws the same global batch of ``batch_size`` indices and evaluates the
+loss on its share (still with ``num_data = S``), and the gradients, weighted by each rank's
+share, are summed across ranks before the optimiser step, so the ``K`` processes take the steps
+of one (:mod:`pyro_gpn.inference.distributed`, which says why this is not DDP).
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ from torch import Tensor
 
 from .. import settings
 from .._validation import check_finite
+from .distributed import (
+    DistContext,
+    all_reduce_gradients,
+    broadcast_parameters,
+    broadcast_seed,
+    current_context,
+    shard,
+    shard_weight,
+)
 
 __all__ = ["LOSSES", "SVIResult", "fit_svi"]
 
@@ -134,12 +149,8 @@ def _make_optim(
     )
 
 
-def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
-    """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values.
-
-    One device synchronisation: the loss and the all-finite flag of every gradient are read
-    back together; the offending parameters are looked up only on failure.
-    """
+def _loss_and_grads(svi: SVI, step: int, *args, **kwargs) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss and its gradients, with the unconstrained parameters they reached by name."""
     with poutine.trace(param_only=True) as capture:
         try:
             loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
@@ -152,8 +163,30 @@ def _checked_step(svi: SVI, step: int, *args, **kwargs) -> float:
             ) from error
     sites = capture.trace.nodes.values()
     named = {site["name"]: site["value"].unconstrained() for site in sites}
+    return torch.as_tensor(loss).detach().to(torch.float64).reshape(()), named
+
+
+def _checked_step(
+    svi: SVI, step: int, *args, ctx: DistContext | None = None, weight: float = 1.0, **kwargs
+) -> float:
+    """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values.
+
+    One device synchronisation: the loss and the all-finite flag of every gradient are read
+    back together; the offending parameters are looked up only on failure. Under ``torchrun``
+    (``ctx``), the gradients and the loss, weighted by this rank's share ``weight`` of the global
+    batch, are summed over the ranks first (and at the first step every rank starts from rank
+    0's freshly created parameters).
+    """
+    loss, named = _loss_and_grads(svi, step, *args, **kwargs)
+    if ctx is not None and ctx.distributed:
+        ordered = [named[name] for name in sorted(named)]
+        if step == 1:
+            broadcast_parameters(ordered, ctx)
+            zero_grads(set(ordered))
+            loss, named = _loss_and_grads(svi, step, *args, **kwargs)
+            ordered = [named[name] for name in sorted(named)]
+        loss = all_reduce_gradients(ordered, weight, loss, ctx)
     params = set(named.values())
-    loss = torch.as_tensor(loss).detach().to(torch.float64).reshape(())
     grads = [p.grad for p in named.values() if p.grad is not None]
     finite = torch.stack([torch.isfinite(g).all() for g in grads]).all() if grads else True
     loss, grads_finite = torch.stack([loss.cpu(), torch.as_tensor(finite).cpu().double()]).tolist()
@@ -252,6 +285,7 @@ def fit_svi(
     check_finite("x", x)
     if y is not None and y.is_floating_point():
         check_finite("y", y)
+    ctx = current_context(x.device)
     kwargs = {**(model_kwargs or {}), "num_data": num_data}
     slice_size = None
     if batch_size is not None:
@@ -259,29 +293,39 @@ def fit_svi(
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if batch_size < num_data:
             slice_size = batch_size
+    if ctx.distributed and min(slice_size or num_data, num_data) < ctx.world_size:
+        raise ValueError(
+            f"batch_size {batch_size} is smaller than the {ctx.world_size} processes: every rank "
+            "needs a sample of each global batch"
+        )
     elbo = _make_loss(loss, num_particles)
     optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
     if clear_param_store:
         pyro.clear_param_store()
+    seed = broadcast_seed(seed, ctx)  # every rank draws the same global batches
     if seed is not None:
         pyro.set_rng_seed(seed)
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
 
     bar = None
-    if progress:
+    if progress and ctx.is_main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_steps, desc="SVI", leave=False)
     start = time.perf_counter()
     try:
         for step in range(1, num_steps + 1):
-            batch_x, batch_y = x, y
-            if slice_size is not None:
-                index = torch.randperm(num_data, device=x.device)[:slice_size]
-                batch_x, batch_y = x[index], None if y is None else y[index]
+            batch_x, batch_y, weight = x, y, 1.0
+            if slice_size is not None or ctx.distributed:
+                index = torch.arange(num_data, device=x.device)
+                if slice_size is not None:
+                    index = torch.randperm(num_data, device=x.device)[:slice_size]
+                local = shard(index, ctx)
+                weight = shard_weight(local.numel(), index.numel())
+                batch_x, batch_y = x[local], None if y is None else y[local]
             with settings.validation(False):  # the data were checked on entry
-                value = _checked_step(svi, step, batch_x, batch_y, **kwargs)
+                value = _checked_step(svi, step, batch_x, batch_y, ctx=ctx, weight=weight, **kwargs)
             result.losses.append(value)
             if bar is not None:
                 bar.update()

@@ -21,6 +21,11 @@ evaluation where the scheduler calls for a reduction that ``min_lr`` no longer a
 generator states, the best parameters so far and the metrics history) atomically, so that
 ``fit(..., resume=True)`` after a crash or a kill continues bit-for-bit where the last completed
 epoch left off: the finished run equals an uninterrupted one.
+
+**Data-parallel.** Launched by ``torchrun --nproc_per_node=K``, the same script trains on ``K``
+processes with :class:`~torch.nn.parallel.DistributedDataParallel`: every global mini-batch of
+``batch_size`` is split across the ranks, the metrics are reduced, rank 0 writes the files, and
+the ``K`` processes take the steps of one (:mod:`pyro_gpn.inference.distributed`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .. import settings
@@ -51,6 +58,14 @@ from .checkpoint import (
     seed_everything,
     set_rng_state,
     write_metrics,
+)
+from .distributed import (
+    DataParallelObjective,
+    DistContext,
+    current_context,
+    reduce_metrics,
+    shard,
+    shard_weight,
 )
 from .evaluation import (
     _batches,
@@ -104,6 +119,7 @@ class Trainer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.config.device!r} requested but CUDA is unavailable")
         self.out_dir = None if self.config.out_dir is None else Path(self.config.out_dir)
+        self._ctx = DistContext(device=self.device)
 
     # ------------------------------------------------------------------ public
     def fit(
@@ -147,6 +163,8 @@ class Trainer:
                 names the file; no partial file is left and the previous checkpoint is intact).
         """
         cfg = self.config
+        self._ctx = current_context(self.device)
+        self.device = self._ctx.device if self._ctx.distributed else self.device
         like = _parameter_like(self.model)
         x_train, y_train = (t.to(self.device) for t in _check_data("train", train, like))
         x_val, y_val = (t.to(self.device) for t in _check_data("val", val, like))
@@ -159,10 +177,12 @@ class Trainer:
             raise ValueError("resume=True needs config.out_dir")
         check_parameters_finite(self.model, "the model (before training)")
         with contextlib.ExitStack() as stack:
-            if self.out_dir is not None:
+            if self.out_dir is not None and self._ctx.is_main:
                 ensure_can_write(self.out_dir, overwrite=True, marker=CHECKPOINT_NAME)
                 if not RunLock.is_held(self.out_dir):
                     stack.enter_context(RunLock(self.out_dir))
+            if self._ctx.distributed:
+                dist.barrier()  # rank 0 has checked (and locked) out_dir
             return self._fit(x_train, y_train, x_val, y_val, task, resume)
 
     def _fit(self, x_train, y_train, x_val, y_val, task: str, resume: bool) -> TrainResult:
@@ -194,9 +214,13 @@ class Trainer:
             self._write_metrics(result.history)  # drop rows written after the checkpoint
             if result.stop_reason == "min_lr":
                 return self._finish(result, best_state)
+        self._objective = self._wrap(model)
 
         bar = tqdm(
-            total=cfg.max_epochs, initial=result.epochs, disable=not cfg.progress, unit="epoch"
+            total=cfg.max_epochs,
+            initial=result.epochs,
+            disable=not (cfg.progress and self._ctx.is_main),
+            unit="epoch",
         )
         try:
             for epoch in range(result.epochs + 1, cfg.max_epochs + 1):
@@ -232,6 +256,15 @@ class Trainer:
         return self._finish(result, best_state)
 
     # ------------------------------------------------------------------ internals
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The per-step objective; wrapped in DDP under ``torchrun`` (which also broadcasts
+        rank 0's parameters and buffers)."""
+        objective = DataParallelObjective(model)
+        if not self._ctx.distributed:
+            return objective
+        ids = [self._ctx.device.index] if self._ctx.device.type == "cuda" else None
+        return DistributedDataParallel(objective, device_ids=ids)
+
     def _train_epoch(
         self,
         optimizer: torch.optim.Optimizer,
@@ -244,7 +277,10 @@ class Trainer:
         """One shuffled pass over the data; returns the mean objective and the step count.
 
         Value checks are off (:func:`pyro_gpn.settings.validation`): the data were checked on
-        entry, and the loss is read back once per step (one device synchronisation).
+        entry, and the loss is read back once per step (one device synchronisation). Under
+        ``torchrun`` each rank trains on its :func:`~pyro_gpn.inference.distributed.shard` of
+        every global batch, its loss scaled so that DDP's averaged gradient is the global
+        batch's, and the loss read back is the global one (one all-reduce).
         """
         with settings.validation(False):
             return self._run_epoch(optimizer, generator, x, y, epoch, step)
@@ -253,11 +289,17 @@ class Trainer:
         self.model.train()
         n, total = x.shape[0], 0.0
         order = torch.randperm(n, generator=generator).to(self.device)
+        ctx = self._ctx
         for batch in _batches(n, self.config.batch_size, order):
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            local = shard(batch, ctx)
+            # K w_r: DDP averages over the K ranks; a rank without samples contributes nothing
+            scale = ctx.world_size * shard_weight(local.numel(), batch.numel())
+            if local.numel() == 0:
+                local = batch[:1]
             try:
-                loss = self.model.loss(x[batch], y[batch]) + self.model.penalty()
+                loss = self._objective(x[local], y[local], scale)
             except ValueError as error:  # e.g. K + S no longer positive definite
                 if step == 1:
                     raise
@@ -265,7 +307,7 @@ class Trainer:
                     f"training failed at epoch {epoch}, step {step} ({error}); the optimisation "
                     f"has most likely diverged: lower lr (now {self.config.lr:g})"
                 ) from error
-            value = float(loss.detach())
+            value = self._global_value(loss.detach())
             if not math.isfinite(value):
                 raise FloatingPointError(
                     f"non-finite training loss {value} at epoch {epoch}, step {step}"
@@ -275,17 +317,30 @@ class Trainer:
             total += value * batch.numel()
         return total / n, step
 
+    def _global_value(self, loss: Tensor) -> float:
+        """The step's objective averaged over the ranks (the global batch's objective)."""
+        if self._ctx.distributed:
+            loss = loss.to(torch.float64).reshape(1)
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+            loss = loss / self._ctx.world_size
+        return float(loss)
+
     def _validate(self, x: Tensor, y: Tensor, task: str, epoch: int, step: int) -> dict:
-        """Validation loss (mean ``model.loss``, eval mode) and :func:`evaluate` metrics."""
+        """Validation loss (mean ``model.loss``, eval mode) and :func:`evaluate` metrics (each
+        rank evaluates its share of ``val``; the metrics are reduced across ranks)."""
         self.model.eval()
+        if x.shape[0] >= self._ctx.world_size:  # else every rank evaluates all of it
+            index = shard(torch.arange(x.shape[0], device=x.device), self._ctx)
+            x, y = x[index], y[index]
         with settings.validation(False):
             val_loss = _mean_loss(self.model, x, y, self.config.eval_batch_size)
+            metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
+        metrics = reduce_metrics({"loss": val_loss, **metrics}, x.shape[0], self._ctx)
+        val_loss = metrics.pop("loss")
         if not math.isfinite(val_loss):
             raise FloatingPointError(
                 f"non-finite validation loss {val_loss} at epoch {epoch}, step {step}"
             )
-        with settings.validation(False):
-            metrics = evaluate(self.model, x, y, task, self.config.eval_batch_size)
         return {"val_loss": val_loss, **{f"val_{k}": v for k, v in metrics.items()}}
 
     @staticmethod
@@ -300,7 +355,7 @@ class Trainer:
     def _finish(self, result: TrainResult, best_state: dict[str, Tensor] | None) -> TrainResult:
         if best_state is not None:
             self.model.load_state_dict(best_state)
-            if self.out_dir is not None:
+            if self.out_dir is not None and self._ctx.is_main:
                 save_model(best_state, self.out_dir / BEST_MODEL_NAME)
         return result
 
@@ -308,7 +363,7 @@ class Trainer:
         return load_checkpoint(self.out_dir, self.config)
 
     def _save(self, model, optimizer, scheduler, generator, best_state, result, step, elapsed):
-        if self.out_dir is None:
+        if self.out_dir is None or not self._ctx.is_main:
             return
         save_checkpoint(
             self.out_dir,
@@ -324,4 +379,5 @@ class Trainer:
         )
 
     def _write_metrics(self, history: list[dict[str, Any]]) -> None:
-        write_metrics(self.out_dir, history)
+        if self._ctx.is_main:
+            write_metrics(self.out_dir, history)

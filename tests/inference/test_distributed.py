@@ -1,28 +1,37 @@
-"""Data-parallel training: two CPU processes (gloo) take the same steps as one process with the
-same global batch; checkpoints resume; arguments are checked."""
+"""Data-parallel training: `Trainer` and `fit_svi`, unchanged, on two CPU processes (gloo) take
+the same steps as one process with the same global batch; checkpoints written by rank 0 resume;
+the plumbing's reductions are exact."""
 
+import math
 import os
 import socket
 
+import pyro
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from pyro_gpn import GPNNet, GPNSequential
+from pyro_gpn.inference import ClosedFormELBO, TrainConfig, Trainer, fit_svi
 from pyro_gpn.inference.distributed import (
-    DistConfig,
     DistContext,
-    fit_distributed,
+    current_context,
     init_distributed,
+    reduce_metrics,
+    shard,
+    shard_weight,
 )
 from pyro_gpn.layers import GPNConv2d, MomentAvgPool2d, MomentFlatten
+from pyro_gpn.models import VariationalGPN
 
-STEPS = 50
+EPOCHS = 13  # 57 rows in batches of 16: 4 steps per epoch (the last of 9 rows, split 5 / 4)
+SVI_STEPS = 50
+ROWS = 57
 
 
 def _data():
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(64, 16, generator=g)
+    x = torch.rand(ROWS, 16, generator=g)
     y = (x[:, :8].sum(1) > x[:, 8:].sum(1)).long() + (x[:, 0] > 0.8).long()
     return x, y
 
@@ -36,10 +45,39 @@ def _model(kind: str):
 
 
 def _config(**kwargs):
-    return DistConfig(batch_size=16, epochs=13, lr=1e-2, seed=3, max_steps=STEPS, **kwargs)
+    return TrainConfig(batch_size=16, lr=1e-2, seed=3, progress=False, patience=2, **kwargs)
 
 
-def _worker(rank: int, world: int, port: int, kind: str, out: str) -> None:
+def _train(kind: str, epochs: int = EPOCHS, out_dir=None, resume: bool = False):
+    model = _model(kind)
+    x, y = _data()
+    trainer = Trainer(model, _config(max_epochs=epochs, out_dir=out_dir))
+    result = trainer.fit((x, y), (x[:20], y[:20]), resume=resume)
+    return model.state_dict(), result.history
+
+
+def _svi():
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = _data()
+    target = (x[:, :1] - x[:, 1:2]).double()
+    vgpn = VariationalGPN([16, 4, 1], num_data=ROWS)
+    fit = fit_svi(
+        vgpn.model,
+        vgpn.guide,
+        x.double(),
+        target,
+        loss=ClosedFormELBO(vgpn),
+        num_steps=SVI_STEPS,
+        batch_size=16,
+        lr=1e-2,
+        seed=3,
+        progress=False,
+    )
+    return {k: v.detach().clone() for k, v in vgpn.state_dict().items()}, fit.losses
+
+
+def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -48,11 +86,15 @@ def _worker(rank: int, world: int, port: int, kind: str, out: str) -> None:
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
-    ctx = init_distributed("cpu")
-    model = _model(kind)
-    x, y = _data()
-    result = fit_distributed(model, (x, y), (x, y), _config(), ctx)
-    torch.save({"state": model.state_dict(), "history": result.history}, f"{out}.{rank}")
+    if job == "svi":
+        result = _svi()
+    elif job == "resume":
+        _train("dense", epochs=2, out_dir=out + ".run")
+        torch.distributed.barrier()
+        result = _train("dense", epochs=4, out_dir=out + ".run", resume=True)
+    else:
+        result = _train(job)
+    torch.save(result, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
 
 
@@ -62,73 +104,72 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["dense", pytest.param("conv", marks=pytest.mark.slow)])
-def test_two_processes_equal_one(tmp_path, kind):
+def _spawn(job: str, tmp_path) -> list:
     out = str(tmp_path / "state")
-    mp.spawn(_worker, args=(2, _free_port(), kind, out), nprocs=2, join=True)
-    model = _model(kind)
-    x, y = _data()
-    single = fit_distributed(model, (x, y), (x, y), _config(), DistContext())
-    assert single.steps == STEPS
-    ranks = [torch.load(f"{out}.{r}") for r in range(2)]
-    for rank in ranks:
-        diffs = [
-            float((rank["state"][name] - value).abs().max())
-            for name, value in model.state_dict().items()
-        ]
-        assert max(diffs) <= 1e-5, max(diffs)
-        for a, b in zip(rank["history"], single.history, strict=True):
-            assert a["step"] == b["step"]
-            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
-            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
-    # the run moved the parameters (the comparison is not of two untrained models)
-    start = _model(kind).state_dict()
-    moved = max(
-        float((value - start[name]).abs().max()) for name, value in model.state_dict().items()
-    )
-    assert moved > 1e-2
+    mp.spawn(_worker, args=(2, _free_port(), job, out), nprocs=2, join=True)
+    return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
 
 
-def test_resume_continues_the_run(tmp_path):
-    x, y = _data()
-    straight = _model("dense")
-    fit_distributed(
-        straight, (x, y), None, DistConfig(batch_size=16, epochs=4, lr=1e-2), DistContext()
-    )
-    resumed = _model("dense")
-    first = DistConfig(batch_size=16, epochs=2, lr=1e-2, out_dir=str(tmp_path))
-    fit_distributed(resumed, (x, y), None, first, DistContext())
-    again = _model("dense")  # a fresh process: a new model, the checkpoint on disk
-    second = DistConfig(batch_size=16, epochs=4, lr=1e-2, out_dir=str(tmp_path))
-    result = fit_distributed(again, (x, y), None, second, DistContext(), resume=True)
-    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4]
-    for name, value in straight.state_dict().items():
-        torch.testing.assert_close(again.state_dict()[name], value, rtol=0, atol=0)
+def _max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[name] - value).abs().max()) for name, value in b.items())
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "name"),
-    [({"batch_size": 0}, "batch_size"), ({"lr": -1.0}, "lr"), ({"max_steps": 0}, "max_steps")],
-)
-def test_bad_config(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        DistConfig(**kwargs)
+@pytest.mark.parametrize("kind", ["dense", pytest.param("conv", marks=pytest.mark.slow)])
+def test_trainer_two_processes_equal_one(tmp_path, kind):
+    ranks = _spawn(kind, tmp_path)
+    state, history = _train(kind)
+    assert history[-1]["step"] == 4 * EPOCHS
+    for rank_state, rank_history in ranks:
+        assert _max_difference(rank_state, state) <= 1e-5
+        assert len(rank_history) == len(history)
+        for a, b in zip(rank_history, history, strict=True):
+            assert a["step"] == b["step"] and a["lr"] == b["lr"]
+            for key in ("train_loss", "val_loss", "val_error"):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    start = _model(kind).state_dict()  # the run moved the parameters
+    assert _max_difference(state, start) > 1e-2
+
+
+def test_fit_svi_closed_form_two_processes_equal_one(tmp_path):
+    ranks = _spawn("svi", tmp_path)
+    state, losses = _svi()
+    for rank_state, rank_losses in ranks:
+        assert _max_difference(rank_state, state) <= 1e-5
+        assert rank_losses == pytest.approx(losses, rel=1e-6)
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    start = VariationalGPN([16, 4, 1], num_data=ROWS).state_dict()
+    assert _max_difference(state, start) > 1e-2
+
+
+def test_distributed_resume_continues_the_run(tmp_path):
+    ranks = _spawn("resume", tmp_path)
+    state, history = _train("dense", epochs=4)
+    for rank_state, rank_history in ranks:
+        assert [row["epoch"] for row in rank_history] == [1, 2, 3, 4]
+        assert _max_difference(rank_state, state) <= 1e-5
+    assert (tmp_path / "state.run" / "checkpoint.pt").exists()
+
+
+def test_single_process_plumbing_is_the_identity():
+    ctx = current_context("cpu")
+    assert not ctx.distributed and ctx.is_main and ctx.world_size == 1
+    index = torch.arange(5)
+    assert torch.equal(shard(index, ctx), index)
+    assert reduce_metrics({"rmse": 2.0, "loss": 1.0}, 5, ctx) == {"rmse": 2.0, "loss": 1.0}
+
+
+def test_shards_partition_a_batch_and_weights_sum_to_one():
+    index = torch.randperm(9)
+    pieces = [shard(index, DistContext(rank=r, world_size=4, backend="gloo")) for r in range(4)]
+    assert sorted(torch.cat(pieces).tolist()) == sorted(index.tolist())
+    assert [p.numel() for p in pieces] == [3, 2, 2, 2]
+    assert math.isclose(sum(shard_weight(p.numel(), 9) for p in pieces), 1.0)
 
 
 def test_bad_arguments():
-    x, y = _data()
-    with pytest.raises(ValueError, match="batch_size"):
-        fit_distributed(
-            _model("dense"),
-            (x, y),
-            config=DistConfig(batch_size=3),
-            context=DistContext(world_size=2),
-        )
-    with pytest.raises(ValueError, match="batch_size"):
-        fit_distributed(
-            _model("dense"), (x, y), config=DistConfig(batch_size=128), context=DistContext()
-        )
     with pytest.raises(ValueError, match="device"):
         init_distributed("tpu")
-    with pytest.raises(TypeError, match="loss"):
-        fit_distributed(torch.nn.Linear(2, 2), (x, y), context=DistContext())
+    with pytest.raises(ValueError, match="backend"):
+        init_distributed("cpu", backend="mpi")
