@@ -3,12 +3,21 @@
 All arrays are float64 and C-contiguous. A parameter array with leading dimension 1 is shared
 by all units (index ``n * min(shape[0] - 1, 1)``). Formulas and derivations: see
 :mod:`pyro_gpn.moments.cpu_kernels`.
+
+The row kernels exist twice: ``meanvar_fwd`` / ``meanvar_bwd`` (``parallel=True``, ``prange``
+over units) and ``meanvar_fwd_serial`` / ``meanvar_bwd_serial``, the same code compiled without
+the parallel runtime, which :func:`pyro_gpn.moments.cpu_kernels._k` uses when torch runs on one
+thread. Launching Numba's thread pool at all is not free: with its default OpenMP layer and two
+threads, a loaded 2-core machine measured a 50 -> 50 meanvar layer step at 144 ms against 5-7 ms
+with one Numba thread, and torch's own matrix products in the same process slowed from 0.02 to
+24 ms (``docs/results/layer_speed.md``).
 """
 
 # ruff: noqa: E501
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 from numba import njit, prange
@@ -471,3 +480,17 @@ def vow_bwd(V, U, lam, kappa, beta, gK, gb, dU, dS, dlam):
                     d2 = d * d / (lm * lm)
                     gl -= s * math.exp(-0.5 * d2) * d2 / lm
         dlam[n] = gl
+
+
+def _serial(dispatcher):
+    """The kernel of ``dispatcher`` compiled without ``parallel`` (``prange`` runs as ``range``),
+    under its own name so that its on-disk cache entry does not collide with the parallel one."""
+    f = dispatcher.py_func
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__)
+    g.__qualname__ = f.__qualname__ + "_serial"
+    g.__doc__ = f.__doc__
+    return njit(**_OPTS)(g)
+
+
+meanvar_fwd_serial = _serial(meanvar_fwd)
+meanvar_bwd_serial = _serial(meanvar_bwd)
