@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..moments import cpu_layer
 from ..moments.backend import select_backend
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
@@ -108,18 +109,23 @@ def respond(
     return outputs.to(out_dtype)
 
 
+_VirtualObservations = None  # pyro_gpn.layers.parametric.VirtualObservations, imported on first use
+
+
 def _fused_parametric(
     layer: GPNLayerBase, activations: Moments, mode: Mode, noise: bool
 ) -> Moments | None:
     """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response`, or
     ``None`` where that path does not apply (another response, a full activation covariance,
     a Cholesky-factored variance below float64, or a backend other than ``"cpu"``)."""
-    from .parametric import VirtualObservations
+    global _VirtualObservations
+    if _VirtualObservations is None:
+        from .parametric import VirtualObservations as _VirtualObservations
 
     response = layer.response
     if (
-        type(response).weights is not VirtualObservations.weights
-        or not isinstance(response, VirtualObservations)
+        type(response).weights is not _VirtualObservations.weights
+        or not isinstance(response, _VirtualObservations)
         or (mode == "cov" and activations.cov is not None)
         or (mode != "mean" and layer._needs_factors())
         or not layer._equidistant
@@ -144,8 +150,7 @@ def _fused_parametric(
     )
     if kind != "cpu":
         return None
-    from ..moments.cpu_layer import NotPositiveDefinite, cpu_layer_response
-
+    cpu_layer_response = cpu_layer.cpu_layer_response
     args = (mean, var, layer.inducing_points, lengthscales, targets, target_variances)
     try:
         if mode == "mean":
@@ -154,7 +159,7 @@ def _fused_parametric(
             var = mean.new_zeros(mean.shape)
             args = (mean, var, *args[2:])
         out_mean, out_var = cpu_layer_response(*args, noise_var, response.jitter, True)
-    except NotPositiveDefinite:
+    except cpu_layer.NotPositiveDefinite:
         return None  # the reference path retries with more jitter
     if mode == "cov":
         return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
