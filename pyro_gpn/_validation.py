@@ -272,7 +272,14 @@ def check_parameters_finite(module: nn.Module, owner: str) -> None:
     named = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
     if not named or named[0][1].device.type == "meta":
         return
-    flags = torch.stack([torch.isfinite(p).all() for _, p in named])
+    tensors = [p.detach() for _, p in named]
+    if len({(t.device, t.dtype) for t in tensors}) == 1:
+        # one kernel over all of them (a layer has five small parameters: five isfinite and
+        # five all() launches cost more than the copy)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        if bool(torch.isfinite(flat).all()):
+            return
+    flags = torch.stack([torch.isfinite(t).all() for t in tensors])
     if bool(flags.all()):
         return
     bad = [n for (n, _), ok in zip(named, flags.tolist(), strict=True) if not ok]

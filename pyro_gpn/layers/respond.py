@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
+from ..moments import cpu_layer
+from ..moments.backend import select_backend
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
 
@@ -77,7 +80,16 @@ def respond(
     :func:`~pyro_gpn.moments.response_moments`, computed in ``layer.compute_dtype`` and returned
     in the activations' dtype. ``parts`` (from :func:`response_parts`) skips re-evaluating the
     response weights (a recurrent layer reuses them at every time step).
+
+    A parametric layer (:class:`~pyro_gpn.layers.parametric.VirtualObservations`) with fixed,
+    equidistant inducing points on the fused CPU backend responds through
+    :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response`: the parameter-only algebra and the
+    per-row pass in one autograd node, the same numbers without the intermediate tensors.
     """
+    if parts is None:
+        fused = _fused_parametric(layer, activations, mode, noise)
+        if fused is not None:
+            return fused
     parts = response_parts(layer, mode, noise) if parts is None else parts
     out_dtype = activations.mean.dtype
     if layer.compute_dtype is not None:
@@ -95,3 +107,60 @@ def respond(
         variance_inner=parts.inner,
     )
     return outputs.to(out_dtype)
+
+
+_VirtualObservations = None  # pyro_gpn.layers.parametric.VirtualObservations, imported on first use
+
+
+def _fused_parametric(
+    layer: GPNLayerBase, activations: Moments, mode: Mode, noise: bool
+) -> Moments | None:
+    """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response`, or
+    ``None`` where that path does not apply (another response, a full activation covariance,
+    a Cholesky-factored variance below float64, or a backend other than ``"cpu"``)."""
+    global _VirtualObservations
+    if _VirtualObservations is None:
+        from .parametric import VirtualObservations as _VirtualObservations
+
+    response = layer.response
+    if (
+        type(response).weights is not _VirtualObservations.weights
+        or not isinstance(response, _VirtualObservations)
+        or (mode == "cov" and activations.cov is not None)
+        or (mode != "mean" and layer._needs_factors())
+        or not layer._equidistant
+    ):
+        return None
+    mean = activations.mean
+    var = None if activations.is_deterministic else activations.variance
+    lengthscales, targets = layer.lengthscales, response.targets
+    target_variances = response.target_variances
+    noise_var = None
+    if mode != "mean" and noise and layer.noise_std is not None:
+        noise_var = layer.noise_std.square()
+    kind = select_backend(
+        mean,
+        var,
+        lengthscales,
+        targets,
+        target_variances,
+        noise_var,
+        inducing_points=layer.inducing_points,
+        equidistant=True,
+    )
+    if kind != "cpu":
+        return None
+    cpu_layer_response = cpu_layer.cpu_layer_response
+    args = (mean, var, layer.inducing_points, lengthscales, targets, target_variances)
+    try:
+        if mode == "mean":
+            return Moments(cpu_layer_response(*args, None, response.jitter, False), validate=False)
+        if var is None:
+            var = mean.new_zeros(mean.shape)
+            args = (mean, var, *args[2:])
+        out_mean, out_var = cpu_layer_response(*args, noise_var, response.jitter, True)
+    except cpu_layer.NotPositiveDefinite:
+        return None  # the reference path retries with more jitter
+    if mode == "cov":
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+    return Moments(out_mean, var=out_var, validate=False)

@@ -3,17 +3,26 @@
 All arrays are float64 and C-contiguous. A parameter array with leading dimension 1 is shared
 by all units (index ``n * min(shape[0] - 1, 1)``). Formulas and derivations: see
 :mod:`pyro_gpn.moments.cpu_kernels`.
+
+The row kernels exist twice: ``meanvar_fwd`` / ``meanvar_bwd`` (``parallel=True``, ``prange``
+over units) and ``meanvar_fwd_serial`` / ``meanvar_bwd_serial``, the same code compiled without
+the parallel runtime, which :func:`pyro_gpn.moments.cpu_kernels._k` uses when torch runs on one
+thread. Launching Numba's thread pool at all is not free: with its default OpenMP layer and two
+threads, a loaded 2-core machine measured a 50 -> 50 meanvar layer step at 144 ms against 5-7 ms
+with one Numba thread, and torch's own matrix products in the same process slowed from 0.02 to
+24 ms (``docs/results/layer_speed.md``).
 """
 
 # ruff: noqa: E501
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 from numba import njit, prange
 
-_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
 
 
 @njit(inline="always", **_OPTS)
@@ -113,6 +122,134 @@ def gsum_abs(x, h, K, w, wts, awts):
     return s0, a0
 
 
+# ---------------------------------------------------------------------------------------------
+# exponentials of a block of rows, vectorised (AVX2 on x86-64: 4 lanes)
+# ---------------------------------------------------------------------------------------------
+#: rows per block of the row kernels (their exponentials are evaluated together by vexp)
+BLOCK = 16
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 to 32 bits: k * _LN2_HI is exact for |k| < 2^21
+_LN2_LO = 1.90821492927058770002e-10
+_ROUND = 6755399441055744.0  # 1.5 * 2^52: x + _ROUND rounds x to an integer in the low bits
+_ROUND_BITS = 4843621399236968448  # the bits of _ROUND as an int64
+_UNDERFLOW = -708.0  # exp(x) below ~3e-308 is returned as 0 (the terms are negligible)
+
+
+@njit(inline="always", **_OPTS)
+def vexp(a, out, n, tbuf, ebuf):
+    """``out[i] = exp(a[i])`` for ``a[i] <= 0`` (``-inf`` included, NaN stays NaN), ``i < n``, within about one
+    ulp of ``math.exp`` (0 below ``exp(-708)``). Plain arithmetic in three simple loops, which
+    LLVM vectorises where ``math.exp`` is a scalar library call: ``exp(x) = 2^k exp(r)``,
+    ``k = round(x / ln 2)``, ``|r| <= ln(2) / 2``, ``exp(r)`` by its Taylor polynomial of degree
+    13 (truncation below 1e-17 relative), ``2^k`` assembled from its exponent bits."""
+    for i in range(n):
+        x = a[i]
+        xc = _UNDERFLOW if x < _UNDERFLOW else x  # NaN stays NaN
+        t = xc * _LOG2E + _ROUND
+        k = t - _ROUND
+        r = (xc - k * _LN2_HI) - k * _LN2_LO
+        q = 1.0 / 6227020800.0
+        q = q * r + 1.0 / 479001600.0
+        q = q * r + 1.0 / 39916800.0
+        q = q * r + 1.0 / 3628800.0
+        q = q * r + 1.0 / 362880.0
+        q = q * r + 1.0 / 40320.0
+        q = q * r + 1.0 / 5040.0
+        q = q * r + 1.0 / 720.0
+        q = q * r + 1.0 / 120.0
+        q = q * r + 1.0 / 24.0
+        q = q * r + 1.0 / 6.0
+        q = q * r + 0.5
+        q = q * r + 1.0
+        q = q * r + 1.0
+        out[i] = 0.0 if x < _UNDERFLOW else q
+        tbuf[i] = t
+    tbits = tbuf.view(np.int64)
+    for i in range(n):
+        ebuf[i] = (tbits[i] - _ROUND_BITS + 1023) << 52
+    scale = ebuf.view(np.float64)
+    for i in range(n):
+        out[i] *= scale[i]
+
+
+@njit(inline="always", **_OPTS)
+def anchor(x, h, K):
+    """Nearest centre ``j0`` of ``x`` on ``0, h, .., (K - 1) h`` (clamped; NaN -> 0) and the
+    offset ``delta = x - j0 h``."""
+    f = np.floor(x / h + 0.5)
+    if not f > 0.0:
+        f = 0.0
+    if f > K - 1.0:
+        f = K - 1.0
+    j0 = int(f)
+    return j0, x - j0 * h
+
+
+@njit(inline="always", **_OPTS)
+def progression_args(delta, h, K, j0, w, args, b, nb):
+    """The exponents of :func:`gsum`'s anchor ``E_{j0}``, its ratios ``q_up``, ``q_dn``
+    (``-inf``, i.e. 0, without a neighbour on that side) and the common ratio for one-sided
+    walks, into ``args[b + i nb]``, ``i = 0..3`` (as :func:`progression_ratios`)."""
+    hh = h * h
+    args[b] = -delta * delta / w
+    args[b + nb] = (2.0 * delta * h - hh) / w if j0 < K - 1 else -np.inf
+    args[b + 2 * nb] = (-2.0 * delta * h - hh) / w if j0 > 0 else -np.inf
+    args[b + 3 * nb] = -2.0 * hh / w
+
+
+@njit(inline="always", **_OPTS)
+def gsum_pre(x, h, K, j0, delta, ex, b, nb, wts, awts, acc, coef, grad, absolute):
+    """:func:`gsum` (``absolute=False``: ``(sum, first, second moment)``) or :func:`gsum_abs`
+    (``absolute=True``: ``(sum, sum of awts terms, 0)``) with the anchor ``j0, delta`` and the
+    exponentials ``ex[b + i nb]`` of :func:`progression_args` evaluated beforehand."""
+    E0 = ex[b]
+    q_up = ex[b + nb]
+    q_dn = ex[b + 2 * nb]
+    rho = q_up * q_dn if (j0 < K - 1 and j0 > 0) else ex[b + 3 * nb]
+    g0 = wts[j0] * E0
+    if absolute:
+        g1 = awts[j0] * E0
+        g2 = 0.0
+    else:
+        g1 = g0 * delta
+        g2 = g1 * delta
+    if grad:
+        acc[j0] += coef * E0
+    E = E0
+    q = q_up
+    for k in range(j0 + 1, K):
+        E *= q
+        q *= rho
+        t = wts[k] * E
+        g0 += t
+        if absolute:
+            g1 += awts[k] * E
+        else:
+            e = x - k * h
+            t *= e
+            g1 += t
+            g2 += t * e
+        if grad:
+            acc[k] += coef * E
+    E = E0
+    q = q_dn
+    for k in range(j0 - 1, -1, -1):
+        E *= q
+        q *= rho
+        t = wts[k] * E
+        g0 += t
+        if absolute:
+            g1 += awts[k] * E
+        else:
+            e = x - k * h
+            t *= e
+            g1 += t
+            g2 += t * e
+        if grad:
+            acc[k] += coef * E
+    return g0, g1, g2
+
+
 @njit(inline="always", **_OPTS)
 def row_rule(vv, l2, ratio2, tier_r2):
     """Node tier of one (sample, unit) in the narrow regime: the first ``t`` with
@@ -157,46 +294,75 @@ def meanvar_fwd(
         pc = PC[n * min(PC.shape[0] - 1, 1)]
         nz = noise[n * min(noise.shape[0] - 1, 1)]
         mvals = np.empty(Q)
-        for s in range(S):
-            m = mu[s, n]
-            vv = v[s, n]
-            x = m - x0
-            c1 = l2 + vv
-            g0, _, _ = gsum(x, h, R, 2.0 * c1, b, dummy, 0.0, False)
-            mn = math.sqrt(l2 / c1) * g0
-            mean[s, n] = mn
-            if not with_var:
-                continue
-            tier = row_rule(vv, l2, ratio2, tier_r2)
-            c2 = l2 + 2.0 * vv
-            a2 = math.sqrt(l2 / c2)
-            t0, ta = gsum_abs(x, 0.5 * h, K, c2, p, pa)
-            pr = 1.0 - a2 * t0 - mn * mn
-            if tier >= 0 and not err_scale * (1.0 + a2 * ta + mn * mn) <= rtol * pr:
-                # narrow and the closed form not provably accurate: Gauss-Hermite over
-                # a = m + sqrt(v) z with this row's node tier
-                sd = math.sqrt(vv) if vv > 0.0 else 0.0
-                lo = offs[tier]
-                hi = offs[tier + 1]
-                mbar = 0.0
-                eq = 0.0
-                for i in range(lo, hi):
-                    xi = x + sd * zs[i]
-                    mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                    qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
-                    mvals[i] = mi
-                    mbar += ws[i] * mi
-                    eq += ws[i] * (1.0 - qi)
-                spread = 0.0
-                for i in range(lo, hi):
-                    d = mvals[i] - mbar
-                    spread += ws[i] * d * d
-                pr = eq + spread
-                how[s, n] = tier + 1
-            else:
-                how[s, n] = 0
-            pre[s, n] = pr
-            var[s, n] = max(pr, 0.0) + nz
+        args = np.empty(8 * BLOCK)
+        ex = np.empty(8 * BLOCK)
+        tbuf = np.empty(8 * BLOCK)
+        ebuf = np.empty(8 * BLOCK, dtype=np.int64)
+        j1 = np.empty(BLOCK, dtype=np.int64)
+        d1 = np.empty(BLOCK)
+        j2 = np.empty(BLOCK, dtype=np.int64)
+        d2 = np.empty(BLOCK)
+        for s_lo in range(0, S, BLOCK):
+            nb = min(BLOCK, S - s_lo)
+            # the block's exponentials (anchors and progression ratios of both sums) at once
+            for r in range(nb):
+                x = mu[s_lo + r, n] - x0
+                vv = v[s_lo + r, n]
+                j, d = anchor(x, h, R)
+                j1[r] = j
+                d1[r] = d
+                progression_args(d, h, R, j, 2.0 * (l2 + vv), args, r, nb)
+                if with_var:
+                    j, d = anchor(x, 0.5 * h, K)
+                    j2[r] = j
+                    d2[r] = d
+                    progression_args(d, 0.5 * h, K, j, l2 + 2.0 * vv, args, 4 * nb + r, nb)
+            vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
+            for r in range(nb):
+                s = s_lo + r
+                m = mu[s, n]
+                vv = v[s, n]
+                x = m - x0
+                c1 = l2 + vv
+                g0, _, _ = gsum_pre(
+                    x, h, R, j1[r], d1[r], ex, r, nb, b, b, dummy, 0.0, False, False
+                )
+                mn = math.sqrt(l2 / c1) * g0
+                mean[s, n] = mn
+                if not with_var:
+                    continue
+                tier = row_rule(vv, l2, ratio2, tier_r2)
+                c2 = l2 + 2.0 * vv
+                a2 = math.sqrt(l2 / c2)
+                t0, ta, _ = gsum_pre(
+                    x, 0.5 * h, K, j2[r], d2[r], ex, 4 * nb + r, nb, p, pa, dummy, 0.0, False, True
+                )
+                pr = 1.0 - a2 * t0 - mn * mn
+                if tier >= 0 and not err_scale * (1.0 + a2 * ta + mn * mn) <= rtol * pr:
+                    # narrow and the closed form not provably accurate: Gauss-Hermite over
+                    # a = m + sqrt(v) z with this row's node tier
+                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                    lo = offs[tier]
+                    hi = offs[tier + 1]
+                    mbar = 0.0
+                    eq = 0.0
+                    for i in range(lo, hi):
+                        xi = x + sd * zs[i]
+                        mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                        qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        mvals[i] = mi
+                        mbar += ws[i] * mi
+                        eq += ws[i] * (1.0 - qi)
+                    spread = 0.0
+                    for i in range(lo, hi):
+                        d = mvals[i] - mbar
+                        spread += ws[i] * d * d
+                    pr = eq + spread
+                    how[s, n] = tier + 1
+                else:
+                    how[s, n] = 0
+                pre[s, n] = pr
+                var[s, n] = max(pr, 0.0) + nz
 
 
 @njit(parallel=True, **_OPTS)
@@ -223,72 +389,101 @@ def meanvar_bwd(
         acc_pc = dPC[n]
         acc_l2 = 0.0
         mvals = np.empty(Q)
-        for s in range(S):
-            m = mu[s, n]
-            vv = v[s, n]
-            x = m - x0
-            gm = gmean[s, n]
-            G = 0.0
-            tier = -1
-            if with_var:
-                if pre[s, n] >= 0.0:
-                    G = gvar[s, n]
-                tier = how[s, n] - 1
-                if tier < 0:
-                    gm -= 2.0 * G * mean[s, n]
-            c1 = l2 + vv
-            a1 = math.sqrt(l2 / c1)
-            g0, g1, g2 = gsum(x, h, R, 2.0 * c1, b, acc_b, gm * a1, True)
-            # d mean / d (mu, v, lambda^2)
-            ic1 = 1.0 / c1
-            half = 0.5 * a1 * g2 * ic1 * ic1
-            gmu = gm * (-a1 * g1 * ic1)
-            gv = gm * (-0.5 * a1 * g0 * ic1 + half)
-            gl2 = gm * (0.5 * a1 * g0 * (1.0 / l2 - ic1) + half)
-            if with_var and G != 0.0:
-                if tier >= 0:
-                    sd = math.sqrt(vv) if vv > 0.0 else 0.0
-                    lo = offs[tier]
-                    hi = offs[tier + 1]
-                    mbar = 0.0
-                    da_sum = 0.0
-                    dz_sum = 0.0
-                    for i in range(lo, hi):
-                        xi = x + sd * zs[i]
-                        mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                        _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * ws[i], True)
-                        mvals[i] = mi
-                        mbar += ws[i] * mi
-                        # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
-                        da = 2.0 * ws[i] * q1 / l2
-                        da_sum += da
-                        dz_sum += da * zs[i]
-                        gl2 -= G * ws[i] * q2 / (l2 * l2)
-                    if hi - lo > 1:  # one node: no spread
+        args = np.empty(8 * BLOCK)
+        ex = np.empty(8 * BLOCK)
+        tbuf = np.empty(8 * BLOCK)
+        ebuf = np.empty(8 * BLOCK, dtype=np.int64)
+        j1 = np.empty(BLOCK, dtype=np.int64)
+        d1 = np.empty(BLOCK)
+        j2 = np.empty(BLOCK, dtype=np.int64)
+        d2 = np.empty(BLOCK)
+        for s_lo in range(0, S, BLOCK):
+            nb = min(BLOCK, S - s_lo)
+            for r in range(nb):  # the block's exponentials at once (as in meanvar_fwd)
+                x = mu[s_lo + r, n] - x0
+                vv = v[s_lo + r, n]
+                j, d = anchor(x, h, R)
+                j1[r] = j
+                d1[r] = d
+                progression_args(d, h, R, j, 2.0 * (l2 + vv), args, r, nb)
+                if with_var:
+                    j, d = anchor(x, 0.5 * h, K)
+                    j2[r] = j
+                    d2[r] = d
+                    progression_args(d, 0.5 * h, K, j, l2 + 2.0 * vv, args, 4 * nb + r, nb)
+            vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
+            for r in range(nb):
+                s = s_lo + r
+                m = mu[s, n]
+                vv = v[s, n]
+                x = m - x0
+                gm = gmean[s, n]
+                G = 0.0
+                tier = -1
+                if with_var:
+                    if pre[s, n] >= 0.0:
+                        G = gvar[s, n]
+                    tier = how[s, n] - 1
+                    if tier < 0:
+                        gm -= 2.0 * G * mean[s, n]
+                c1 = l2 + vv
+                a1 = math.sqrt(l2 / c1)
+                g0, g1, g2 = gsum_pre(
+                    x, h, R, j1[r], d1[r], ex, r, nb, b, b, acc_b, gm * a1, True, False
+                )
+                # d mean / d (mu, v, lambda^2)
+                ic1 = 1.0 / c1
+                half = 0.5 * a1 * g2 * ic1 * ic1
+                gmu = gm * (-a1 * g1 * ic1)
+                gv = gm * (-0.5 * a1 * g0 * ic1 + half)
+                gl2 = gm * (0.5 * a1 * g0 * (1.0 / l2 - ic1) + half)
+                if with_var and G != 0.0:
+                    if tier >= 0:
+                        sd = math.sqrt(vv) if vv > 0.0 else 0.0
+                        lo = offs[tier]
+                        hi = offs[tier + 1]
+                        mbar = 0.0
+                        da_sum = 0.0
+                        dz_sum = 0.0
                         for i in range(lo, hi):
                             xi = x + sd * zs[i]
-                            coef = 2.0 * ws[i] * (mvals[i] - mbar)
-                            _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
-                            da = -coef * m1 / l2
+                            mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
+                            _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * ws[i], True)
+                            mvals[i] = mi
+                            mbar += ws[i] * mi
+                            # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
+                            da = 2.0 * ws[i] * q1 / l2
                             da_sum += da
                             dz_sum += da * zs[i]
-                            gl2 += G * coef * m2 / (2.0 * l2 * l2)
-                    gmu += G * da_sum
-                    if sd > 0.0:
-                        gv += G * dz_sum / (2.0 * sd)
-                else:
-                    c2 = l2 + 2.0 * vv
-                    a2 = math.sqrt(l2 / c2)
-                    gt = -G
-                    t0, t1, t2 = gsum(x, 0.5 * h, K, c2, p, acc_p, gt * a2, True)
-                    ic2 = 1.0 / c2
-                    dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
-                    gmu += gt * (-2.0 * a2 * t1 * ic2)
-                    gv += gt * (2.0 * dt_c2)
-                    gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
-            dmu[s, n] = gmu
-            dv[s, n] = gv
-            acc_l2 += gl2
+                            gl2 -= G * ws[i] * q2 / (l2 * l2)
+                        if hi - lo > 1:  # one node: no spread
+                            for i in range(lo, hi):
+                                xi = x + sd * zs[i]
+                                coef = 2.0 * ws[i] * (mvals[i] - mbar)
+                                _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
+                                da = -coef * m1 / l2
+                                da_sum += da
+                                dz_sum += da * zs[i]
+                                gl2 += G * coef * m2 / (2.0 * l2 * l2)
+                        gmu += G * da_sum
+                        if sd > 0.0:
+                            gv += G * dz_sum / (2.0 * sd)
+                    else:
+                        c2 = l2 + 2.0 * vv
+                        a2 = math.sqrt(l2 / c2)
+                        gt = -G
+                        t0, t1, t2 = gsum_pre(
+                            x, 0.5 * h, K, j2[r], d2[r], ex, 4 * nb + r, nb, p, p, acc_p,
+                            gt * a2, True, False,
+                        )  # fmt: skip
+                        ic2 = 1.0 / c2
+                        dt_c2 = -0.5 * a2 * t0 * ic2 + a2 * t2 * ic2 * ic2
+                        gmu += gt * (-2.0 * a2 * t1 * ic2)
+                        gv += gt * (2.0 * dt_c2)
+                        gl2 += gt * (0.5 * a2 * t0 / l2 + dt_c2)
+                dmu[s, n] = gmu
+                dv[s, n] = gv
+                acc_l2 += gl2
         dlam[n] = 2.0 * lm * acc_l2
 
 
@@ -471,3 +666,17 @@ def vow_bwd(V, U, lam, kappa, beta, gK, gb, dU, dS, dlam):
                     d2 = d * d / (lm * lm)
                     gl -= s * math.exp(-0.5 * d2) * d2 / lm
         dlam[n] = gl
+
+
+def _serial(dispatcher):
+    """The kernel of ``dispatcher`` compiled without ``parallel`` (``prange`` runs as ``range``),
+    under its own name so that its on-disk cache entry does not collide with the parallel one."""
+    f = dispatcher.py_func
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__)
+    g.__qualname__ = f.__qualname__ + "_serial"
+    g.__doc__ = f.__doc__
+    return njit(**_OPTS)(g)
+
+
+meanvar_fwd_serial = _serial(meanvar_fwd)
+meanvar_bwd_serial = _serial(meanvar_bwd)

@@ -36,7 +36,8 @@ results cast back), so float32 layers get float64 per-sample algebra for free.
 Numba is optional (``pip install 'pyro-gpn[fast]'``). Kernels are compiled on first use and
 cached on disk (``cache=True``): the first call in a fresh environment compiles for several
 seconds (see ``docs/results/layer_speed.md``), later processes load the cache in well under a
-second. Multi-threading follows :func:`torch.get_num_threads` (``prange`` over units).
+second. Multi-threading follows :func:`torch.get_num_threads` (``prange`` over units); on one
+thread the serial builds run and Numba's thread pool is never started.
 :mod:`pyro_gpn.moments.backend` decides when these kernels are used.
 """
 
@@ -78,9 +79,15 @@ def _kernels():
 
 
 def _k(name: str):
-    """The kernel ``name``, run on as many threads as torch uses (:func:`torch.get_num_threads`)."""
+    """The kernel ``name``, run on as many threads as torch uses (:func:`torch.get_num_threads`):
+    on one thread its serial build (``name + "_serial"``, where there is one), which never starts
+    Numba's thread pool (see :mod:`pyro_gpn.moments._numba_kernels`)."""
     numba, module = _kernels()
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if threads == 1:
+        serial = getattr(module, name + "_serial", None)
+        if serial is not None:
+            return serial
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
     return getattr(module, name)

@@ -243,3 +243,29 @@ def test_threads_give_identical_results(threads):
     finally:
         torch.set_num_threads(before)
     assert_close_all([*got[0], *got[1]], [*ref[0], *ref[1]], rtol=0, atol=0)
+
+
+def test_vectorised_exponential_matches_math_exp():
+    """The row kernels' block exponential (``_numba_kernels.vexp``): within 2 ulp of the
+    library exponential over the exponents the progressions use (``<= 0``), 0 below
+    ``exp(-708)`` and for ``-inf``, NaN for NaN."""
+    import numba
+
+    from pyro_gpn.moments import _numba_kernels as nk
+
+    @numba.njit
+    def apply(a):
+        n = a.shape[0]
+        out, tbuf, ebuf = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
+        nk.vexp(a, out, n, tbuf, ebuf)
+        return out
+
+    rng = np.random.default_rng(0)
+    a = np.concatenate([-rng.random(5000) * 700, -rng.random(500) * 1e-6, -rng.random(50)])
+    a = np.concatenate([a, [0.0, -0.0, -1e-300, -np.log(2) / 2, -707.9, -708.5, -1e4, -np.inf]])
+    got = apply(a)
+    want = np.exp(a)
+    normal = want > np.exp(-708.0)
+    np.testing.assert_allclose(got[normal], want[normal], rtol=4.5e-16, atol=0)
+    assert np.all(got[~normal] <= want[~normal] + 1e-300) and got[-1] == 0 and got[-2] == 0
+    assert np.isnan(apply(np.array([np.nan, -1.0])))[0]
