@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--init", default="fit")
     add_sampler_args(parser, chains=1, draws=100)
     parser.add_argument("--no-collapse", action="store_true", help="collapse=False")
+    parser.add_argument("--centred", action="store_true", help="whiten=False")
     args = parser.parse_args(argv)
 
     data = synthetic_1d(args.n_train, args.n_test, seed=0)
     x, y, x_test = data.x_train.double(), data.y_train.double(), data.x_test.double()
-    model = NonParametricGPN(args.sizes, collapse=not args.no_collapse)
+    model = NonParametricGPN(args.sizes, collapse=not args.no_collapse, whiten=not args.centred)
     cost = gradient_cost_ms(model, x, y)
     cpu = time.process_time()
     result = run_nuts(model, x, y, x_test, init=args.init, **sampler_kwargs(args))

@@ -312,15 +312,22 @@ class NonParametricGPN(PyroModule):
                 z = cat_rows(z, z_test)
             a = (chol @ z.unsqueeze(-1)).squeeze(-1)
         else:
+            # draw dimensions (vectorised Predictive) belong one dimension left of the unit
+            # plates, which these sites sum over: give the normals batch shape [..., 1]
+            lift = chol.dim() > 2
+            train_tril = chol[..., :n_train, :n_train]
             a = pyro.sample(
                 f"A{top}_train",
                 dist.MultivariateNormal(
-                    _zeros(n_train, dtype), scale_tril=chol[..., :n_train, :n_train]
+                    _zeros(n_train, dtype),
+                    scale_tril=train_tril.unsqueeze(-3) if lift else train_tril,
                 ),
             )
             a = a.reshape(*batch, n_train) if a.dim() > 1 else a
             if n_all > n_train:
                 loc, scale_tril = conditional_rows(chol, n_train, a)
+                if lift:
+                    loc, scale_tril = loc.unsqueeze(-2), scale_tril.unsqueeze(-3)
                 a_test = pyro.sample(
                     f"A{top}_test", dist.MultivariateNormal(loc, scale_tril=scale_tril)
                 )
