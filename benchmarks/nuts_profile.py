@@ -3,7 +3,7 @@ and the effective sample size of every latent site (behind ``docs/results/nuts.m
 
 Example::
 
-    OMP_NUM_THREADS=1 python benchmarks/nuts_profile.py --sizes 1 4 1 --n-train 20 --n-test 10 \\
+    OMP_NUM_THREADS=1 python -m benchmarks.nuts_profile --sizes 1 4 1 --n-train 20 --n-test 10 \\
         --samples 40 --warmup 40 --init-steps 200 --max-tree-depth 8 --no-collapse
 """
 
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
+from benchmarks.nuts_common import add_sampler_args, convergence, sampler_kwargs, settings_of
 from pyro_gpn.data import synthetic_1d
-from pyro_gpn.diagnostics import max_rhat, min_ess
 from pyro_gpn.inference.mcmc import run_nuts
 from pyro_gpn.models.nonparametric import NonParametricGPN
 
@@ -41,65 +41,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 1])
     parser.add_argument("--n-train", type=int, default=60)
     parser.add_argument("--n-test", type=int, default=100)
-    parser.add_argument("--samples", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--chains", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", default="fit")
-    parser.add_argument("--metric", default="dense-block")
-    parser.add_argument("--max-tree-depth", type=int, default=10)
-    parser.add_argument("--target-accept", type=float, default=0.8)
-    parser.add_argument("--init-steps", type=int, default=500)
+    add_sampler_args(parser, chains=1, draws=100)
     parser.add_argument("--no-collapse", action="store_true", help="collapse=False")
+    parser.add_argument("--centred", action="store_true", help="whiten=False")
     args = parser.parse_args(argv)
 
     data = synthetic_1d(args.n_train, args.n_test, seed=0)
     x, y, x_test = data.x_train.double(), data.y_train.double(), data.x_test.double()
-    model = NonParametricGPN(args.sizes, collapse=not args.no_collapse)
+    model = NonParametricGPN(args.sizes, collapse=not args.no_collapse, whiten=not args.centred)
     cost = gradient_cost_ms(model, x, y)
     cpu = time.process_time()
-    result = run_nuts(
-        model,
-        x,
-        y,
-        x_test,
-        num_samples=args.samples,
-        warmup_steps=args.warmup,
-        num_chains=args.chains,
-        seed=args.seed,
-        init=args.init,
-        metric=args.metric,
-        max_tree_depth=args.max_tree_depth,
-        target_accept_prob=args.target_accept,
-        init_steps=args.init_steps,
-    )
+    result = run_nuts(model, x, y, x_test, init=args.init, **sampler_kwargs(args))
     cpu = time.process_time() - cpu
-    idata = result.to_arviz()
     import arviz as az
 
-    ess = az.ess(idata.posterior)
-    per_site = {k: round(float(np.nanmin(v.values)), 1) for k, v in ess.data_vars.items()}
-    stats = result.sample_stats
-    steps = np.concatenate([s["n_steps"] for s in stats])
-    depth = np.concatenate([s["tree_depth"] for s in stats])
-    last = f"sigma{len(args.sizes) - 1}"
+    ess = az.ess(result.to_arviz().posterior)
     report = {
-        "settings": vars(args),
+        "settings": settings_of(args),
         "grad_ms": round(cost, 2),
-        "init_s": round(result.init_time_s, 1),
-        "wall_s": round(result.wall_time_s, 1),
         "cpu_s": round(cpu, 1),
-        "step_size": [round(s["step_size"][-1], 4) for s in stats],
-        "mean_steps": round(float(steps.mean()), 1),
-        "tree_depth_hist": np.bincount(depth).tolist(),
-        "divergences": int(result.num_divergences),
-        "min_ess_per_site": per_site,
-        "ess_pred": round(min_ess(idata, ["y_test"], group="posterior_predictive"), 1),
-        "ess_noise": round(min_ess(idata, [last]), 1),
+        "chain_cpu_s": result.chain_cpu_s,
+        **convergence(result, [f"sigma{len(args.sizes) - 1}"]),
+        "min_ess_per_site": {
+            k: round(float(np.nanmin(v.values)), 1) for k, v in ess.data_vars.items()
+        },
     }
-    if args.chains > 1:
-        report["rhat_pred"] = round(max_rhat(idata, ["y_test"], group="posterior_predictive"), 3)
-        report["rhat_noise"] = round(max_rhat(idata, [last]), 3)
     print(json.dumps(report))
     return report
 

@@ -19,10 +19,13 @@ permutations, sign flips) and are not reported. Test log-likelihood in original 
 ``lpd`` is the mean over test rows of ``log mean_d p(y_j | theta_d)``; ``ll_gauss`` that of the
 moment-matched Gaussian of the predictive draws (what ``docs/results/routes.md`` reports).
 
+Progress: a line per chain every ``--progress-every`` iterations on stderr; with
+``--checkpoint-dir`` every finished chain is saved and a rerun of the same command resumes.
+
 Example::
 
-    OMP_NUM_THREADS=1 python benchmarks/nuts_runs.py --run synthetic --sizes 1 4 1 \\
-        --chains 4 --samples 500 --warmup 500 --out docs/results/nuts_runs/synthetic.json
+    OMP_NUM_THREADS=1 python -m benchmarks.nuts_runs --run synthetic --sizes 1 4 1 \\
+        --checkpoint-dir /tmp/nuts_synthetic --out docs/results/nuts_runs/synthetic.json
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from pyro_gpn.diagnostics import heldout_lpd_from_draws, max_rhat, min_ess
+from benchmarks.nuts_common import add_sampler_args, convergence, sampler_kwargs, settings_of
+from pyro_gpn.diagnostics import heldout_lpd_from_draws
 from pyro_gpn.inference.mcmc import run_nuts
 from pyro_gpn.models.nonparametric import NonParametricGPN
 from pyro_gpn.models.sampled_targets import SampledTargetsGPN
@@ -61,13 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-train", type=int, default=None)
     parser.add_argument("--n-train", type=int, default=100)
     parser.add_argument("--model", default="nonparametric")
-    parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=500)
-    parser.add_argument("--warmup", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--metric", default="dense-block")
-    parser.add_argument("--max-tree-depth", type=int, default=10)
-    parser.add_argument("--target-accept", type=float, default=0.8)
+    add_sampler_args(parser, chains=4, draws=500)
     parser.add_argument("--num-inducing", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -101,49 +98,19 @@ def main(argv: list[str] | None = None) -> dict:
             likelihood="gaussian" if task == "regression" else "bernoulli",
         )
     cpu = time.process_time()
-    result = run_nuts(
-        model,
-        x,
-        y,
-        x_test,
-        num_samples=args.samples,
-        warmup_steps=args.warmup,
-        num_chains=args.chains,
-        seed=args.seed,
-        metric=args.metric,
-        max_tree_depth=args.max_tree_depth,
-        target_accept_prob=args.target_accept,
-    )
+    result = run_nuts(model, x, y, x_test, **sampler_kwargs(args))
     cpu = time.process_time() - cpu
-    idata = result.to_arviz()
     noise = [s for s in model.parameter_sites() if s.startswith("sigma")]
     pred = "y_test" if task == "regression" else "p_test"
-    rhat = {
-        "predictive": max_rhat(idata, [pred], group="posterior_predictive"),
-        "noise": max_rhat(idata, noise) if noise else None,
-    }
-    ess = {
-        "predictive": min_ess(idata, [pred], group="posterior_predictive"),
-        "noise": min_ess(idata, noise) if noise else None,
-    }
     lpd = heldout_lpd_from_draws(result.test_log_density(y_test))
-    stats = result.sample_stats
-    steps = np.concatenate([s["n_steps"] for s in stats]) if stats else np.array([np.nan])
     report = {
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings_of(args),
         "rows": {"train": len(x), "test": len(x_test)},
         "machine": f"{platform.machine()}, torch {torch.__version__}, threads "
         f"{torch.get_num_threads()}",
-        "load_before_end": " ".join(f"{v:.1f}" for v in __import__("os").getloadavg()),
-        "wall_s": round(result.wall_time_s, 1),
-        "init_s": round(result.init_time_s, 1),
-        "cpu_s": round(cpu, 1),
-        "max_rhat": rhat,
-        "min_bulk_ess": ess,
-        "divergences": int(result.num_divergences),
-        "divergence_rate": result.divergence_rate,
-        "mean_leapfrog_steps": float(steps.mean()),
-        "step_size": [round(s["step_size"][-1], 4) for s in stats] if stats else None,
+        "cpu_s_this_process": round(cpu, 1),
+        "chain_cpu_s": result.chain_cpu_s,
+        **convergence(result, noise, pred),
         "test_lpd": float(lpd.mean() - math.log(y_std)),
     }
     if task == "regression":

@@ -8,7 +8,7 @@ many test points have ``sin(x)`` inside the 90 % posterior predictive interval.
 
 Example (the run recorded in ``docs/results/nuts_synthetic.md``)::
 
-    OMP_NUM_THREADS=1 python benchmarks/nuts_synthetic.py --sizes 1 2 1 --num-train 20 \\
+    OMP_NUM_THREADS=1 python -m benchmarks.nuts_synthetic --sizes 1 2 1 --num-train 20 \\
         --num-test 10 --samples 200 --warmup 200 --chains 2 --seed 0
 """
 
@@ -20,6 +20,7 @@ import platform
 
 import torch
 
+from benchmarks.nuts_common import add_sampler_args, sampler_kwargs, settings_of
 from pyro_gpn.diagnostics import max_rhat, min_ess, num_divergences
 from pyro_gpn.inference.mcmc import run_nuts
 from pyro_gpn.models.nonparametric import NonParametricGPN
@@ -41,39 +42,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 1])
     parser.add_argument("--num-train", type=int, default=20)
     parser.add_argument("--num-test", type=int, default=10)
-    parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--chains", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-seed", type=int, default=1)
-    parser.add_argument("--target-accept", type=float, default=0.8)
-    parser.add_argument("--max-tree-depth", type=int, default=10)
+    add_sampler_args(parser, chains=2, draws=200)
     parser.add_argument("--centred", action="store_true", help="whiten=False")
     parser.add_argument("--joint", action="store_true", help="test rows inside the chain")
     args = parser.parse_args(argv)
 
     x, y, x_test = sine_data(args.num_train, args.num_test, args.data_seed)
     model = NonParametricGPN(args.sizes, whiten=not args.centred)
-    result = run_nuts(
-        model,
-        x,
-        y,
-        x_test,
-        num_samples=args.samples,
-        warmup_steps=args.warmup,
-        num_chains=args.chains,
-        seed=args.seed,
-        joint=args.joint,
-        target_accept_prob=args.target_accept,
-        max_tree_depth=args.max_tree_depth,
-    )
+    result = run_nuts(model, x, y, x_test, joint=args.joint, **sampler_kwargs(args))
     idata = result.to_arviz()
     last = f"sigma{len(args.sizes) - 1}"
     test_group = "posterior" if args.joint else "posterior_predictive"
     truth = torch.sin(x_test[:, 0])
     low, high = result.y_test.quantile(0.05, dim=0), result.y_test.quantile(0.95, dim=0)
     report = {
-        "settings": vars(args),
+        "settings": settings_of(args),
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),

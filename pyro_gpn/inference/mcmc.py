@@ -46,6 +46,13 @@ the run on identified quantities -- the posterior predictive test outputs ``y_te
 probabilities ``p_test``) and the noise scales -- e.g.
 ``max_rhat(idata, ["y_test"], group="posterior_predictive")``.
 
+**Running the chains.** Each chain is its own Pyro ``MCMC``
+(:mod:`pyro_gpn.inference.nuts_chains`): ``workers`` chains at a time in spawned processes (Pyro's
+own parallel chains need ``num_chains <= cpu_count - 1``), a progress line per chain every
+``progress_every`` iterations, and with ``checkpoint_dir`` every finished chain saved, so that an
+interrupted run resumes. Chain ``c`` is seeded by ``(seed, c)`` alone, so the draws do not depend
+on ``workers``.
+
 **ArviZ.** :meth:`NUTSResult.to_arviz` returns ``posterior``, ``posterior_predictive``,
 ``log_likelihood`` (pointwise terms for ``az.loo`` / ``az.waic``), ``sample_stats`` (with the
 energy for ``az.bfmi`` and ``az.plot_energy``) and ``observed_data``;
@@ -62,6 +69,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import pyro
 import torch
@@ -71,6 +79,7 @@ from torch import Tensor
 from pyro_gpn.models.nonparametric import NonParametricGPN
 from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 
+from .nuts_chains import ChainSpec, merge_chains, run_chains
 from .nuts_kernel import RecordingNUTS
 from .nuts_result import NUTSResult
 from .nuts_setup import fit_initial_params, laplace_inverse_mass
@@ -101,6 +110,9 @@ def run_nuts(
     jit_compile: bool = True,
     mp_context: str | None = None,
     disable_progbar: bool = True,
+    workers: int = 1,
+    progress_every: int = 0,
+    checkpoint_dir: str | Path | None = None,
 ) -> NUTSResult:
     """Sample the posterior of a non-parametric GPN with NUTS and predict the test outputs.
 
@@ -111,10 +123,8 @@ def run_nuts(
         x_test: optional ``[S_test, M]`` test inputs.
         num_samples: draws kept per chain.
         warmup_steps: adaptation steps per chain (step size and mass matrix), discarded.
-        num_chains: independent chains. Pyro runs them in parallel processes when more than
-            ``num_chains`` CPUs are free, else one after another in this process (the
-            sequential path is the one tested here, and the only one that records the
-            per-transition ``sample_stats`` beyond divergences).
+        num_chains: independent chains, each run as its own Pyro ``MCMC`` (see ``workers``)
+            and merged into one multi-chain run.
         seed: seeds Pyro's RNGs (initialisation, momenta, predictive draws).
         joint: sample the test rows inside the chain (paper's formulation) instead of drawing
             them from their exact conditionals afterwards (see the module docstring).
@@ -140,8 +150,17 @@ def run_nuts(
             depends only on shapes, so the trace is exact, and it removes the Python overhead
             that dominates small problems (one chain of 100 + 100 draws of a ``[1, 1]`` network
             on 15 points took 4.4 s instead of 16 s on this project's shared 2-core machine).
-        mp_context: multiprocessing context for parallel chains (e.g. ``"spawn"``).
-        disable_progbar: hide Pyro's progress bar.
+        mp_context: ignored (kept for compatibility: parallel chains now use ``workers``).
+        disable_progbar: hide Pyro's progress bar (one per chain).
+        workers: chains run at the same time, in spawned worker processes (``1``, the
+            default: one after another in this process). Worth it only with idle cores: each
+            chain's gradient runs on one thread.
+        progress_every: print a line per chain to stderr every that many iterations (stage,
+            step size, leapfrog steps of the last transition, divergences, seconds); ``0``
+            (default): silent.
+        checkpoint_dir: save every finished chain there and reuse saved chains of the same
+            settings (:func:`~pyro_gpn.inference.nuts_chains.chain_key`), so that an
+            interrupted run resumes with the chains it has not finished.
 
     Returns:
         a :class:`NUTSResult`.
@@ -184,17 +203,12 @@ def run_nuts(
             seed=seed,
             jit_compile=jit_compile,
         )
-        if num_chains == 1:
-            initial_params = {k: v[0] for k, v in initial_params.items()}
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     inverse_mass = None
     if metric == "laplace" and initial_params is not None:
-        chains = (
-            initial_params if num_chains > 1 else {k: v[None] for k, v in initial_params.items()}
-        )
         inverse_mass = laplace_inverse_mass(
-            model, x_train, y_train, x_test if joint else None, chains
+            model, x_train, y_train, x_test if joint else None, initial_params
         )
         kernel_kwargs.update(full_mass=True, adapt_mass_matrix=False)
     elif metric == "laplace":
@@ -204,32 +218,46 @@ def run_nuts(
         kernel_kwargs["full_mass"] = [block] if block else False
     elif metric == "dense":
         kernel_kwargs["full_mass"] = True
-    kernel = RecordingNUTS(
-        model.model,
+    kernel_kwargs.update(
         target_accept_prob=target_accept_prob,
         max_tree_depth=max_tree_depth,
         jit_compile=jit_compile,
         ignore_jit_warnings=jit_compile,
-        inverse_mass=inverse_mass,
-        **kernel_kwargs,
     )
+    args = (x_train, y_train, x_test if joint else None)
+    specs = [
+        ChainSpec(
+            model=model.model,
+            args=args,
+            num_samples=num_samples,
+            warmup_steps=warmup_steps,
+            seed=seed,
+            chain=c,
+            num_chains=num_chains,
+            kernel_kwargs=kernel_kwargs,
+            initial_params=None
+            if initial_params is None
+            else {k: v[c] for k, v in initial_params.items()},
+            inverse_mass=None if inverse_mass is None else inverse_mass[c],
+            progress_every=progress_every,
+            disable_progbar=disable_progbar,
+        )
+        for c in range(num_chains)
+    ]
+    init_time = time.perf_counter() - start
+    start = time.perf_counter()
+    chains = run_chains(specs, workers=workers, checkpoint_dir=checkpoint_dir)
+    wall_time = time.perf_counter() - start
     with warnings.catch_warnings():
-        # expected on small machines, and torch's notice about the JIT Pyro uses internally
         warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
-        warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
-        mcmc = MCMC(
-            kernel,
+        template = MCMC(
+            RecordingNUTS(model.model, **kernel_kwargs),
             num_samples=num_samples,
             warmup_steps=warmup_steps,
             num_chains=num_chains,
-            initial_params=initial_params,
-            mp_context=mp_context,
-            disable_progbar=disable_progbar,
         )
-        init_time = time.perf_counter() - start
-        start = time.perf_counter()
-        mcmc.run(x_train, y_train, x_test if joint else None)
-        wall_time = time.perf_counter() - start
+    mcmc = merge_chains(chains, template)
+    mcmc._args, mcmc._kwargs = args, {}
     samples = mcmc.get_samples()
 
     predictive: dict[str, Tensor] = {}
@@ -238,6 +266,7 @@ def run_nuts(
             predictive = {"y_test": samples["y_test"]}
         else:
             sites = ["y_test"] + (["p_test"] if model.likelihood != "gaussian" else [])
+            pyro.set_rng_seed(seed)  # the same draws whichever process ran the chains
             draw = Predictive(
                 model.model, posterior_samples=samples, return_sites=sites, parallel=True
             )
@@ -248,7 +277,7 @@ def run_nuts(
             predictive["p_test"] = p_test.reshape(p_test.shape[0], *p_test.shape[-2:])
         if isinstance(model, SampledTargetsGPN) and model.likelihood == "gaussian":
             predictive["y_test"] = predictive["y_test"].mT  # the [N_L, S_test] site layout
-    stats = kernel.records if len(kernel.records) == num_chains else None
+    stats = [c["stats"] for c in chains]
     return NUTSResult(
         mcmc=mcmc,
         samples=samples,
@@ -261,4 +290,6 @@ def run_nuts(
         wall_time_s=wall_time,
         init_time_s=init_time,
         sample_stats=stats,
+        chain_wall_s=[round(c["wall_s"], 2) for c in chains],
+        chain_cpu_s=[round(c["cpu_s"], 2) for c in chains],
     )

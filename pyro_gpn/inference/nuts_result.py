@@ -50,7 +50,9 @@ class NUTSResult:
         init_time_s: seconds spent finding the chains' starting points (``init="fit"``).
         sample_stats: per chain, the per-transition statistics recorded after warm-up
             (``energy``, ``lp``, ``n_steps``, ``tree_depth``, ``step_size``,
-            ``acceptance_rate``); ``None`` when the chains ran in other processes.
+            ``acceptance_rate``).
+        chain_wall_s, chain_cpu_s: per chain, the wall and process CPU seconds of its warm-up
+            and sampling (in the process that ran it; for a resumed chain, of its first run).
     """
 
     mcmc: MCMC
@@ -64,6 +66,8 @@ class NUTSResult:
     wall_time_s: float
     init_time_s: float = 0.0
     sample_stats: list[dict[str, list[float]]] | None = None
+    chain_wall_s: list[float] | None = None
+    chain_cpu_s: list[float] | None = None
     _idata: object = field(default=None, init=False, repr=False, compare=False)
 
     @property

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from pyro_gpn.kernels import gpn_kernel
 
-__all__ = ["cat_rows", "conditional_rows", "layer_cholesky"]
+__all__ = ["activation_cholesky", "cat_rows", "conditional_rows", "layer_cholesky"]
 
 
 def layer_cholesky(
@@ -39,6 +39,44 @@ def layer_cholesky(
     cov = cov + diag[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype)
     chol, info = torch.linalg.cholesky_ex(cov)
     # no data-dependent branch here, so that a JIT trace keeps the failure path
+    return torch.where((info > 0)[..., None, None], torch.nan, chol)
+
+
+def activation_cholesky(
+    inputs: Tensor,
+    weight: Tensor,
+    noise_std: Tensor,
+    lengthscale: Tensor | float,
+    top_weight: Tensor,
+    jitter: float,
+) -> Tensor:
+    r"""Cholesky factor of the next layer's activations ``A = X W_top^T`` over all rows, with
+    the hidden outputs ``X`` of this layer integrated out (``collapse=True`` of
+    :class:`~pyro_gpn.models.nonparametric.NonParametricGPN`).
+
+    The hidden outputs are independent Gaussians per unit, ``X_{\star n} ~ N(0, C_n)`` with
+    ``C_n = K_{w_n}(X^{l-1}, X^{l-1}) + sigma_n^2 I`` (``eq:gpn_output_marginal``), so ``A`` is
+    jointly Gaussian with ``Cov(A_{sk}, A_{tj}) = sum_n V_{kn} V_{jn} (C_n)_{st}``
+    (``V`` = ``top_weight``), flattened rows major (index ``s K + k``).
+
+    Args:
+        inputs: ``[..., S, M]`` the previous layer's outputs.
+        weight: ``[..., N, M]`` this layer's weights, one row per unit.
+        noise_std: ``[..., N]``; lengthscale: scalar or ``[..., N]``.
+        top_weight: ``[..., K, N]`` the next layer's weights.
+        jitter: added to the diagonal of the ``[S K, S K]`` covariance.
+
+    Returns:
+        ``[..., S K, S K]`` lower-triangular factor, NaN where the factorisation fails.
+    """
+    cov = gpn_kernel(inputs, None, weight.mT, lengthscale)  # [..., N, S, S]
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
+    cov = cov + noise_std.square()[..., None, None] * eye
+    rows, width = cov.shape[-1], top_weight.shape[-2]
+    joint = torch.einsum("...kn,...jn,...nst->...sktj", top_weight, top_weight, cov)
+    joint = joint.reshape(*joint.shape[:-4], rows * width, rows * width)
+    joint = joint + jitter * torch.eye(rows * width, dtype=cov.dtype)
+    chol, info = torch.linalg.cholesky_ex(joint)
     return torch.where((info > 0)[..., None, None], torch.nan, chol)
 
 

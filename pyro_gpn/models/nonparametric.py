@@ -104,10 +104,17 @@ import torch
 from pyro.nn.module import PyroModule, pyro_method
 from torch import Tensor
 
-from pyro_gpn._validation import check_finite, check_ndim, check_tensor
-from pyro_gpn.kernels import gpn_kernel
-
-from .gp_rows import cat_rows, conditional_rows, layer_cholesky
+from .gp_rows import activation_cholesky, cat_rows, conditional_rows, layer_cholesky
+from .nuts_inputs import (
+    LIKELIHOODS,
+    check_positive,
+    check_prior,
+    check_sizes,
+    check_xy,
+    class_probs,
+    default_noise_prior,
+    per_layer,
+)
 
 __all__ = [
     "DEFAULT_MAX_SAMPLES",
@@ -117,33 +124,8 @@ __all__ = [
     "layer_cholesky",
 ]
 
-LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
-"""Observation models of the last layer: Gaussian noise (regression, the last layer's GP is
-integrated out), or a Bernoulli / categorical likelihood on its latent function values."""
-
 DEFAULT_MAX_SAMPLES = 500
 """Default limit on train + test rows for exact inference (see the module docstring)."""
-
-
-def _per_layer(name: str, value: object, num_layers: int) -> list:
-    """Broadcast a single prior (or ``None``) to every layer, or check a per-layer sequence."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != num_layers:
-            raise ValueError(
-                f"{name} must have one entry per layer ({num_layers}), got {len(value)}"
-            )
-        return list(value)
-    return [value] * num_layers
-
-
-def _check_prior(name: str, prior: object) -> None:
-    if prior is not None and not isinstance(prior, dist.Distribution):
-        raise ValueError(f"{name} must be a pyro Distribution, got {type(prior).__name__}")
-    if prior is not None and prior.event_shape != ():
-        raise ValueError(
-            f"{name} must be a distribution over scalars, got event_shape "
-            f"{tuple(prior.event_shape)}"
-        )
 
 
 class NonParametricGPN(PyroModule):
@@ -190,30 +172,15 @@ class NonParametricGPN(PyroModule):
         collapse: bool = True,
     ) -> None:
         super().__init__()
-        sizes = [int(s) for s in sizes]
-        if len(sizes) < 2 or any(s < 1 for s in sizes):
-            raise ValueError(
-                f"sizes must list >= 2 positive widths [M, N_1, ..., N_L], got {sizes}"
-            )
-        for name, value in (("weight_scale", weight_scale), ("lengthscale", lengthscale)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be positive and finite, got {value}")
-        if not (math.isfinite(jitter) and jitter >= 0):
-            raise ValueError(f"jitter must be non-negative and finite, got {jitter}")
+        sizes = check_sizes(sizes, likelihood)
+        weight_scale = check_positive("weight_scale", weight_scale)
+        lengthscale = check_positive("lengthscale", lengthscale)
+        jitter = check_positive("jitter", jitter, allow_zero=True)
+        classification_jitter = check_positive("classification_jitter", classification_jitter)
         if max_samples < 2:
             raise ValueError(f"max_samples must be at least 2, got {max_samples}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-        if likelihood not in LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-        if likelihood == "bernoulli" and sizes[-1] != 1:
-            raise ValueError(f"likelihood='bernoulli' needs one output, got sizes {sizes}")
-        if likelihood == "categorical" and sizes[-1] < 2:
-            raise ValueError(f"likelihood='categorical' needs >= 2 outputs, got sizes {sizes}")
-        if not (math.isfinite(classification_jitter) and classification_jitter > 0):
-            raise ValueError(
-                f"classification_jitter must be positive and finite, got {classification_jitter}"
-            )
         self.likelihood = likelihood
         self.collapse = bool(collapse)
         self.classification_jitter = float(classification_jitter)
@@ -226,20 +193,16 @@ class NonParametricGPN(PyroModule):
         self.max_samples = int(max_samples)
         self.dtype = dtype
         if noise_prior is None:
-            noise_prior = dist.LogNormal(
-                torch.tensor(math.log(0.1), dtype=dtype), torch.tensor(1.0, dtype=dtype)
-            )
-        self.noise_priors = _per_layer("noise_prior", noise_prior, self.num_layers)
-        self.lengthscale_priors = _per_layer(
-            "lengthscale_prior", lengthscale_prior, self.num_layers
-        )
+            noise_prior = default_noise_prior(dtype)
+        self.noise_priors = per_layer("noise_prior", noise_prior, self.num_layers)
+        self.lengthscale_priors = per_layer("lengthscale_prior", lengthscale_prior, self.num_layers)
         for l, (noise, scale) in enumerate(
             zip(self.noise_priors, self.lengthscale_priors, strict=True), 1
         ):
             if noise is None:
                 raise ValueError(f"noise_prior of layer {l} must not be None")
-            _check_prior(f"noise_prior (layer {l})", noise)
-            _check_prior(f"lengthscale_prior (layer {l})", scale)
+            check_prior(f"noise_prior (layer {l})", noise)
+            check_prior(f"lengthscale_prior (layer {l})", scale)
 
     @property
     def num_outputs(self) -> int:
@@ -265,19 +228,10 @@ class NonParametricGPN(PyroModule):
         Raises ``ValueError`` naming the argument for wrong shapes, non-finite values, or more
         than ``max_samples`` rows in total.
         """
-        m, n_out = self.sizes[0], self.num_outputs
-        check_ndim("x_train", check_tensor("x_train", x_train), 2)
-        if x_train.shape[-1] != m:
-            raise ValueError(f"x_train must have {m} columns, got shape {tuple(x_train.shape)}")
-        if x_train.shape[0] < 1:
-            raise ValueError("x_train must have at least one row")
-        num_test = 0
-        if x_test is not None:
-            check_ndim("x_test", check_tensor("x_test", x_test), 2)
-            if x_test.shape[-1] != m:
-                raise ValueError(f"x_test must have {m} columns, got shape {tuple(x_test.shape)}")
-            num_test = x_test.shape[0]
-        total = x_train.shape[0] + num_test
+        x_train, y_train, x_test = check_xy(
+            self.sizes, self.likelihood, self.dtype, x_train, y_train, x_test
+        )
+        total = x_train.shape[0] + (0 if x_test is None else x_test.shape[0])
         if total > self.max_samples:
             raise ValueError(
                 f"x_train and x_test have {total} rows together, more than max_samples="
@@ -286,42 +240,9 @@ class NonParametricGPN(PyroModule):
                 "hidden outputs add S latent dimensions per hidden unit. Raise max_samples if "
                 "you accept the cost, or use a parametric or variational GPN."
             )
-        if y_train is not None and self.likelihood != "gaussian":
-            if not isinstance(y_train, Tensor):
-                raise TypeError(f"y_train must be a torch.Tensor, got {type(y_train).__name__}")
-            if y_train.dim() == 2 and y_train.shape[-1] == 1:
-                y_train = y_train[:, 0]
-            if y_train.shape != (x_train.shape[0],):
-                raise ValueError(
-                    f"y_train must hold one class label per row, shape ({x_train.shape[0]},), "
-                    f"got {tuple(y_train.shape)}"
-                )
-            classes = 2 if self.likelihood == "bernoulli" else n_out
-            if (
-                not torch._C._get_tracing_state()
-                and ((y_train < 0) | (y_train >= classes) | (y_train != y_train.round())).any()
-            ):
-                raise ValueError(f"y_train must hold integer class labels in [0, {classes})")
-            y_train = y_train.to(self.dtype if self.likelihood == "bernoulli" else torch.long)
-        elif y_train is not None:
-            check_tensor("y_train", y_train)
-            if y_train.dim() == 1 and n_out == 1:
-                y_train = y_train.unsqueeze(-1)
-            if y_train.shape != (x_train.shape[0], n_out):
-                raise ValueError(
-                    f"y_train must have shape ({x_train.shape[0]}, {n_out})"
-                    + (f" or ({x_train.shape[0]},)" if n_out == 1 else "")
-                    + f", got {tuple(y_train.shape)}"
-                )
-            y_train = y_train.to(self.dtype).mT
-        if not torch._C._get_tracing_state():  # value checks would break a JIT trace
-            check_finite("x_train", x_train)
-            if x_test is not None:
-                check_finite("x_test", x_test)
-            if y_train is not None and y_train.is_floating_point():
-                check_finite("y_train", y_train)
-        x_test = None if x_test is None else x_test.to(self.dtype)
-        return x_train.to(self.dtype), y_train, x_test
+        if y_train is not None and self.likelihood == "gaussian":
+            y_train = y_train.mT
+        return x_train, y_train, x_test
 
     def _sample_weight(self, l: int) -> Tensor:
         """Layer ``l``'s weights ``[..., N_l, M_l]`` (inside its unit plate)."""
@@ -372,20 +293,13 @@ class NonParametricGPN(PyroModule):
         posterior of everything else is unchanged.
         """
         l, top = self.num_layers - 1, self.num_layers
-        width, dtype = self.sizes[top], self.dtype
+        width, dtype, rows = self.sizes[top], self.dtype, inputs.shape[-2]
         with pyro.plate(f"units{l}", self.sizes[l], dim=-1):
             weight = self._sample_weight(l)
             noise_std, lengthscale = self._noise_and_lengthscale(l, True)
-            cov = gpn_kernel(inputs, None, weight.mT, lengthscale)  # [..., N, S, S]
-            cov = cov + noise_std.square()[..., None, None] * torch.eye(cov.shape[-1], dtype=dtype)
         with top_units:
             w_top = self._sample_weight(top)  # [..., K, N]
-        rows = cov.shape[-1]
-        joint = torch.einsum("...kn,...jn,...nst->...sktj", w_top, w_top, cov)
-        joint = joint.reshape(*joint.shape[:-4], rows * width, rows * width)
-        joint = joint + self.jitter * torch.eye(rows * width, dtype=dtype)
-        chol, info = torch.linalg.cholesky_ex(joint)
-        chol = torch.where((info > 0)[..., None, None], torch.nan, chol)
+        chol = activation_cholesky(inputs, weight, noise_std, lengthscale, w_top, self.jitter)
         n_train, n_all = num_train * width, rows * width
         batch = chol.shape[:-2]
         if self.whiten:
@@ -398,15 +312,22 @@ class NonParametricGPN(PyroModule):
                 z = cat_rows(z, z_test)
             a = (chol @ z.unsqueeze(-1)).squeeze(-1)
         else:
+            # draw dimensions (vectorised Predictive) belong one dimension left of the unit
+            # plates, which these sites sum over: give the normals batch shape [..., 1]
+            lift = chol.dim() > 2
+            train_tril = chol[..., :n_train, :n_train]
             a = pyro.sample(
                 f"A{top}_train",
                 dist.MultivariateNormal(
-                    _zeros(n_train, dtype), scale_tril=chol[..., :n_train, :n_train]
+                    _zeros(n_train, dtype),
+                    scale_tril=train_tril.unsqueeze(-3) if lift else train_tril,
                 ),
             )
             a = a.reshape(*batch, n_train) if a.dim() > 1 else a
             if n_all > n_train:
                 loc, scale_tril = conditional_rows(chol, n_train, a)
+                if lift:
+                    loc, scale_tril = loc.unsqueeze(-2), scale_tril.unsqueeze(-3)
                 a_test = pyro.sample(
                     f"A{top}_test", dist.MultivariateNormal(loc, scale_tril=scale_tril)
                 )
@@ -504,7 +425,7 @@ class NonParametricGPN(PyroModule):
         if not with_test:
             return None
         test_logits = logits[..., num_train:, :]
-        pyro.deterministic("p_test", _class_probs(test_logits, self.likelihood))
+        pyro.deterministic("p_test", class_probs(test_logits, self.likelihood))
         with pyro.plate("test_rows", logits.shape[-2] - num_train, dim=-1):
             return self._label_site("y_test", test_logits, None)
 
@@ -556,14 +477,6 @@ class NonParametricGPN(PyroModule):
     ) -> Tensor | None:
         """Alias of :meth:`model`."""
         return self.model(x_train, y_train, x_test)
-
-
-def _class_probs(logits: Tensor, likelihood: str) -> Tensor:
-    """Class probabilities ``[..., S, C]`` from the latent function ``[..., S, N_L]``."""
-    if likelihood == "bernoulli":
-        p = torch.sigmoid(logits)
-        return torch.cat([1 - p, p], dim=-1)
-    return torch.softmax(logits, dim=-1)
 
 
 def _zeros(size: int, dtype: torch.dtype) -> Tensor:

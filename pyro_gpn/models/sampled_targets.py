@@ -63,11 +63,15 @@ import torch
 from pyro.nn.module import PyroModule, pyro_method
 from torch import Tensor
 
-from pyro_gpn._validation import check_finite, check_ndim, check_tensor
+from .nuts_inputs import (
+    LIKELIHOODS,
+    check_positive,
+    check_sizes,
+    check_xy,
+    default_noise_prior,
+)
 
 __all__ = ["LIKELIHOODS", "SampledTargetsGPN", "clt_layer_moments"]
-
-LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
 
 
 def clt_layer_moments(
@@ -161,27 +165,15 @@ class SampledTargetsGPN(PyroModule):
         dtype: torch.dtype = torch.float64,
     ) -> None:
         super().__init__()
-        sizes = [int(s) for s in sizes]
-        if len(sizes) < 2 or any(s < 1 for s in sizes):
-            raise ValueError(
-                f"sizes must list >= 2 positive widths [M, N_1, ..., N_L], got {sizes}"
-            )
-        if likelihood not in LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-        if likelihood == "bernoulli" and sizes[-1] != 1:
-            raise ValueError(f"likelihood='bernoulli' needs one output, got sizes {sizes}")
-        if likelihood == "categorical" and sizes[-1] < 2:
-            raise ValueError(f"likelihood='categorical' needs >= 2 outputs, got sizes {sizes}")
+        sizes = check_sizes(sizes, likelihood)
         if not isinstance(num_inducing, int) or num_inducing < 2:
             raise ValueError(f"num_inducing must be an integer >= 2, got {num_inducing!r}")
         low, high = inducing_range
         if not low < high:
             raise ValueError(f"inducing_range must be increasing, got {inducing_range}")
-        for name, value in (("lengthscale", lengthscale), ("weight_scale", weight_scale)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be positive and finite, got {value}")
-        if not (math.isfinite(jitter) and jitter >= 0):
-            raise ValueError(f"jitter must be non-negative and finite, got {jitter}")
+        lengthscale = check_positive("lengthscale", lengthscale)
+        weight_scale = check_positive("weight_scale", weight_scale)
+        jitter = check_positive("jitter", jitter, allow_zero=True)
         self.sizes = sizes
         self.num_layers = len(sizes) - 1
         self.likelihood = likelihood
@@ -191,11 +183,7 @@ class SampledTargetsGPN(PyroModule):
         self.jitter = float(jitter)
         self.dtype = dtype
         self.inducing_points = torch.linspace(low, high, num_inducing, dtype=dtype)
-        if noise_prior is None:
-            noise_prior = dist.LogNormal(
-                torch.tensor(math.log(0.1), dtype=dtype), torch.tensor(1.0, dtype=dtype)
-            )
-        self.noise_prior = noise_prior
+        self.noise_prior = default_noise_prior(dtype) if noise_prior is None else noise_prior
 
     @property
     def num_outputs(self) -> int:
@@ -215,45 +203,7 @@ class SampledTargetsGPN(PyroModule):
         self, x: Tensor, y: Tensor | None, x_test: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Validate ``x [S, M]`` and ``y`` (``[S]``/``[S, N_L]`` targets or ``[S]`` labels)."""
-        m = self.sizes[0]
-        check_ndim("x_train", check_tensor("x_train", x), 2)
-        if x.shape[-1] != m:
-            raise ValueError(f"x_train must have {m} columns, got shape {tuple(x.shape)}")
-        if x_test is not None:
-            check_ndim("x_test", check_tensor("x_test", x_test), 2)
-            if x_test.shape[-1] != m:
-                raise ValueError(f"x_test must have {m} columns, got shape {tuple(x_test.shape)}")
-        if y is not None:
-            if not isinstance(y, Tensor):
-                raise TypeError(f"y_train must be a torch.Tensor, got {type(y).__name__}")
-            if self.likelihood == "gaussian":
-                check_tensor("y_train", y)
-                if y.dim() == 1 and self.num_outputs == 1:
-                    y = y.unsqueeze(-1)
-                if y.shape != (x.shape[0], self.num_outputs):
-                    raise ValueError(
-                        f"y_train must have shape ({x.shape[0]}, {self.num_outputs}), got "
-                        f"{tuple(y.shape)}"
-                    )
-                y = y.to(self.dtype)
-            else:
-                if y.dim() == 2 and y.shape[-1] == 1:
-                    y = y[:, 0]
-                if y.shape != (x.shape[0],):
-                    raise ValueError(
-                        f"y_train must hold one label per row, shape ({x.shape[0]},), got "
-                        f"{tuple(y.shape)}"
-                    )
-                if not torch._C._get_tracing_state():
-                    classes = 2 if self.likelihood == "bernoulli" else self.num_outputs
-                    if ((y < 0) | (y >= classes) | (y != y.round())).any():
-                        raise ValueError(f"y_train must hold integer labels in [0, {classes})")
-                y = y.to(self.dtype if self.likelihood == "bernoulli" else torch.long)
-        if not torch._C._get_tracing_state():
-            check_finite("x_train", x)
-            if x_test is not None:
-                check_finite("x_test", x_test)
-        return x.to(self.dtype), y, None if x_test is None else x_test.to(self.dtype)
+        return check_xy(self.sizes, self.likelihood, self.dtype, x, y, x_test)
 
     def _sample_layers(self) -> list[tuple[Tensor, Tensor, Tensor | None]]:
         """Sample every layer's weights, targets and noise; ``[(W, U, sigma)]``."""

@@ -348,3 +348,33 @@ def test_classification_sites(likelihood):
     assert torch.isfinite(trace.log_prob_sum())
     with pytest.raises(ValueError, match="y_train must hold integer class labels"):
         gpn.model(x, labels + 5)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_vectorised_predictive_matches_draw_by_draw(whiten):
+    """Predictive(parallel=True) over several draws (as run_nuts and NUTSResult use it) gives
+    each draw the densities of a trace of that draw alone; the centred collapsed sites once got
+    a [D, D] batch here."""
+    x, y, x_test = _data(m=2)
+    gpn = NonParametricGPN([2, 3, 1], whiten=whiten)
+    draws = Predictive(gpn.model, num_samples=3)(x, y)
+    post = {k: v for k, v in draws.items() if k != "y_train"}
+    site = "Za2_test" if whiten else "A2_test"
+    trace = Predictive(
+        gpn.model, posterior_samples=post, parallel=True, return_sites=[]
+    ).get_vectorized_trace(x, y, x_test)
+    values = {k: trace.nodes[k]["value"] for k in [*post, site, "y_test"]}
+    vec = trace.nodes[site]["fn"].log_prob(values[site]).reshape(-1)
+    vec_y = trace.nodes["y_test"]["fn"].log_prob(values["y_test"]).reshape(-1)
+    assert vec.shape == vec_y.shape == (3,)
+    shapes = {
+        k: s["value"].shape
+        for k, s in _sites(poutine.trace(gpn.model).get_trace(x, y, x_test)).items()
+    }
+    for d in range(3):
+        one = {k: v[d].reshape(shapes[k]) for k, v in values.items()}
+        single = poutine.trace(poutine.condition(gpn.model, data=one)).get_trace(x, y, x_test)
+        got = single.nodes[site]["fn"].log_prob(single.nodes[site]["value"]).sum()
+        torch.testing.assert_close(vec[d], got)
+        got_y = single.nodes["y_test"]["fn"].log_prob(single.nodes["y_test"]["value"]).sum()
+        torch.testing.assert_close(vec_y[d], got_y)

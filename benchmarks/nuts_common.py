@@ -1,0 +1,85 @@
+"""What the NUTS benchmark scripts share (``nuts_runs``, ``nuts_profile``, ``nuts_synthetic``):
+the sampler's command-line options, their mapping onto :func:`pyro_gpn.inference.mcmc.run_nuts`,
+and the convergence summary on the identified quantities.
+
+Run the scripts as modules from the repository root (``python -m benchmarks.nuts_runs ...``), so
+that the checkout's ``pyro_gpn`` is the one imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pyro_gpn.diagnostics import max_rhat, min_ess
+
+
+def add_sampler_args(parser: argparse.ArgumentParser, *, chains: int, draws: int) -> None:
+    """The options of :func:`run_nuts` every script takes (defaults: the library's, except the
+    chains and draws)."""
+    parser.add_argument("--chains", type=int, default=chains)
+    parser.add_argument("--samples", type=int, default=draws)
+    parser.add_argument("--warmup", type=int, default=draws)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metric", default="dense-block")
+    parser.add_argument("--max-tree-depth", type=int, default=10)
+    parser.add_argument("--target-accept", type=float, default=0.8)
+    parser.add_argument("--init-steps", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=1, help="chains run at the same time")
+    parser.add_argument("--progress-every", type=int, default=50, help="0: silent")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="resume from here")
+
+
+def sampler_kwargs(args: argparse.Namespace) -> dict:
+    """``run_nuts`` keyword arguments from :func:`add_sampler_args`' options."""
+    return {
+        "num_samples": args.samples,
+        "warmup_steps": args.warmup,
+        "num_chains": args.chains,
+        "seed": args.seed,
+        "metric": args.metric,
+        "max_tree_depth": args.max_tree_depth,
+        "target_accept_prob": args.target_accept,
+        "init_steps": args.init_steps,
+        "workers": args.workers,
+        "progress_every": args.progress_every,
+        "checkpoint_dir": args.checkpoint_dir,
+    }
+
+
+def settings_of(args: argparse.Namespace) -> dict:
+    """The options as JSON-ready values."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def convergence(result, noise_sites: list[str], predictive: str = "y_test") -> dict:
+    """r-hat (rank-normalised split, max) and bulk ESS (min) of the posterior predictive test
+    outputs and the noise scales, divergences, leapfrog steps and the adapted step sizes."""
+    idata = result.to_arviz()
+    report = {
+        "max_rhat": {
+            "predictive": max_rhat(idata, [predictive], group="posterior_predictive"),
+            "noise": max_rhat(idata, noise_sites) if noise_sites else None,
+        },
+        "min_bulk_ess": {
+            "predictive": min_ess(idata, [predictive], group="posterior_predictive"),
+            "noise": min_ess(idata, noise_sites) if noise_sites else None,
+        },
+        "divergences": int(result.num_divergences),
+        "divergence_rate": result.divergence_rate,
+    }
+    stats = result.sample_stats
+    steps = np.concatenate([s["n_steps"] for s in stats])
+    depth = np.concatenate([s["tree_depth"] for s in stats]).astype(int)
+    report |= {
+        "mean_leapfrog_steps": float(steps.mean()),
+        "tree_depth_hist": np.bincount(depth).tolist(),
+        "step_size": [round(s["step_size"][-1], 4) for s in stats],
+        "wall_s": round(result.wall_time_s, 1),
+        "init_s": round(result.init_time_s, 1),
+        "load_at_end": " ".join(f"{v:.1f}" for v in os.getloadavg()),
+    }
+    return report

@@ -1,0 +1,118 @@
+"""Per-chain running of NUTS: checkpoints that resume, worker processes that give the same
+draws as the sequential path, progress lines, and the merged multi-chain ``MCMC``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyro_gpn.inference import nuts_chains
+from pyro_gpn.inference.mcmc import run_nuts
+from pyro_gpn.inference.nuts_chains import ChainSpec, chain_key, run_chains
+from pyro_gpn.models.nonparametric import NonParametricGPN
+
+F64 = torch.float64
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, 10, dtype=F64)[:, None]
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(10, generator=g, dtype=F64)
+    return x, y, x[:3]
+
+
+def _run(**kwargs):
+    x, y, x_test = _data()
+    settings = dict(num_samples=8, warmup_steps=8, num_chains=2, init_steps=10, seed=3)
+    return run_nuts(NonParametricGPN([1, 1]), x, y, x_test, **(settings | kwargs))
+
+
+def test_checkpoints_resume_without_rerunning(tmp_path, monkeypatch):
+    first = _run(checkpoint_dir=tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 2 and files[0].startswith("chain0-") and files[1].startswith("chain1-")
+
+    def fail(spec):
+        raise AssertionError("a checkpointed chain was run again")
+
+    monkeypatch.setattr(nuts_chains, "run_chain", fail)
+    again = _run(checkpoint_dir=tmp_path)
+    for name, value in first.samples.items():
+        torch.testing.assert_close(again.samples[name], value)
+    assert again.sample_stats == first.sample_stats
+    # other settings: a different key, so the chains must run (and here they fail)
+    with pytest.raises(AssertionError, match="run again"):
+        _run(checkpoint_dir=tmp_path, seed=4)
+
+
+def test_one_lost_chain_is_rerun_alone(tmp_path, monkeypatch):
+    first = _run(checkpoint_dir=tmp_path)
+    (lost,) = tmp_path.glob("chain1-*.pt")
+    lost.unlink()
+    calls = []
+    real = nuts_chains.run_chain
+    monkeypatch.setattr(
+        nuts_chains, "run_chain", lambda spec: calls.append(spec.chain) or real(spec)
+    )
+    again = _run(checkpoint_dir=tmp_path)
+    assert calls == [1]
+    torch.testing.assert_close(again.samples["W1"], first.samples["W1"])
+
+
+def test_chain_key_depends_on_what_sets_the_draws():
+    x, y, _ = _data()
+    model = NonParametricGPN([1, 1])
+    base = dict(
+        model=model.model,
+        args=(x, y, None),
+        num_samples=5,
+        warmup_steps=5,
+        seed=0,
+        chain=0,
+        num_chains=2,
+    )
+    key = chain_key(ChainSpec(**base))
+    assert key == chain_key(ChainSpec(**base))
+    assert key == chain_key(ChainSpec(**base, progress_every=3))  # progress: same draws
+    assert key != chain_key(ChainSpec(**(base | {"seed": 1})))
+    assert key != chain_key(ChainSpec(**(base | {"chain": 1})))
+    assert key != chain_key(ChainSpec(**(base | {"args": (x, y + 1e-9, None)})))
+    assert key != chain_key(
+        ChainSpec(**(base | {"model": NonParametricGPN([1, 1], jitter=1e-5).model}))
+    )
+    assert key != chain_key(ChainSpec(**base, kernel_kwargs={"max_tree_depth": 5}))
+
+
+def test_workers_give_the_sequential_draws():
+    """Chains in two spawned processes: the same draws as one after another (each chain is
+    seeded by its own index), and the per-transition statistics come back too."""
+    one = _run(workers=1)
+    two = _run(workers=2)
+    for name, value in one.samples.items():
+        torch.testing.assert_close(two.samples[name], value)
+    torch.testing.assert_close(two.y_test.mean(0), one.y_test.mean(0))
+    assert two.sample_stats is not None and len(two.sample_stats) == 2
+    assert two.sample_stats == one.sample_stats
+
+
+def test_chains_differ_and_merge_into_one_run():
+    result = _run()
+    w = result.mcmc.get_samples(group_by_chain=True)["W1"]
+    assert w.shape == (2, 8, 1, 1) and not torch.equal(w[0], w[1])
+    assert result.num_chains == 2 and result.num_samples == 8
+    idata = result.to_arviz()
+    assert idata.posterior.sizes["chain"] == 2 and idata.sample_stats["energy"].shape == (2, 8)
+    assert set(result.mcmc.diagnostics()["divergences"]) == {"chain 0", "chain 1"}
+
+
+def test_progress_lines(capsys):
+    _run(progress_every=4)
+    lines = capsys.readouterr().err.splitlines()
+    assert "chain 1/2 warmup 4/16: step size" in lines[0]
+    assert sum("sample 16/16" in line for line in lines) == 2
+    assert sum(" done: " in line for line in lines) == 2
+
+
+def test_bad_workers_raise():
+    with pytest.raises(ValueError, match="workers"):
+        run_chains([], workers=0)

@@ -1,0 +1,62 @@
+"""Tests of the row algebra of the non-parametric GPN layers: the collapsed activations'
+covariance against the linear map of the hidden outputs written as one matrix."""
+
+from __future__ import annotations
+
+import torch
+
+from pyro_gpn.kernels import gpn_kernel
+from pyro_gpn.models.gp_rows import activation_cholesky
+
+F64 = torch.float64
+
+
+def _blocks(s: int, m: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(s, m, generator=g, dtype=F64)
+    w = torch.randn(n, m, generator=g, dtype=F64)
+    noise = 0.1 + torch.rand(n, generator=g, dtype=F64)
+    top = torch.randn(k, n, generator=g, dtype=F64)
+    return x, w, noise, top
+
+
+def _reference(x, w, noise, top, lengthscale, jitter):
+    """Cov of vec(A), A = X top^T, X[:, n] ~ N(0, C_n) independent: with x = vec of X (units
+    major) and A_{sk} = sum_n top_{kn} X_{sn}, vec(A) = M x, Cov = M blockdiag(C_n) M^T."""
+    s, (k, n) = x.shape[0], top.shape
+    blocks = [
+        gpn_kernel(x, None, w[i : i + 1].mT, lengthscale)[0]
+        + noise[i] ** 2 * torch.eye(s, dtype=F64)
+        for i in range(n)
+    ]
+    big = torch.block_diag(*blocks)  # [n s, n s], index n_i * s + s_i
+    lin = torch.zeros(s * k, n * s, dtype=F64)
+    for si in range(s):
+        for ki in range(k):
+            for ni in range(n):
+                lin[si * k + ki, ni * s + si] = top[ki, ni]
+    return lin @ big @ lin.mT + jitter * torch.eye(s * k, dtype=F64)
+
+
+def test_activation_covariance_matches_the_linear_map():
+    x, w, noise, top = _blocks(5, 2, 3, 2)
+    chol = activation_cholesky(x, w, noise, 0.7, top, 1e-6)
+    torch.testing.assert_close(chol @ chol.mT, _reference(x, w, noise, top, 0.7, 1e-6))
+    assert torch.equal(chol, chol.tril())
+
+
+def test_activation_covariance_single_output_and_batch():
+    """N_L = 1 and a batch of two draws (as Predictive's vectorised traces have)."""
+    x, w, noise, top = _blocks(4, 1, 4, 1, seed=1)
+    batch_w = torch.stack([w, -w])  # k_w is even in w: both draws give the same covariance
+    chol = activation_cholesky(x, batch_w, noise.expand(2, -1), 1.0, top.expand(2, -1, -1), 0.0)
+    want = _reference(x, w, noise, top, 1.0, 0.0)
+    torch.testing.assert_close(chol[0] @ chol[0].mT, want)
+    torch.testing.assert_close(chol[1] @ chol[1].mT, want)
+
+
+def test_activation_cholesky_failure_is_nan():
+    """Zero top weights make the covariance singular (no jitter): NaN, not an exception."""
+    x, w, noise, top = _blocks(3, 1, 2, 1)
+    chol = activation_cholesky(x, w, noise, 1.0, torch.zeros_like(top), 0.0)
+    assert torch.isnan(chol).all()
