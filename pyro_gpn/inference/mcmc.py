@@ -150,7 +150,8 @@ def run_nuts(
             depends only on shapes, so the trace is exact, and it removes the Python overhead
             that dominates small problems (one chain of 100 + 100 draws of a ``[1, 1]`` network
             on 15 points took 4.4 s instead of 16 s on this project's shared 2-core machine).
-        mp_context: ignored (kept for compatibility: parallel chains now use ``workers``).
+        mp_context: deprecated and ignored (a ``DeprecationWarning``): parallel chains use
+            ``workers``.
         disable_progbar: hide Pyro's progress bar (one per chain).
         workers: chains run at the same time, in spawned worker processes (``1``, the
             default: one after another in this process). Worth it only with idle cores: each
@@ -165,6 +166,13 @@ def run_nuts(
     Returns:
         a :class:`NUTSResult`.
     """
+    if mp_context is not None:
+        warnings.warn(
+            "run_nuts(mp_context=...) is ignored and will be removed: chains run in parallel "
+            "through workers=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     if not isinstance(model, (NonParametricGPN, SampledTargetsGPN)):
         raise ValueError(
             f"model must be a NonParametricGPN or SampledTargetsGPN, got {type(model).__name__}"

@@ -325,3 +325,12 @@ def test_sampled_targets_regression_runs_end_to_end():
     assert result.pointwise_log_likelihood().shape == (5, 10)
     assert result.test_log_density(torch.sin(x_test[:, 0])).shape == (5, 4)
     assert set(result.to_arviz().sample_stats.data_vars) >= {"energy", "tree_depth"}
+
+
+def test_mp_context_is_deprecated_not_silently_ignored():
+    x = torch.zeros(3, 1)
+    with (
+        pytest.warns(DeprecationWarning, match="workers"),
+        pytest.raises(ValueError, match="model"),
+    ):
+        run_nuts(object(), x, x[:, 0], mp_context="spawn")
