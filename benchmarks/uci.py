@@ -77,6 +77,23 @@ BGPN_CONFIG = VGPN.as_dict()
 ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
 
 
+#: published test log-likelihoods, mean and standard error over the 20 splits (5 for protein),
+#: 1 hidden layer of 50 units (100 for protein): issue 15's table (Hernandez-Lobato & Adams
+#: 2015; Gal & Ghahramani 2016; Lakshminarayanan et al. 2017; Wu et al. 2019)
+PUBLISHED_COLUMNS = ("PBP", "MC dropout", "deep ensemble", "DVI", "hoDVI")
+PUBLISHED = {
+    "boston": ((-2.57, 0.09), (-2.46, 0.25), (-2.41, 0.25), (-2.41, 0.02), (-2.58, 0.04)),
+    "concrete": ((-3.16, 0.02), (-3.04, 0.09), (-3.06, 0.18), (-3.06, 0.01), (-3.23, 0.01)),
+    "energy": ((-2.04, 0.02), (-1.99, 0.09), (-1.38, 0.22), (-1.01, 0.06), (-2.09, 0.06)),
+    "kin8nm": ((0.90, 0.01), (0.95, 0.03), (1.20, 0.02), (1.13, 0.00), (1.01, 0.01)),
+    "naval": ((3.73, 0.01), (3.80, 0.05), (5.63, 0.05), (6.29, 0.04), (5.84, 0.06)),
+    "power": ((-2.84, 0.01), (-2.80, 0.05), (-2.79, 0.04), (-2.80, 0.00), (-2.82, 0.00)),
+    "protein": ((-2.97, 0.00), (-2.89, 0.01), (-2.83, 0.02), (-2.85, 0.01), (-2.94, 0.00)),
+    "wine": ((-0.97, 0.01), (-0.93, 0.06), (-0.94, 0.12), (-0.90, 0.01), (-0.96, 0.01)),
+    "yacht": ((-1.63, 0.02), (-1.55, 0.12), (-1.18, 0.21), (-0.47, 0.03), (-1.41, 0.03)),
+}
+
+
 # ---------------------------------------------------------------------------------- metrics
 def _mixture_cdf(t: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     return torch.special.ndtr((t[None] - mean) / std).mean(0)
@@ -523,6 +540,27 @@ def summary(out: Path, models=MODELS) -> str:
     return "\n".join(lines)
 
 
+def published_table(out: Path, model: str = "bgpn") -> str:
+    """Markdown: ``model``'s test log-likelihood (mean ± s.e. over the splits that ran, listed)
+    beside the published rows (:data:`PUBLISHED`), and whether it is ahead of each (``+``: the
+    mean is higher). Sets where ``model`` did not run are left out."""
+    cells = [c for c in load_cells(out) if c["model"] == model]
+    lines = [
+        f"| set | {model} (splits) | " + " | ".join(PUBLISHED_COLUMNS) + " |",
+        "| --- | --- |" + " --- |" * len(PUBLISHED_COLUMNS),
+    ]
+    for name in SETS:
+        cs = sorted((c for c in cells if c["set"] == name), key=lambda c: c["split"])
+        if not cs:
+            continue
+        v = np.asarray([c["test"]["log_lik"] for c in cs], dtype=float)
+        se = f" ± {v.std(ddof=1) / math.sqrt(len(v)):.2f}" if len(v) > 1 else ""
+        ours = f"{v.mean():.2f}{se} [{','.join(str(c['split']) for c in cs)}]"
+        row = [f"{m:.2f} ± {e:.2f} ({'+' if v.mean() > m else '−'})" for m, e in PUBLISHED[name]]
+        lines.append(f"| {name} | {ours} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def aggregate(out: Path, diag: Path | None = None) -> dict:
     """Means and standard errors per (model, set) and per (variant, set) of the diagnosis."""
 
@@ -553,6 +591,9 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
     result = {"benchmark_test": group(load_cells(out), "model", "test")}
     if diag is not None and diag.exists():
         result["diagnosis_validation"] = group(load_cells(diag), "variant", "val")
+    result["published"] = {
+        name: dict(zip(PUBLISHED_COLUMNS, rows, strict=True)) for name, rows in PUBLISHED.items()
+    }
     result["bgpn_config"] = BGPN_CONFIG
     result["issue_config"] = ISSUE_CONFIG
     return result
@@ -574,6 +615,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
         print(summary(out))
+        print("\n**against the published rows** (test log-likelihood)\n")
+        print(published_table(out))
         if a.json:
             _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0
