@@ -509,7 +509,7 @@ def summary(out: Path, models=MODELS) -> str:
 
     present = [m for m in models if any(k[1] == m for k in by)]
     lines = []
-    for metric, d in (("log_lik", 2), ("rmse", 2), ("coverage90", 2)):
+    for metric, d in (("log_lik", 2), ("rmse", 4), ("coverage90", 2)):
         lines.append(f"\n**test {metric}** (mean ± s.e. over the splits in brackets)\n")
         lines.append("| set | " + " | ".join(present) + " |")
         lines.append("| --- |" + " --- |" * len(present))
@@ -522,7 +522,10 @@ def summary(out: Path, models=MODELS) -> str:
                 )
             if any(r != "–" for r in row):
                 lines.append(f"| {name} | " + " | ".join(row) + " |")
-    lines.append("\n**wall seconds per fit** (median over cells; load average at the end)\n")
+    lines.append(
+        "\n**wall seconds per fit** (median over cells; load average at the end; median process "
+        "CPU seconds over the [n] cells that recorded it)\n"
+    )
     lines.append("| set | " + " | ".join(present) + " |")
     lines.append("| --- |" + " --- |" * len(present))
     for name in SETS:
@@ -534,7 +537,9 @@ def summary(out: Path, models=MODELS) -> str:
                 continue
             wall = np.median([c["cell_s"] for c in cs])
             load = np.median([c.get("load_avg_1m_end", float("nan")) for c in cs])
-            row.append(f"{wall:.0f} s (load {load:.0f})")
+            cpu = [c["cell_cpu_s"] for c in cs if "cell_cpu_s" in c]
+            cpu_text = f", CPU {np.median(cpu):.0f} s [{len(cpu)}]" if cpu else ""
+            row.append(f"{wall:.0f} s (load {load:.0f}{cpu_text})")
         if any(r != "–" for r in row):
             lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines)
