@@ -72,7 +72,7 @@ class VGPNRecommendation:
 #: the recommendations of the closed-form variational GPN
 VGPN = VGPNRecommendation()
 
-#: the short schedule of ``pyro-gpn demo`` (about a minute of one CPU core on yacht): the same
+#: the short schedule of ``pyro-gpn demo`` (1-2 minutes of one CPU core on yacht): the same
 #: model and stopping rule, at most 1000 steps from a learning rate of 0.1 (decaying to 0.01).
 #: Chosen on the validation rows of yacht split 0 (``benchmarks/uci_demo_budget.py``,
 #: ``demo.md``): best validation log-likelihood -1.04 (lr 0.1, 1000 steps) against -1.23

@@ -4,7 +4,7 @@ The GPN runs on the route that is best for it (``docs/results/uci.md``): the clo
 variational GPN (:class:`~pyro_gpn.models.VariationalGPN`, variational weights and targets,
 the library's recommendations :data:`pyro_gpn.recommended.VGPN`) trained by
 :func:`~pyro_gpn.inference.fit_vgpn` with the short schedule
-:data:`pyro_gpn.recommended.VGPN_QUICK` (a short step budget, about a minute of one CPU core)
+:data:`pyro_gpn.recommended.VGPN_QUICK` (at most 1000 steps, 1-2 CPU-minutes; docs/results/demo.md)
 until the validation log-likelihood stops improving (best state restored). The tanh network of
 the same shape is trained by the
 :class:`~pyro_gpn.inference.Trainer` with its own validation schedule. The command prints test
@@ -247,7 +247,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
             "test RMSE, log-likelihood in original units and 90 % interval coverage, and save "
             "plots of the predictive intervals, the calibration and the GPN's learned "
             "activation functions. --lr, --batch-size, --epochs and --patience are the tanh "
-            "network's schedule. About a minute on a laptop CPU."
+            "network's schedule. About two minutes of one CPU core (docs/results/demo.md)."
         ),
         formatter_class=HelpFormatter,
     )
