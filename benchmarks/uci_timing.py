@@ -81,9 +81,10 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
             dgp_opt.step()
 
     times = {"gpn_point": [], "gpn_variational": [], "dgp": []}
+    cpu = {key: [] for key in times}
     for _ in range(a.repeats):
         for key in times:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(a.block):
                 idx = torch.randperm(n)[:batch]
                 if key == "dgp":
@@ -91,18 +92,23 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
                 else:
                     gpn_step(key.split("_")[1], idx)
             times[key].append((time.perf_counter() - t0) / a.block * steps_per_epoch)
+            cpu[key].append((time.process_time() - c0) / a.block * steps_per_epoch)
     row = {
         "set": name,
         "num_train": n,
         "batch": batch,
         "s_per_epoch_median": {k: statistics.median(v) for k, v in times.items()},
         "s_per_epoch_all": times,
+        "cpu_s_per_epoch_median": {k: statistics.median(v) for k, v in cpu.items()},
+        "cpu_s_per_epoch_all": cpu,
         "load_avg_1m": os.getloadavg()[0],
     }
-    med = row["s_per_epoch_median"]
+    med, cmed = row["s_per_epoch_median"], row["cpu_s_per_epoch_median"]
     row["ratio_dgp_over_gpn_vi"] = med["dgp"] / med["gpn_variational"]
     row["ratio_dgp_over_gpn_point"] = med["dgp"] / med["gpn_point"]
-    print(json.dumps({k: v for k, v in row.items() if k != "s_per_epoch_all"}), flush=True)
+    row["cpu_ratio_dgp_over_gpn_vi"] = cmed["dgp"] / cmed["gpn_variational"]
+    row["cpu_ratio_dgp_over_gpn_point"] = cmed["dgp"] / cmed["gpn_point"]
+    print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
     return row
 
 

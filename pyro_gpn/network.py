@@ -47,6 +47,7 @@ from .layers import GPNLayer, GPNLayerBase
 from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
+from .recommended import GPN
 
 __all__ = ["GPNNet", "HEADS", "check_sizes", "input_moments"]
 
@@ -91,7 +92,9 @@ class GPNNet(PyroModule):
             :class:`~pyro_gpn.layers.VariationalGPNLayer` for the variational route).
         **layer_kwargs: passed to every layer (``num_inducing``, ``share``, ``targets_init``,
             ``learn_inducing``, ``lengthscale_init``, ...); ``noise_std_init`` and ``share``
-            also set a Gaussian head's noise.
+            also set a Gaussian head's noise. ``targets_init`` of
+            :class:`~pyro_gpn.layers.GPNLayer` defaults to the recommendation
+            :data:`pyro_gpn.recommended.GPN` (``"identity"``).
 
     Inputs ``x`` (and ``x_var``, floating targets ``y``) may be tensors or NumPy arrays in any
     floating dtype: they are cast to the parameters' dtype (``dtype=``, float32 by default) and
@@ -131,6 +134,8 @@ class GPNNet(PyroModule):
             raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
         self.sizes = sizes = check_sizes(sizes, head)
         self.mode = mode
+        if layer is GPNLayer:
+            layer_kwargs.setdefault("targets_init", GPN.targets_init)
         kind = HEADS[head] if isinstance(head, str) else head
         widths = kind.feature_sizes(sizes)
         pairs = list(zip(widths[:-1], widths[1:], strict=True))

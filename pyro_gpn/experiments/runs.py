@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..recommended import GPN
 from .options import nonnegative_int, option, positive_float, positive_int, probability
 
 __all__ = [
@@ -55,7 +56,10 @@ class ModelSettings:
         ),
     )
     init: str = field(
-        default="random", metadata=option("GPN targets init", choices=("random", "identity"))
+        default=GPN.targets_init,
+        metadata=option(
+            "GPN targets init (default: pyro_gpn.recommended.GPN)", choices=("random", "identity")
+        ),
     )
     share: str = field(
         default="none", metadata=option("GPN activation sharing", choices=("none", "layer"))
@@ -133,7 +137,7 @@ def build_model(
     head: str,
     *,
     mode: str = "meanvar",
-    init: str = "random",
+    init: str = GPN.targets_init,
     share: str = "none",
     dropout: float = 0.2,
     input_dropout: float | None = None,

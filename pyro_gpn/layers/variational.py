@@ -94,6 +94,7 @@ from torch.distributions import constraints
 from ..kernels import squared_exponential
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
+from ..recommended import VGPN
 from .base import GPNLayerBase, Response
 
 __all__ = [
@@ -172,8 +173,10 @@ class VariationalTargets(Response):
         lengthscales: ``[G]`` its initial lengthscales (for the initial ``q``).
         q_cov: ``"full"`` (a full covariance per function, ``targets_scale_tril``) or
             ``"diag"`` (independent targets, ``targets_scale``).
-        whiten: parametrise ``q`` on the whitened targets ``z = L^-1 U`` (see module docs).
-        targets_init: initial mean of ``q(U)``: ``"identity"`` (default; ``mu_hat = V``, an
+        whiten: parametrise ``q`` on the whitened targets ``z = L^-1 U`` (see module docs);
+            ``None``: the recommendation :data:`pyro_gpn.recommended.VGPN` (whitened).
+        targets_init: initial mean of ``q(U)`` (``None``: the recommendation, ``"identity"``):
+            ``"identity"`` (``mu_hat = V``, an
             activation function close to the identity on the inducing range), ``"random"`` (a
             draw from the prior ``N(0, K)``) or ``"zero"``. How the starts compare on data:
             ``docs/results/routes.md``.
@@ -195,12 +198,14 @@ class VariationalTargets(Response):
         points: Tensor,
         lengthscales: Tensor,
         q_cov: str = "full",
-        whiten: bool = False,
-        targets_init: str = "identity",
+        whiten: bool | None = None,
+        targets_init: str | None = None,
         targets_scale_init: float = 0.1,
         jitter: float = 1e-6,
     ) -> None:
         super().__init__()
+        whiten = VGPN.whiten if whiten is None else whiten
+        targets_init = VGPN.targets_init if targets_init is None else targets_init
         if q_cov not in Q_COVS:
             raise ValueError(f"q_cov must be one of {Q_COVS}, got {q_cov!r}")
         if targets_init not in VARIATIONAL_TARGET_INITS:
@@ -339,9 +344,11 @@ class VariationalGPNLayer(GPNLayerBase):
     Args:
         in_features, out_features, num_inducing, share, and the keywords of
             :class:`~pyro_gpn.layers.base.GPNLayerBase`.
-        weights: ``"variational"`` (default: a mean-field Gaussian ``q(W)`` with the prior
-            ``N(0, weight_prior_scale^2 / in_features)``, module docstring) or ``"point"``.
-        weight_prior_scale: the prior standard deviation of ``W`` times ``sqrt(in_features)``.
+        weights: ``"variational"`` (a mean-field Gaussian ``q(W)`` with the prior
+            ``N(0, weight_prior_scale^2 / in_features)``, module docstring) or ``"point"``;
+            ``None``: the recommendation :data:`pyro_gpn.recommended.VGPN` (variational).
+        weight_prior_scale: the prior standard deviation of ``W`` times ``sqrt(in_features)``
+            (``None``: the recommendation, 1).
         weight_scale_init: the initial standard deviation of ``q(W)`` times
             ``sqrt(in_features)`` (small: the fit starts near the point-estimated network).
         **response_options: of :class:`VariationalTargets` (``q_cov``, ``whiten``,
@@ -370,11 +377,14 @@ class VariationalGPNLayer(GPNLayerBase):
         num_inducing: int = 14,
         share: str = "none",
         *,
-        weights: str = "variational",
-        weight_prior_scale: float = 1.0,
+        weights: str | None = None,
+        weight_prior_scale: float | None = None,
         weight_scale_init: float = 1e-2,
         **kwargs,
     ) -> None:
+        weights = VGPN.weights if weights is None else weights
+        if weight_prior_scale is None:
+            weight_prior_scale = VGPN.weight_prior_scale
         if weights not in WEIGHT_TREATMENTS:
             raise ValueError(f"weights must be one of {WEIGHT_TREATMENTS}, got {weights!r}")
         for name, value in (

@@ -55,3 +55,25 @@ def test_metrics_reject_bad_shapes():
         metrics_of(torch.zeros(3), torch.ones(3), torch.zeros(3), 1.0)
     with pytest.raises(ValueError, match="rows"):
         metrics_of(torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(4), 1.0)
+
+
+def test_published_table_compares_the_mean_over_splits(tmp_path):
+    import json
+
+    from benchmarks.uci import PUBLISHED, PUBLISHED_COLUMNS, published_table
+
+    for split, ll in ((0, 1.00), (1, 1.10), (2, 0.96)):
+        cell = {"model": "bgpn", "set": "kin8nm", "split": split, "test": {"log_lik": ll}}
+        (tmp_path / f"bgpn__kin8nm__{split:02d}.json").write_text(json.dumps(cell))
+    other = {"model": "mcdrop", "set": "boston", "split": 0, "test": {"log_lik": 0.0}}
+    (tmp_path / "mcdrop__boston__00.json").write_text(json.dumps(other))
+    lines = published_table(tmp_path).splitlines()
+    assert len(lines) == 3  # header, rule, kin8nm only (boston has no bgpn cell)
+    row = lines[2].split(" | ")
+    mean, se = np.mean([1.00, 1.10, 0.96]), np.std([1.00, 1.10, 0.96], ddof=1) / np.sqrt(3)
+    assert row[1] == f"{mean:.2f} ± {se:.2f} [0,1,2]"
+    # mean 1.02: ahead of PBP 0.90, MC dropout 0.95 and hoDVI 1.01; behind the ensemble and DVI
+    signs = [cell.strip(" |")[-2] for cell in row[2:]]
+    assert signs == ["+" if mean > m else "−" for m, _ in PUBLISHED["kin8nm"]]
+    assert signs == ["+", "+", "−", "−", "+"]
+    assert len(PUBLISHED_COLUMNS) == 5 and set(PUBLISHED) >= {"protein", "naval"}
