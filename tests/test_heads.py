@@ -47,6 +47,7 @@ def test_gaussian_head_predictive_and_prediction_add_the_noise():
 
 
 def test_softmax_head_predict_matches_monte_carlo_in_the_small_variance_regime():
+    torch.manual_seed(0)  # the readout's initial weights (4 of 30 seeds need atol 1e-2)
     head = SoftmaxHead(3, 4, dtype=DT)
     features = _features(cov=True)
     prediction = head.predict(features)
