@@ -120,6 +120,7 @@ class Trainer:
             raise ValueError(f"device {self.config.device!r} requested but CUDA is unavailable")
         self.out_dir = None if self.config.out_dir is None else Path(self.config.out_dir)
         self._ctx = DistContext(device=self.device)
+        self._objective: nn.Module = DataParallelObjective(model)  # DDP-wrapped by fit()
 
     # ------------------------------------------------------------------ public
     def fit(
