@@ -83,11 +83,14 @@ def _k(name: str):
     on one thread its serial build (``name + "_serial"``, where there is one), which never starts
     Numba's thread pool (see :mod:`pyro_gpn.moments._numba_kernels`)."""
     numba, module = _kernels()
+    serial = getattr(module, name + "_serial", None)
+    if serial is None:  # not a parallel kernel: leave Numba's thread pool alone
+        return getattr(module, name)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     if threads == 1:
-        serial = getattr(module, name + "_serial", None)
-        if serial is not None:
-            return serial
+        return serial
+    # Only here may the pool start: numba.set_num_threads launches it, and its OpenMP runtime
+    # then raises torch's own thread count to the pool's size (seen: 1 -> 2 after one call).
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
     return getattr(module, name)

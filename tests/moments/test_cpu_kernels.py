@@ -11,6 +11,10 @@ closed form).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -269,3 +273,30 @@ def test_vectorised_exponential_matches_math_exp():
     np.testing.assert_allclose(got[normal], want[normal], rtol=4.5e-16, atol=0)
     assert np.all(got[~normal] <= want[~normal] + 1e-300) and got[-1] == 0 and got[-2] == 0
     assert np.isnan(apply(np.array([np.nan, -1.0])))[0]
+
+
+def test_one_thread_never_starts_numbas_thread_pool():
+    """With torch on one thread, no kernel call (also those of a variational layer, which pass
+    an explicit ``C``) may launch Numba's thread pool: its OpenMP runtime raised torch's own
+    thread count to 2 and slowed every later op of the process 2-100x."""
+    code = (
+        "import torch, numba\n"
+        "torch.set_num_threads(1)\n"
+        "from pyro_gpn.layers import VariationalGPNLayer, GPNLayer\n"
+        "from pyro_gpn.moments.gaussian import Moments\n"
+        "for cls in (GPNLayer, VariationalGPNLayer):\n"
+        "    layer = cls(5, 4)\n"
+        "    out = layer(Moments(torch.randn(16, 5), var=torch.rand(16, 5)))\n"
+        "    (out.mean.sum() + out.var.sum()).backward()\n"
+        "assert torch.get_num_threads() == 1, torch.get_num_threads()\n"
+        "try:\n"
+        "    numba.threading_layer()\n"
+        "except ValueError:\n"
+        "    print('pool not started')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pool not started" in done.stdout
