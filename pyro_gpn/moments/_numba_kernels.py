@@ -26,6 +26,41 @@ _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": {"con
 
 
 @njit(inline="always", **_OPTS)
+def gauss_jordan_inverse(A, Li, R):
+    """``Li = A^-1`` by Gauss-Jordan elimination with partial pivoting (an LU inverse, as
+    ``torch.linalg.inv``); ``A`` ([R, R]) is overwritten."""
+    for r in range(R):
+        for t in range(R):
+            Li[r, t] = 1.0 if r == t else 0.0
+    for col in range(R):
+        piv = col
+        big = abs(A[col, col])
+        for r in range(col + 1, R):
+            if abs(A[r, col]) > big:
+                big = abs(A[r, col])
+                piv = r
+        if piv != col:
+            for t in range(R):
+                tmp = A[col, t]
+                A[col, t] = A[piv, t]
+                A[piv, t] = tmp
+                tmp = Li[col, t]
+                Li[col, t] = Li[piv, t]
+                Li[piv, t] = tmp
+        inv = 1.0 / A[col, col]
+        for t in range(R):
+            A[col, t] *= inv
+            Li[col, t] *= inv
+        for r in range(R):
+            if r != col:
+                f = A[r, col]
+                if f != 0.0:
+                    for t in range(R):
+                        A[r, t] -= f * A[col, t]
+                        Li[r, t] -= f * Li[col, t]
+
+
+@njit(inline="always", **_OPTS)
 def progression_ratios(delta, h, K, j0, w):
     """First ratios ``(q_up, q_dn)`` and their common ratio ``rho`` of the geometric
     progressions ``E_{k+1} / E_k`` (up) and ``E_{k-1} / E_k`` (down) of
@@ -264,6 +299,28 @@ def row_rule(vv, l2, ratio2, tier_r2):
     return T - 1
 
 
+@njit(inline="always", **_OPTS)
+def block_exponentials(
+    mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var, j1, d1, j2, d2, args, ex, tbuf, ebuf
+):
+    """Anchors (``j1, d1``; ``j2, d2`` for the variance's half-spaced sum) and the progression
+    exponentials ``ex`` of the ``nb`` rows from ``s_lo`` of unit ``n``, in one vectorised pass
+    (shared by :func:`meanvar_fwd` and :func:`meanvar_bwd`)."""
+    for r in range(nb):
+        x = mu[s_lo + r, n] - x0
+        vv = v[s_lo + r, n]
+        j, d = anchor(x, h, R)
+        j1[r] = j
+        d1[r] = d
+        progression_args(d, h, R, j, 2.0 * (l2 + vv), args, r, nb)
+        if with_var:
+            j, d = anchor(x, 0.5 * h, K)
+            j2[r] = j
+            d2[r] = d
+            progression_args(d, 0.5 * h, K, j, l2 + 2.0 * vv, args, 4 * nb + r, nb)
+    vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
+
+
 @njit(parallel=True, **_OPTS)
 def meanvar_fwd(
     mu, v, V, lam, beta, P, PA, PC, zs, ws, offs, tier_r2, ratio2, err_scale, rtol, noise,
@@ -305,19 +362,9 @@ def meanvar_fwd(
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once
-            for r in range(nb):
-                x = mu[s_lo + r, n] - x0
-                vv = v[s_lo + r, n]
-                j, d = anchor(x, h, R)
-                j1[r] = j
-                d1[r] = d
-                progression_args(d, h, R, j, 2.0 * (l2 + vv), args, r, nb)
-                if with_var:
-                    j, d = anchor(x, 0.5 * h, K)
-                    j2[r] = j
-                    d2[r] = d
-                    progression_args(d, 0.5 * h, K, j, l2 + 2.0 * vv, args, 4 * nb + r, nb)
-            vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
+            block_exponentials(
+                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var, j1, d1, j2, d2, args, ex, tbuf, ebuf
+            )
             for r in range(nb):
                 s = s_lo + r
                 m = mu[s, n]
@@ -399,19 +446,10 @@ def meanvar_bwd(
         d2 = np.empty(BLOCK)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
-            for r in range(nb):  # the block's exponentials at once (as in meanvar_fwd)
-                x = mu[s_lo + r, n] - x0
-                vv = v[s_lo + r, n]
-                j, d = anchor(x, h, R)
-                j1[r] = j
-                d1[r] = d
-                progression_args(d, h, R, j, 2.0 * (l2 + vv), args, r, nb)
-                if with_var:
-                    j, d = anchor(x, 0.5 * h, K)
-                    j2[r] = j
-                    d2[r] = d
-                    progression_args(d, 0.5 * h, K, j, l2 + 2.0 * vv, args, 4 * nb + r, nb)
-            vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
+            # the block's exponentials (anchors and progression ratios of both sums) at once
+            block_exponentials(
+                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var, j1, d1, j2, d2, args, ex, tbuf, ebuf
+            )
             for r in range(nb):
                 s = s_lo + r
                 m = mu[s, n]
@@ -591,35 +629,7 @@ def vow_fwd(V, U, Svar, lam, jitter, kappa, beta):
             beta[n, r] = acc / L[r, r]
         # kappa = A^-1 by Gauss-Jordan elimination with partial pivoting (an LU inverse, as
         # torch.linalg.inv), symmetrised
-        for r in range(R):
-            for t in range(R):
-                Li[r, t] = 1.0 if r == t else 0.0
-        for col in range(R):
-            piv = col
-            big = abs(A[col, col])
-            for r in range(col + 1, R):
-                if abs(A[r, col]) > big:
-                    big = abs(A[r, col])
-                    piv = r
-            if piv != col:
-                for t in range(R):
-                    tmp = A[col, t]
-                    A[col, t] = A[piv, t]
-                    A[piv, t] = tmp
-                    tmp = Li[col, t]
-                    Li[col, t] = Li[piv, t]
-                    Li[piv, t] = tmp
-            inv = 1.0 / A[col, col]
-            for t in range(R):
-                A[col, t] *= inv
-                Li[col, t] *= inv
-            for r in range(R):
-                if r != col:
-                    f = A[r, col]
-                    if f != 0.0:
-                        for t in range(R):
-                            A[r, t] -= f * A[col, t]
-                            Li[r, t] -= f * Li[col, t]
+        gauss_jordan_inverse(A, Li, R)
         for r in range(R):
             for t in range(r, R):
                 sym = 0.5 * (Li[r, t] + Li[t, r])

@@ -20,6 +20,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ._numba_kernels import gauss_jordan_inverse
+
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
@@ -75,34 +77,7 @@ def params_fwd(V, U, Svar, lam, jitter, with_var, beta, kappa, chol, P, PC, PA):
         if not with_var:
             continue
         # kappa by Gauss-Jordan elimination with partial pivoting (A is overwritten)
-        for r in range(R):
-            for t in range(R):
-                Li[r, t] = 1.0 if r == t else 0.0
-        for col in range(R):
-            piv = col
-            big = abs(A[col, col])
-            for r in range(col + 1, R):
-                if abs(A[r, col]) > big:
-                    big = abs(A[r, col])
-                    piv = r
-            if piv != col:
-                for t in range(R):
-                    tmp = A[col, t]
-                    A[col, t] = A[piv, t]
-                    A[piv, t] = tmp
-                    tmp = Li[col, t]
-                    Li[col, t] = Li[piv, t]
-                    Li[piv, t] = tmp
-            inv = 1.0 / A[col, col]
-            for t in range(R):
-                A[col, t] *= inv
-                Li[col, t] *= inv
-            for r in range(R):
-                if r != col:
-                    f = A[r, col]
-                    for t in range(R):
-                        A[r, t] -= f * A[col, t]
-                        Li[r, t] -= f * Li[col, t]
+        gauss_jordan_inverse(A, Li, R)
         c = kappa[g]
         for r in range(R):
             for t in range(r, R):
