@@ -61,6 +61,51 @@ def gauss_jordan_inverse(A, Li, R):
 
 
 @njit(inline="always", **_OPTS)
+def cholesky_solve(A, L, u, b, R):
+    """Lower Cholesky factor ``L`` of ``A`` ([R, R], upper triangle zeroed) and
+    ``b = A^-1 u`` by the two triangular solves with it (as ``torch.cholesky_solve``);
+    ``A`` is left unchanged. Returns False if ``A`` is not numerically positive definite."""
+    for j in range(R):
+        s = A[j, j]
+        for k in range(j):
+            s -= L[j, k] * L[j, k]
+        if not s > 0.0:
+            return False
+        ljj = math.sqrt(s)
+        L[j, j] = ljj
+        for i in range(j + 1, R):
+            s = A[i, j]
+            for k in range(j):
+                s -= L[i, k] * L[j, k]
+            L[i, j] = s / ljj
+        for i in range(j):
+            L[i, j] = 0.0
+    for r in range(R):
+        acc = u[r]
+        for k in range(r):
+            acc -= L[r, k] * b[k]
+        b[r] = acc / L[r, r]
+    for r in range(R - 1, -1, -1):
+        acc = b[r]
+        for k in range(r + 1, R):
+            acc -= L[k, r] * b[k]
+        b[r] = acc / L[r, r]
+    return True
+
+
+@njit(inline="always", **_OPTS)
+def symmetric_inverse(A, Li, out, R):
+    """``out = (A^-1 + A^-T) / 2`` through :func:`gauss_jordan_inverse` (``A`` and ``Li``
+    are overwritten)."""
+    gauss_jordan_inverse(A, Li, R)
+    for r in range(R):
+        for t in range(r, R):
+            sym = 0.5 * (Li[r, t] + Li[t, r])
+            out[r, t] = sym
+            out[t, r] = sym
+
+
+@njit(inline="always", **_OPTS)
 def progression_ratios(delta, h, K, j0, w):
     """First ratios ``(q_up, q_dn)`` and their common ratio ``rho`` of the geometric
     progressions ``E_{k+1} / E_k`` (up) and ``E_{k-1} / E_k`` (down) of
@@ -250,38 +295,26 @@ def gsum_pre(x, h, K, j0, delta, ex, b, nb, wts, awts, acc, coef, grad, absolute
         g2 = g1 * delta
     if grad:
         acc[j0] += coef * E0
-    E = E0
-    q = q_up
-    for k in range(j0 + 1, K):
-        E *= q
-        q *= rho
-        t = wts[k] * E
-        g0 += t
-        if absolute:
-            g1 += awts[k] * E
-        else:
-            e = x - k * h
-            t *= e
-            g1 += t
-            g2 += t * e
-        if grad:
-            acc[k] += coef * E
-    E = E0
-    q = q_dn
-    for k in range(j0 - 1, -1, -1):
-        E *= q
-        q *= rho
-        t = wts[k] * E
-        g0 += t
-        if absolute:
-            g1 += awts[k] * E
-        else:
-            e = x - k * h
-            t *= e
-            g1 += t
-            g2 += t * e
-        if grad:
-            acc[k] += coef * E
+    # walk away from the anchor, up (step +1) then down (step -1)
+    for step in (1, -1):
+        E = E0
+        q = q_up if step == 1 else q_dn
+        k = j0 + step
+        while 0 <= k < K:
+            E *= q
+            q *= rho
+            t = wts[k] * E
+            g0 += t
+            if absolute:
+                g1 += awts[k] * E
+            else:
+                e = x - k * h
+                t *= e
+                g1 += t
+                g2 += t * e
+            if grad:
+                acc[k] += coef * E
+            k += step
     return g0, g1, g2
 
 
@@ -297,6 +330,34 @@ def row_rule(vv, l2, ratio2, tier_r2):
         if r2 <= tier_r2[t]:
             return t
     return T - 1
+
+
+@njit(inline="always", **_OPTS)
+def grid_origin_spacing(V, n, R):
+    """First inducing point ``x0`` and spacing ``h`` of unit ``n``'s equidistant grid
+    (``V [G, R]``, ``G`` 1 or ``N``)."""
+    iv = n * min(V.shape[0] - 1, 1)
+    x0 = V[iv, 0]
+    h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+    return x0, h
+
+
+@njit(inline="always", **_OPTS)
+def row_buffers(Q):
+    """One unit's work arrays of :func:`meanvar_fwd` / :func:`meanvar_bwd`: the ``Q``
+    Gauss-Hermite mean values, the block's exponent arguments, exponentials and :func:`vexp`
+    scratch (``8 BLOCK``), and the anchors of both sums (``BLOCK``)."""
+    return (
+        np.empty(Q),
+        np.empty(8 * BLOCK),
+        np.empty(8 * BLOCK),
+        np.empty(8 * BLOCK),
+        np.empty(8 * BLOCK, dtype=np.int64),
+        np.empty(BLOCK, dtype=np.int64),
+        np.empty(BLOCK),
+        np.empty(BLOCK, dtype=np.int64),
+        np.empty(BLOCK),
+    )
 
 
 @njit(inline="always", **_OPTS)
@@ -341,24 +402,14 @@ def meanvar_fwd(
     Q = zs.shape[0]
     dummy = np.zeros(1)
     for n in prange(N):
-        iv = n * min(V.shape[0] - 1, 1)
-        x0 = V[iv, 0]
-        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        x0, h = grid_origin_spacing(V, n, R)
         l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
         b = beta[n * min(beta.shape[0] - 1, 1)]
         p = P[n * min(P.shape[0] - 1, 1)]
         pa = PA[n * min(PA.shape[0] - 1, 1)]
         pc = PC[n * min(PC.shape[0] - 1, 1)]
         nz = noise[n * min(noise.shape[0] - 1, 1)]
-        mvals = np.empty(Q)
-        args = np.empty(8 * BLOCK)
-        ex = np.empty(8 * BLOCK)
-        tbuf = np.empty(8 * BLOCK)
-        ebuf = np.empty(8 * BLOCK, dtype=np.int64)
-        j1 = np.empty(BLOCK, dtype=np.int64)
-        d1 = np.empty(BLOCK)
-        j2 = np.empty(BLOCK, dtype=np.int64)
-        d2 = np.empty(BLOCK)
+        mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once
@@ -423,9 +474,7 @@ def meanvar_bwd(
     Q = zs.shape[0]
     dummy = np.zeros(1)
     for n in prange(N):
-        iv = n * min(V.shape[0] - 1, 1)
-        x0 = V[iv, 0]
-        h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+        x0, h = grid_origin_spacing(V, n, R)
         lm = lam[n * min(lam.shape[0] - 1, 1)]
         l2 = lm * lm
         b = beta[n * min(beta.shape[0] - 1, 1)]
@@ -435,15 +484,7 @@ def meanvar_bwd(
         acc_p = dP[n]
         acc_pc = dPC[n]
         acc_l2 = 0.0
-        mvals = np.empty(Q)
-        args = np.empty(8 * BLOCK)
-        ex = np.empty(8 * BLOCK)
-        tbuf = np.empty(8 * BLOCK)
-        ebuf = np.empty(8 * BLOCK, dtype=np.int64)
-        j1 = np.empty(BLOCK, dtype=np.int64)
-        d1 = np.empty(BLOCK)
-        j2 = np.empty(BLOCK, dtype=np.int64)
-        d2 = np.empty(BLOCK)
+        mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once
@@ -536,8 +577,7 @@ def midpoint_weights(C, beta, lam, V, P, magnitudes):
         c = C[n * min(C.shape[0] - 1, 1)]
         b = beta[n * min(beta.shape[0] - 1, 1)]
         lm = lam[n * min(lam.shape[0] - 1, 1)]
-        iv = n * min(V.shape[0] - 1, 1)
-        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        _, h = grid_origin_spacing(V, n, R)
         a = h * h / (4.0 * lm * lm)
         for k in range(K):
             P[n, k] = 0.0
@@ -570,8 +610,7 @@ def midpoint_bwd(C, beta, lam, V, gP, dC, dbeta, dlam):
         c = C[n * min(C.shape[0] - 1, 1)]
         b = beta[n * min(beta.shape[0] - 1, 1)]
         lm = lam[n * min(lam.shape[0] - 1, 1)]
-        iv = n * min(V.shape[0] - 1, 1)
-        h = (V[iv, R - 1] - V[iv, 0]) / (R - 1) if R > 1 else 1.0
+        _, h = grid_origin_spacing(V, n, R)
         a = h * h / (4.0 * lm * lm)
         gl = 0.0
         for r in range(R):
@@ -600,41 +639,10 @@ def vow_fwd(V, U, Svar, lam, jitter, kappa, beta):
                 d = V[n, r] - V[n, t]
                 A[r, t] = math.exp(-0.5 * d * d / (lm * lm))
             A[r, r] += Svar[n, r] + jitter
-        # Cholesky A = L L^T
-        for j in range(R):
-            s = A[j, j]
-            for k in range(j):
-                s -= L[j, k] * L[j, k]
-            if not s > 0.0:
-                return False
-            ljj = math.sqrt(s)
-            L[j, j] = ljj
-            for i in range(j + 1, R):
-                s = A[i, j]
-                for k in range(j):
-                    s -= L[i, k] * L[j, k]
-                L[i, j] = s / ljj
-            for i in range(j):
-                L[i, j] = 0.0
-        # beta = A^-1 U by the two triangular solves with L (as cholesky_solve)
-        for r in range(R):
-            acc = U[n, r]
-            for k in range(r):
-                acc -= L[r, k] * beta[n, k]
-            beta[n, r] = acc / L[r, r]
-        for r in range(R - 1, -1, -1):
-            acc = beta[n, r]
-            for k in range(r + 1, R):
-                acc -= L[k, r] * beta[n, k]
-            beta[n, r] = acc / L[r, r]
-        # kappa = A^-1 by Gauss-Jordan elimination with partial pivoting (an LU inverse, as
-        # torch.linalg.inv), symmetrised
-        gauss_jordan_inverse(A, Li, R)
-        for r in range(R):
-            for t in range(r, R):
-                sym = 0.5 * (Li[r, t] + Li[t, r])
-                kappa[n, r, t] = sym
-                kappa[n, t, r] = sym
+        # beta = A^-1 U through the Cholesky factor; kappa = A^-1 (LU inverse, symmetrised)
+        if not cholesky_solve(A, L, U[n], beta[n], R):
+            return False
+        symmetric_inverse(A, Li, kappa[n], R)
     return True
 
 

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._numba_kernels import gauss_jordan_inverse
+from ._numba_kernels import cholesky_solve, symmetric_inverse
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
@@ -48,42 +48,14 @@ def params_fwd(V, U, Svar, lam, jitter, with_var, beta, kappa, chol, P, PC, PA):
                 A[r, t] = kd[abs(r - t)]
             A[r, r] += Svar[g, r] + jitter
         L = chol[g]
-        for j in range(R):
-            s = A[j, j]
-            for k in range(j):
-                s -= L[j, k] * L[j, k]
-            if not s > 0.0:
-                return False
-            ljj = math.sqrt(s)
-            L[j, j] = ljj
-            for i in range(j + 1, R):
-                s = A[i, j]
-                for k in range(j):
-                    s -= L[i, k] * L[j, k]
-                L[i, j] = s / ljj
-            for i in range(j):
-                L[i, j] = 0.0
         b = beta[g]
-        for r in range(R):
-            acc = U[g, r]
-            for k in range(r):
-                acc -= L[r, k] * b[k]
-            b[r] = acc / L[r, r]
-        for r in range(R - 1, -1, -1):
-            acc = b[r]
-            for k in range(r + 1, R):
-                acc -= L[k, r] * b[k]
-            b[r] = acc / L[r, r]
+        if not cholesky_solve(A, L, U[g], b, R):
+            return False
         if not with_var:
             continue
         # kappa by Gauss-Jordan elimination with partial pivoting (A is overwritten)
-        gauss_jordan_inverse(A, Li, R)
         c = kappa[g]
-        for r in range(R):
-            for t in range(r, R):
-                sym = 0.5 * (Li[r, t] + Li[t, r])
-                c[r, t] = sym
-                c[t, r] = sym
+        symmetric_inverse(A, Li, c, R)
         # midpoint weights, decay exp(-(r - t)^2 h^2 / (4 lambda^2))
         a = h * h * 0.25 * il2
         for j in range(R):
