@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_finite, check_shape, check_tensor
-from .losses import check_labels, gaussian_expected_nll, unscented_cross_entropy, unscented_points
+from .losses import check_labels, gaussian_expected_nll, unscented_cross_entropy, unscented_logits
 from .moments.gaussian import Moments
 
 __all__ = [
@@ -274,8 +274,8 @@ class SoftmaxHead(Head):
     def predict(self, features: Moments) -> Prediction:
         """Softmax averaged over the unscented sigma points of the features (their mean and
         standard deviation); a point mass gives the softmax of its logits and zero std."""
-        points, weights = unscented_points(features, self.unscented_kappa)
-        probs = self.readout(points).softmax(-1)  # [S, 2N + 1, C]
+        logits, weights = unscented_logits(features, self.weight, self.bias, self.unscented_kappa)
+        probs = logits.softmax(-1)  # [S, 2N + 1, C]
         point_weights = torch.cat([weights[:1], weights[1:].expand(probs.shape[1] - 1)]).view(
             1, -1, 1
         )

@@ -43,6 +43,7 @@ __all__ = [
     "gaussian_predictive_log_likelihood",
     "target_variance_penalty",
     "unscented_cross_entropy",
+    "unscented_logits",
     "unscented_points",
 ]
 
@@ -308,14 +309,11 @@ def unscented_cross_entropy(
     check_labels(target, features.num_samples, num_classes)
     kappa = _check_kappa(kappa, num_features)
 
-    def to_logits(x: Tensor) -> Tensor:
-        out = x if weight is None else x @ weight
-        return out if bias is None else out + bias
-
     if features.is_deterministic:
-        return F.cross_entropy(to_logits(features.mean), target, reduction=reduction)
-    points, weights = unscented_points(features, kappa)  # [S, 2N+1, N], [2N+1]
-    logits = to_logits(points)  # [S, 2N+1, C]
+        logits = features.mean if weight is None else features.mean @ weight
+        logits = logits if bias is None else logits + bias
+        return F.cross_entropy(logits, target, reduction=reduction)
+    logits, weights = unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
     per_sample = weights[0] * point_ce[:, 0] + weights[1] * point_ce[:, 1:].sum(-1)
@@ -352,6 +350,54 @@ def unscented_points(features: Moments, kappa: float | None = None) -> tuple[Ten
     points = torch.cat([centre, centre + offsets, centre - offsets], dim=1)
     weights = mean.new_tensor([kappa / (num_features + kappa), 0.5 / (num_features + kappa)])
     return points, weights
+
+
+def unscented_logits(
+    features: Moments,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    kappa: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""The logits ``x W + b`` at the sigma points of :func:`unscented_points`, without forming
+    the points.
+
+    The logits are linear in ``X``, so at ``x_{+-i} = mu +- sqrt(N + kappa) L_{*i}`` they are
+    ``mu W + b +- sqrt(N + kappa) (L^T W)_{i*}``: ``O(S N C)`` for diagonal moments
+    (``L^T W = diag(sqrt(var)) W``) instead of the ``O(S N^2 C)`` of mapping ``S (2N + 1)``
+    points of ``N`` features, and no ``[S, N, N]`` matrix -- what makes a wide last layer
+    affordable (a convolutional network's flattened features, ``N`` in the thousands). The
+    values are those of mapping :func:`unscented_points` (tested).
+
+    Args:
+        features: Gaussian moments, mean ``[S, N]``.
+        weight: ``[N, C]`` map to the logits; ``None`` takes the features as the logits.
+        bias: ``[C]`` logit offsets, or ``None``.
+        kappa: spread parameter, ``N + kappa > 0`` (``None``: 0).
+
+    Returns:
+        ``logits [S, 2N + 1, C]`` (centre, ``+`` points, ``-`` points) and the two weights
+        ``[w_centre, w_side]``.
+    """
+    num_features = features.num_features
+    kappa = _check_kappa(kappa, num_features)
+    mean = features.mean
+    centre = mean if weight is None else mean @ weight
+    if bias is not None:
+        centre = centre + bias
+    scale = math.sqrt(num_features + kappa)
+    if features.cov is not None:
+        root_t = _psd_cholesky(features.cov).mT  # rows: columns of L
+        offsets = root_t if weight is None else root_t @ weight
+    elif features.var is not None:
+        sd = features.var.sqrt()
+        offsets = torch.diag_embed(sd) if weight is None else sd.unsqueeze(-1) * weight
+    else:
+        offsets = centre.new_zeros(centre.shape[0], num_features, centre.shape[-1])
+    offsets = scale * offsets  # [S, N, C]
+    centre = centre.unsqueeze(1)
+    logits = torch.cat([centre, centre + offsets, centre - offsets], dim=1)
+    weights = mean.new_tensor([kappa / (num_features + kappa), 0.5 / (num_features + kappa)])
+    return logits, weights
 
 
 # ---------------------------------------------------------------------------------- penalty

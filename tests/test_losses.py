@@ -11,6 +11,8 @@ from pyro_gpn.losses import (
     gaussian_predictive_log_likelihood,
     target_variance_penalty,
     unscented_cross_entropy,
+    unscented_logits,
+    unscented_points,
 )
 from pyro_gpn.moments.gaussian import Moments
 
@@ -263,6 +265,61 @@ class TestUnscentedCrossEntropy:
 
 
 # ---------------------------------------------------------------------------------- penalty
+class TestUnscentedLogits:
+    """``unscented_logits`` must give the logits of the mapped ``unscented_points`` without
+    forming them (the fast path the softmax head takes for wide last layers)."""
+
+    @pytest.mark.parametrize("kind", ["var", "cov", "zero-var", "point"])
+    @pytest.mark.parametrize("kappa", [None, 1.5, -2.0])
+    @pytest.mark.parametrize("with_weight", [True, False])
+    def test_equals_mapped_points(self, kind, kappa, with_weight):
+        g = torch.Generator().manual_seed(7)
+        s, n, c = 5, 6, 4
+        mean = torch.randn(s, n, generator=g, dtype=DTYPE)
+        var = torch.rand(s, n, generator=g, dtype=DTYPE) + 0.05
+        moments = {
+            "var": Moments(mean, var=var),
+            "cov": Moments(mean, cov=_random_cov(g, s, n, 0.4)),
+            "zero-var": Moments(mean, var=torch.zeros_like(mean)),
+            "point": Moments(mean),
+        }[kind]
+        weight = torch.randn(n, c, generator=g, dtype=DTYPE) if with_weight else None
+        bias = torch.randn(c if with_weight else n, generator=g, dtype=DTYPE)
+        points, point_weights = unscented_points(moments, kappa)
+        expected = (points if weight is None else points @ weight) + bias
+        logits, weights = unscented_logits(moments, weight, bias, kappa)
+        assert logits.shape == (s, 2 * n + 1, c if with_weight else n)
+        torch.testing.assert_close(logits, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(weights, point_weights)
+
+    def test_wide_features_float32_gradients(self):
+        # a flattened feature map (N = 784, C = 10): same values and gradients as the points
+        g = torch.Generator().manual_seed(8)
+        mean = torch.randn(3, 784, generator=g)
+        var = torch.rand(3, 784, generator=g)
+        weight = (0.05 * torch.randn(784, 10, generator=g)).requires_grad_()
+        sd = var.clone().requires_grad_()
+        logits, _ = unscented_logits(Moments(mean, var=sd), weight)
+        points, _ = unscented_points(Moments(mean, var=sd))
+        expected = points @ weight
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+        grads = torch.autograd.grad(logits.square().sum(), (weight, sd))
+        ref = torch.autograd.grad(expected.square().sum(), (weight, sd))
+        for got, want in zip(grads, ref):  # float32 sums over 1,569 points: rounding ~1e-4
+            torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3 * want.abs().max().item())
+
+    def test_gradcheck(self):
+        g = torch.Generator().manual_seed(9)
+        mean = torch.randn(2, 3, generator=g, dtype=DTYPE, requires_grad=True)
+        var = (torch.rand(2, 3, generator=g, dtype=DTYPE) + 0.1).requires_grad_()
+        weight = torch.randn(3, 4, generator=g, dtype=DTYPE, requires_grad=True)
+        bias = torch.randn(4, generator=g, dtype=DTYPE, requires_grad=True)
+        assert torch.autograd.gradcheck(
+            lambda m, v, w, b: unscented_logits(Moments(m, var=v), w, b, 0.5)[0],
+            (mean, var, weight, bias),
+        )
+
+
 class TestTargetVariancePenalty:
     def test_value(self):
         s1 = torch.tensor([[0.01, 0.1], [1.0, 2.0]])
