@@ -35,6 +35,7 @@ from ._validation import (
     check_shape,
     check_tensor,
 )
+from .moments.backend import get_backend, select_backend
 from .moments.gaussian import Moments
 
 __all__ = [
@@ -313,6 +314,16 @@ def unscented_cross_entropy(
         logits = features.mean if weight is None else features.mean @ weight
         logits = logits if bias is None else logits + bias
         return F.cross_entropy(logits, target, reduction=reduction)
+    if _fused_cpu_head(features, weight, bias):
+        from .moments.cpu_unscented import cpu_unscented_cross_entropy
+
+        centre = features.mean @ weight
+        centre = centre if bias is None else centre + bias
+        scale = math.sqrt(num_features + kappa)
+        w0, w1 = kappa / (num_features + kappa), 0.5 / (num_features + kappa)
+        sd = features.var.sqrt()
+        per_sample = cpu_unscented_cross_entropy(centre, sd, weight, target, scale, w0, w1)
+        return _reduce(per_sample, reduction)
     logits, weights = unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
@@ -350,6 +361,20 @@ def unscented_points(features: Moments, kappa: float | None = None) -> tuple[Ten
     points = torch.cat([centre, centre + offsets, centre - offsets], dim=1)
     weights = mean.new_tensor([kappa / (num_features + kappa), 0.5 / (num_features + kappa)])
     return points, weights
+
+
+def _fused_cpu_head(features: Moments, weight: Tensor | None, bias: Tensor | None) -> bool:
+    """Whether :func:`unscented_cross_entropy` runs on the fused CPU kernel
+    (:mod:`pyro_gpn.moments.cpu_unscented`): diagonal moments, a readout ``weight``, and the
+    backend in force (``"auto"``, ``"cpu"`` or ``"fused"``) picking the CPU kernels for these
+    tensors (float32/float64 CPU tensors, Numba installed). ``"reference"`` and ``"triton"``
+    keep the PyTorch path; a forced ``"cpu"``/``"fused"`` that cannot run raises, as for the
+    layers."""
+    if features.cov is not None or features.var is None or weight is None:
+        return False
+    if get_backend() not in ("auto", "cpu", "fused"):
+        return False
+    return select_backend(features.mean, features.var, weight, bias, triton_auto=False) == "cpu"
 
 
 def unscented_logits(

@@ -1,0 +1,141 @@
+"""The fused CPU unscented cross-entropy (``pyro_gpn.moments.cpu_unscented``) against the
+PyTorch path of ``pyro_gpn.losses.unscented_cross_entropy`` (``backend("reference")``, which maps
+the explicit sigma points), values and gradients, in float64 and float32 and in the hard regimes
+(wide spreads of the logits, tiny and huge variances, the paper's negative centre weight)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pyro_gpn.losses import unscented_cross_entropy
+from pyro_gpn.moments import Moments
+from pyro_gpn.moments.backend import backend, numba_available
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+
+F64 = torch.float64
+
+
+def problem(S, N, C, seed, dtype=F64, mean_scale=1.0, var_scale=1.0, weight_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    mean = mean_scale * torch.randn(S, N, generator=g, dtype=F64)
+    var = var_scale * torch.rand(S, N, generator=g, dtype=F64)
+    weight = weight_scale * torch.randn(N, C, generator=g, dtype=F64)
+    bias = torch.randn(C, generator=g, dtype=F64)
+    target = torch.randint(0, C, (S,), generator=g)
+    leaves = [t.to(dtype).requires_grad_() for t in (mean, var, weight, bias)]
+    return leaves, target
+
+
+def loss_and_grads(name, leaves, target, kappa=None, reduction="none"):
+    mean, var, weight, bias = leaves
+    with backend(name):
+        loss = unscented_cross_entropy(
+            Moments(mean, var=var), target, weight, bias, kappa=kappa, reduction=reduction
+        )
+    g = torch.Generator().manual_seed(5)
+    probe = torch.randn(loss.shape, generator=g, dtype=F64).to(loss.dtype)
+    grads = torch.autograd.grad((loss * probe).sum(), leaves)
+    return loss.detach(), grads
+
+
+def assert_same(leaves, target, rtol, kappa=None):
+    got, got_grads = loss_and_grads("cpu", leaves, target, kappa)
+    want, want_grads = loss_and_grads("reference", leaves, target, kappa)
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * scale)
+    for name, a, b in zip(("mean", "var", "weight", "bias"), got_grads, want_grads):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(
+            a, b, rtol=rtol, atol=rtol * b.abs().max().item(), msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("S,N,C", [(1, 1, 2), (7, 3, 5), (64, 15, 26), (5, 40, 3)])
+@pytest.mark.parametrize("kappa", [None, 1.0])
+def test_matches_reference_float64(S, N, C, kappa):
+    leaves, target = problem(S, N, C, seed=S + N + C)
+    assert_same(leaves, target, 1e-12, kappa)
+
+
+def test_paper_kappa_negative_centre_weight():
+    # kappa = 3 - N (the paper): the centre weight is negative; the kernel must weight it alike
+    leaves, target = problem(9, 6, 4, seed=3)
+    assert_same(leaves, target, 1e-12, kappa=3 - 6)
+
+
+@pytest.mark.parametrize(
+    "regime, rtol",
+    [
+        ({"mean_scale": 30.0}, 1e-10),  # logits spread over hundreds of nats
+        ({"var_scale": 400.0, "weight_scale": 3.0}, 1e-10),  # sigma points far apart
+        # nearly deterministic features: d/d var = d/d sd / (2 sd) amplifies the rounding of the
+        # near-cancelling + and - points' terms by 1 / sd ~ 1e6 in both implementations
+        ({"var_scale": 1e-12}, 1e-6),
+    ],
+)
+def test_hard_regimes_match_reference(regime, rtol):
+    leaves, target = problem(11, 7, 6, seed=4, **regime)
+    assert_same(leaves, target, rtol)
+
+
+def test_float32_matches_float64_reference():
+    leaves, target = problem(32, 15, 26, seed=6, dtype=torch.float32)
+    got, got_grads = loss_and_grads("cpu", leaves, target)
+    assert got.dtype == torch.float32 and all(g.dtype == torch.float32 for g in got_grads)
+    ref_leaves = [t.detach().to(F64).requires_grad_() for t in leaves]
+    want, want_grads = loss_and_grads("reference", ref_leaves, target)
+    torch.testing.assert_close(got.to(F64), want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a.to(F64), b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+def test_reductions_and_monte_carlo():
+    # the value is the unscented approximation of E[CE]: close to Monte Carlo for small variances
+    leaves, target = problem(6, 5, 4, seed=8, var_scale=0.01)
+    mean, var, weight, bias = (t.detach() for t in leaves)
+    features = Moments(mean, var=var)
+    with backend("cpu"):
+        per = unscented_cross_entropy(features, target, weight, bias, reduction="none")
+        total = unscented_cross_entropy(features, target, weight, bias, reduction="sum")
+    torch.testing.assert_close(total, per.sum())
+    g = torch.Generator().manual_seed(9)
+    x = mean + var.sqrt() * torch.randn(200_000, *mean.shape, generator=g, dtype=F64)
+    mc = torch.nn.functional.cross_entropy(
+        (x @ weight + bias).reshape(-1, 4), target.repeat(200_000), reduction="none"
+    ).reshape(200_000, -1)
+    se = mc.std(0) / math.sqrt(200_000)
+    assert ((per - mc.mean(0)).abs() < 5 * se + 2e-3).all()
+
+
+def test_gradcheck():
+    leaves, target = problem(3, 4, 5, seed=10)
+    mean, var, weight, bias = leaves
+    var = (var.detach() + 0.1).requires_grad_()
+
+    def f(m, v, w, b):
+        with backend("cpu"):
+            return unscented_cross_entropy(Moments(m, var=v), target, w, b, reduction="none")
+
+    assert torch.autograd.gradcheck(f, (mean, var, weight, bias))
+
+
+def test_default_backend_takes_the_kernel(monkeypatch):
+    # "auto" on float CPU tensors runs the kernel; "reference" never does
+    from pyro_gpn.moments import cpu_unscented
+
+    calls = []
+    original = cpu_unscented.cpu_unscented_cross_entropy
+    monkeypatch.setattr(
+        cpu_unscented,
+        "cpu_unscented_cross_entropy",
+        lambda *a: calls.append(1) or original(*a),
+    )
+    leaves, target = problem(4, 3, 5, seed=11)
+    loss_and_grads("auto", leaves, target)
+    assert calls == [1]
+    loss_and_grads("reference", leaves, target)
+    assert calls == [1]
