@@ -44,6 +44,7 @@ thread the serial builds run and Numba's thread pool is never started.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 import torch
@@ -76,6 +77,13 @@ def _kernels():
     from . import _numba_kernels
 
     return numba, _numba_kernels
+
+
+def _numba_module(name: str):
+    """The kernel module ``pyro_gpn.moments.<name>`` (imported on first use: it imports numba;
+    a clear error when numba is missing)."""
+    _kernels()
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def _k(name: str):

@@ -34,7 +34,7 @@ from .cpu_kernels import (
     NotPositiveDefinite,
     _closed_form_rtol,
     _k,
-    _kernels,
+    _numba_module,
     _ratio2,
     _tier_rules,
     closed_form_error_scale,
@@ -65,19 +65,6 @@ def _out(a: np.ndarray, like: Tensor) -> Tensor:
     )
 
 
-_PARAMS = None
-
-
-def _param_kernels():
-    global _PARAMS
-    if _PARAMS is None:
-        _kernels()  # raises the clear error when numba is missing
-        from . import _numba_params
-
-        _PARAMS = _numba_params
-    return _PARAMS
-
-
 class _LayerResponse(torch.autograd.Function):
     """``(mean, var)`` (``with_var``) or ``mean`` of one parametric layer."""
 
@@ -98,7 +85,7 @@ class _LayerResponse(torch.autograd.Function):
         else:
             kappa = np.zeros((1, 1, 1))
             P = PC = PA = np.zeros((1, 1))
-        ok = _param_kernels().params_fwd(
+        ok = _numba_module("_numba_params").params_fwd(
             V_, U_, S_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA
         )
         if not ok:
@@ -148,7 +135,7 @@ class _LayerResponse(torch.autograd.Function):
             dmu, dv, dlam_rows, dbeta, dP, dPC,
         )  # fmt: skip
         dU, dS, dlam = np.empty((G, R)), np.empty((G, R)), np.empty(G)
-        _param_kernels().params_bwd(
+        _numba_module("_numba_params").params_bwd(
             V_, U_, lam_, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows, dU, dS, dlam
         )
         need = ctx.needs_input_grad

@@ -21,22 +21,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .cpu_kernels import _kernels
+from .cpu_kernels import _numba_module
 from .cpu_layer import _f64, _out
 
 __all__ = ["cpu_unscented_cross_entropy"]
-
-_KERNELS = None
-
-
-def _unscented_kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        _kernels()  # raises the clear error when numba is missing
-        from . import _numba_unscented
-
-        _KERNELS = _numba_unscented
-    return _KERNELS
 
 
 class _UnscentedCrossEntropy(torch.autograd.Function):
@@ -48,7 +36,7 @@ class _UnscentedCrossEntropy(torch.autograd.Function):
         target_ = np.ascontiguousarray(target.detach().numpy(), dtype=np.int64)
         loss = np.empty(S)
         probs = np.empty((S, 2 * N + 1, C))
-        _unscented_kernels().unscented_ce_fwd(
+        _numba_module("_numba_unscented").unscented_ce_fwd(
             centre_, sd_, weight_, target_, scale, w0, w1, loss, probs
         )
         ctx.arrays = (sd_, weight_, target_, probs)
@@ -65,7 +53,7 @@ class _UnscentedCrossEntropy(torch.autograd.Function):
         dcentre = np.empty((sd_.shape[0], weight_.shape[1]))
         dsd = np.empty(sd_.shape)
         dweight = np.zeros(weight_.shape)
-        _unscented_kernels().unscented_ce_bwd(
+        _numba_module("_numba_unscented").unscented_ce_bwd(
             sd_, weight_, target_, scale, w0, w1, probs, _f64(gout), dcentre, dsd, dweight
         )
         need = ctx.needs_input_grad
