@@ -8,7 +8,8 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
   inducing points (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the diagonal, with the
   cross term of the reference path); needs the optional ``numba`` (``pyro-gpn[fast]``). A
   parametric layer's whole response (parameter-only algebra and rows) is one autograd node there,
-  :mod:`pyro_gpn.moments.cpu_layer`;
+  :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's unscented cross-entropy of
+  diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;
 * ``"triton"`` -- :mod:`pyro_gpn.moments.fused`: one Triton kernel per layer and direction that
   evaluates ``psi``, ``Omega`` and ``Lambda`` and their contractions in registers, never
   materialising ``[S, N, R, R]`` or ``[S, N, N, R, R]`` tensors (paper, section
