@@ -308,6 +308,21 @@ class TestUnscentedLogits:
         for got, want in zip(grads, ref):  # float32 sums over 1,569 points: rounding ~1e-4
             torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3 * want.abs().max().item())
 
+    @pytest.mark.parametrize("name", ["reference", "auto"])
+    def test_very_wide_features_stay_linear_in_n(self, name):
+        # N = 20,000 features: the explicit points would need S N^2 = 1.6e9 floats (6.4 GB);
+        # the logits path needs S (2N + 1) C
+        from pyro_gpn.moments.backend import backend
+
+        g = torch.Generator().manual_seed(10)
+        mean, var = torch.randn(4, 20_000, generator=g), torch.rand(4, 20_000, generator=g)
+        weight = (1e-2 * torch.randn(20_000, 3, generator=g)).requires_grad_()
+        target = torch.tensor([0, 1, 2, 0])
+        with backend(name):
+            loss = unscented_cross_entropy(Moments(mean, var=var), target, weight)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(weight.grad).all()
+
     def test_gradcheck(self):
         g = torch.Generator().manual_seed(9)
         mean = torch.randn(2, 3, generator=g, dtype=DTYPE, requires_grad=True)
