@@ -43,6 +43,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "s10000": ({"lr": 0.05, "num_steps": 10000}, {}),
     "point_s3000": ({"lr": 0.05, "num_steps": 3000}, {"weights": "point"}),
     "b2048_s3000": ({"lr": 0.05, "num_steps": 3000, "batch_size": 2048}, {}),
+    "lr02_s3000": ({"lr": 0.02, "num_steps": 3000}, {}),
+    "lr02_s6000": ({"lr": 0.02, "num_steps": 6000}, {}),
+    "lr01c_s3000": ({"lr": 0.01, "lr_decay": 1.0, "num_steps": 3000}, {}),
 }
 
 
