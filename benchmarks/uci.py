@@ -249,7 +249,7 @@ def fit_clt(data, seed: int) -> dict:
         "fit_s": wall,
         "epochs": epochs,
         "best_epoch": best,
-        "noise_std": float(net.noise_std.reshape(-1)[0]),
+        "noise_std": float(net.noise_std.detach().reshape(-1)[0]),
     }
 
 
@@ -306,7 +306,7 @@ def fit_mcdrop(data, seed: int, rates=(0.01, 0.05, 0.1)) -> dict:
         "best_epoch": best_epoch,
         "dropout": rate,
         "val_ll_by_rate": tried,
-        "noise_std": float(net.noise_std.reshape(-1)[0]),
+        "noise_std": float(net.noise_std.detach().reshape(-1)[0]),
     }
 
 
