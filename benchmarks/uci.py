@@ -615,6 +615,7 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
     }
     result["bgpn_config"] = BGPN_CONFIG
     result["issue_config"] = ISSUE_CONFIG
+    result["bgpn_long_schedules"] = SET_SCHEDULES
     return result
 
 
