@@ -1,9 +1,14 @@
-"""Time per epoch of the Bayesian GPN against GPyTorch's 2-layer deep GP, side by side.
+"""Time per epoch of the Bayesian GPN against GPyTorch's 2-layer deep GP and the MC-dropout
+MLP, side by side.
 
-Same process, same data (the training rows of split 0), same batch size; the two models'
-steps are timed in alternating blocks of ``--block`` steps, ``--repeats`` times, so that the
-load of a shared machine hits both alike. Reports the median seconds per epoch of each model and
-their ratio. Usage::
+Same process, same data (the training rows of split 0), same batch size; the models' steps
+(``gpn_point`` / ``gpn_variational``: ``VariationalGPN([D, 50, 1])`` with point or variational
+weights, closed-form ELBO; ``dgp``: the benchmark's deep GP, 10 likelihood samples; ``mlp``: the
+benchmark's MC-dropout net, tanh ``[D, 50, 1]`` with dropout 0.05, its training loss) are timed
+in alternating blocks of ``--block`` steps, ``--repeats`` times, so that the load of a shared
+machine hits all alike. Reports the median wall and process-CPU seconds per epoch of each model,
+their ratios and torch's thread count at the end (the pool fix of ``cpu_kernels._k``: it must
+stay 1 under ``OMP_NUM_THREADS=1``). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/uci_timing.py --sets boston concrete --batch 0
 """
@@ -30,6 +35,9 @@ from benchmarks.uci import DATA_DIR, build_dgp  # noqa: E402
 from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
 from pyro_gpn.inference.closed_form import closed_form_elbo  # noqa: E402
 from pyro_gpn.models import VariationalGPN  # noqa: E402
+from pyro_gpn.models.baselines import FixedActivationNet  # noqa: E402
+
+MODELS = ("gpn_point", "gpn_variational", "dgp", "mlp")
 
 
 def main(argv=None) -> int:
@@ -39,6 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     a = p.parse_args(argv)
     pyro.settings.set(module_local_params=True)
     results = [time_set(name, a) for name in a.sets]
@@ -66,6 +75,14 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
     dgp = build_dgp(data.num_features)
     dgp_opt = torch.optim.Adam(dgp.parameters(), lr=1e-2)
     mll = DeepApproximateMLL(VariationalELBO(dgp.likelihood, dgp, n))
+    mlp = FixedActivationNet([data.num_features, 50, 1], head="gaussian", dropout=0.05).train()
+    mlp_opt = torch.optim.Adam(mlp.parameters(), lr=1e-2)
+
+    def mlp_step(idx):
+        loss = mlp.loss(x[idx], y[idx]) + mlp.penalty()
+        mlp_opt.zero_grad()
+        loss.backward()
+        mlp_opt.step()
 
     def gpn_step(w, idx):
         loss = -closed_form_elbo(gpn[w], x[idx], y[idx]) / n
@@ -80,17 +97,23 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
             loss.backward()
             dgp_opt.step()
 
-    times = {"gpn_point": [], "gpn_variational": [], "dgp": []}
+    def step(key, idx):
+        if key == "dgp":
+            dgp_step(idx)
+        elif key == "mlp":
+            mlp_step(idx)
+        else:
+            gpn_step(key.split("_")[1], idx)
+
+    times = {key: [] for key in a.models}
     cpu = {key: [] for key in times}
+    for key in times:  # warm-up, untimed (Numba's compilation, first allocations)
+        step(key, torch.randperm(n)[:batch])
     for _ in range(a.repeats):
         for key in times:
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(a.block):
-                idx = torch.randperm(n)[:batch]
-                if key == "dgp":
-                    dgp_step(idx)
-                else:
-                    gpn_step(key.split("_")[1], idx)
+                step(key, torch.randperm(n)[:batch])
             times[key].append((time.perf_counter() - t0) / a.block * steps_per_epoch)
             cpu[key].append((time.process_time() - c0) / a.block * steps_per_epoch)
     row = {
@@ -102,12 +125,15 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
         "cpu_s_per_epoch_median": {k: statistics.median(v) for k, v in cpu.items()},
         "cpu_s_per_epoch_all": cpu,
         "load_avg_1m": os.getloadavg()[0],
+        "torch_threads_end": torch.get_num_threads(),
     }
     med, cmed = row["s_per_epoch_median"], row["cpu_s_per_epoch_median"]
-    row["ratio_dgp_over_gpn_vi"] = med["dgp"] / med["gpn_variational"]
-    row["ratio_dgp_over_gpn_point"] = med["dgp"] / med["gpn_point"]
-    row["cpu_ratio_dgp_over_gpn_vi"] = cmed["dgp"] / cmed["gpn_variational"]
-    row["cpu_ratio_dgp_over_gpn_point"] = cmed["dgp"] / cmed["gpn_point"]
+    for other in ("dgp", "mlp"):
+        for w, short in (("variational", "vi"), ("point", "point")):
+            gpn_key = f"gpn_{w}"
+            if other in med and gpn_key in med:
+                row[f"ratio_{other}_over_gpn_{short}"] = med[other] / med[gpn_key]
+                row[f"cpu_ratio_{other}_over_gpn_{short}"] = cmed[other] / cmed[gpn_key]
     print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
     return row
 

@@ -77,3 +77,34 @@ def test_published_table_compares_the_mean_over_splits(tmp_path):
     assert signs == ["+" if mean > m else "−" for m, _ in PUBLISHED["kin8nm"]]
     assert signs == ["+", "+", "−", "−", "+"]
     assert len(PUBLISHED_COLUMNS) == 5 and set(PUBLISHED) >= {"protein", "naval"}
+
+
+def test_timing_reports_every_model_side_by_side_and_keeps_one_thread():
+    """``benchmarks/uci_timing.py`` on boston: one block per model, the ratios are the quotients
+    of the medians, and a variational GPN step leaves torch's thread count where it was (the
+    ``cpu_kernels._k`` pool fix)."""
+    import argparse
+    import math
+    import os
+
+    from benchmarks.uci import DATA_DIR
+    from pyro_gpn.data.uci_regression import load_uci_regression
+
+    try:
+        load_uci_regression("boston", DATA_DIR, split=0, download=False)
+    except (FileNotFoundError, OSError, RuntimeError) as err:
+        pytest.skip(f"UCI data not found under {DATA_DIR}: {err}")
+    from benchmarks.uci_timing import time_set
+
+    threads = torch.get_num_threads()
+    a = argparse.Namespace(batch=64, block=1, repeats=1, models=["gpn_variational", "mlp"])
+    row = time_set("boston", a)
+    assert set(row["s_per_epoch_median"]) == {"gpn_variational", "mlp"}
+    assert row["batch"] == 64 and row["num_train"] > 64
+    med, cpu = row["s_per_epoch_median"], row["cpu_s_per_epoch_median"]
+    assert all(math.isfinite(v) and v > 0 for v in [*med.values(), *cpu.values()])
+    assert row["ratio_mlp_over_gpn_vi"] == pytest.approx(med["mlp"] / med["gpn_variational"])
+    assert row["cpu_ratio_mlp_over_gpn_vi"] == pytest.approx(cpu["mlp"] / cpu["gpn_variational"])
+    assert "ratio_dgp_over_gpn_vi" not in row and "ratio_mlp_over_gpn_point" not in row
+    assert row["torch_threads_end"] == threads == torch.get_num_threads()
+    assert os.getloadavg()[0] >= 0
