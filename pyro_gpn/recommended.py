@@ -72,12 +72,12 @@ class VGPNRecommendation:
 #: the recommendations of the closed-form variational GPN
 VGPN = VGPNRecommendation()
 
-#: the short schedule of ``pyro-gpn demo`` (1-2 minutes of one CPU core on yacht): the same
-#: model and stopping rule, at most 1000 steps from a learning rate of 0.1 (decaying to 0.01).
-#: Chosen on the validation rows of yacht split 0 (``benchmarks/uci_demo_budget.py``,
-#: ``demo.md``): best validation log-likelihood -1.04 (lr 0.1, 1000 steps) against -1.23
-#: (0.05, 1000), -1.65 / -1.74 (0.1 / 0.05, 600) and -2.07 / -2.37 / -4.15 (0.05 / 0.1 / 0.2,
-#: 250); every budget was still improving at its last step.
+#: a short schedule (the same model and stopping rule, at most 1000 steps from a learning rate
+#: of 0.1 decaying to 0.01), chosen on the validation rows of yacht split 0 among budgets of about
+#: a minute at the cost of a step before the thread-pool fix (``benchmarks/uci_demo_budget.py``,
+#: ``demo.md``). ``pyro-gpn demo`` used it until the step cost fell ~10x; since then the demo runs
+#: :data:`VGPN` itself, which scores better on validation on yacht splits 0-2 (-0.72 / -0.86 /
+#: -1.03 against -1.04 / -1.22 / -1.43) in 18-20 CPU-seconds.
 VGPN_QUICK = replace(VGPN, lr=0.1, num_steps=1000)
 
 

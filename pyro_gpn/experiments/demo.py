@@ -3,10 +3,10 @@
 The GPN runs on the route that is best for it (``docs/results/uci.md``): the closed-form
 variational GPN (:class:`~pyro_gpn.models.VariationalGPN`, variational weights and targets,
 the library's recommendations :data:`pyro_gpn.recommended.VGPN`) trained by
-:func:`~pyro_gpn.inference.fit_vgpn` with the short schedule
-:data:`pyro_gpn.recommended.VGPN_QUICK` (at most 1000 steps, 1-2 CPU-minutes; docs/results/demo.md)
-until the validation log-likelihood stops improving (best state restored). The tanh network of
-the same shape is trained by the
+:func:`~pyro_gpn.inference.fit_vgpn` with the UCI benchmark's schedule
+:data:`pyro_gpn.recommended.VGPN` (at most 2000 steps, about 20 CPU-seconds on yacht;
+docs/results/demo.md) until the validation log-likelihood stops improving (best state
+restored). The tanh network of the same shape is trained by the
 :class:`~pyro_gpn.inference.Trainer` with its own validation schedule. The command prints test
 RMSE, log-likelihood (original units) and the coverage of the central 90 % predictive interval
 of both, and saves
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..recommended import VGPN_QUICK
+from ..recommended import VGPN
 from .options import (
     HelpFormatter,
     add_options,
@@ -173,18 +173,18 @@ def run_demo(args: argparse.Namespace) -> int:
             model = VariationalGPN(sizes, head="gaussian")
             fit = fit_vgpn(
                 model, data.x_train, data.y_train, data.x_val, data.y_val,
-                num_steps=args.steps, lr=args.gpn_lr, eval_every=VGPN_QUICK.eval_every,
-                patience=VGPN_QUICK.patience, seed=args.seed,
+                num_steps=args.steps, lr=args.gpn_lr, eval_every=VGPN.eval_every,
+                patience=VGPN.patience, seed=args.seed,
             )  # fmt: skip
             facts = {
                 "steps": fit.num_steps,
                 "best_step": fit.best_step,
                 "schedule": {
                     "lr": args.gpn_lr,
-                    "lr_decay": VGPN_QUICK.lr_decay,
+                    "lr_decay": VGPN.lr_decay,
                     "num_steps": args.steps,
-                    "eval_every": VGPN_QUICK.eval_every,
-                    "patience": VGPN_QUICK.patience,
+                    "eval_every": VGPN.eval_every,
+                    "patience": VGPN.patience,
                 },
             }
             how = f"{fit.num_steps} steps, best {fit.best_step}"
@@ -247,7 +247,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
             "test RMSE, log-likelihood in original units and 90 % interval coverage, and save "
             "plots of the predictive intervals, the calibration and the GPN's learned "
             "activation functions. --lr, --batch-size, --epochs and --patience are the tanh "
-            "network's schedule. About two minutes of one CPU core (docs/results/demo.md)."
+            "network's schedule. About half a minute of one CPU core (docs/results/demo.md)."
         ),
         formatter_class=HelpFormatter,
     )
@@ -255,14 +255,14 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--steps",
         type=positive_int,
-        default=VGPN_QUICK.num_steps,
-        help="step budget of the GPN (stops earlier on validation; the UCI benchmark uses "
-        "pyro_gpn.recommended.VGPN.num_steps)",
+        default=VGPN.num_steps,
+        help="step budget of the GPN (stops earlier on validation; "
+        "pyro_gpn.recommended.VGPN.num_steps, as the UCI benchmark)",
     )
     parser.add_argument(
         "--gpn-lr",
         type=positive_float,
-        default=VGPN_QUICK.lr,
+        default=VGPN.lr,
         help="the GPN's initial learning rate (decays exponentially to a tenth)",
     )
     add_options(parser, Schedule, defaults=DEMO_SCHEDULE, flags={"max_epochs": "--epochs"})

@@ -13,11 +13,11 @@ from pyro_gpn.experiments.demo import LEVELS, calibration
 from pyro_gpn.recommended import VGPN, VGPN_QUICK
 
 
-def test_demo_schedule_is_the_quick_recommendation():
+def test_demo_schedule_is_the_recommendation():
     args = build_parser().parse_args(["demo"])
-    assert args.steps == VGPN_QUICK.num_steps and args.gpn_lr == VGPN_QUICK.lr
-    # the quick schedule differs from the benchmark's only in the step budget and the stopping
-    # rule's cadence, not in the model
+    assert args.steps == VGPN.num_steps and args.gpn_lr == VGPN.lr
+    # the short schedule differs from the benchmark's only in the step budget and the learning
+    # rate, not in the model
     for name in ("whiten", "targets_init", "weights", "weight_prior_scale", "lr_decay"):
         assert getattr(VGPN_QUICK, name) == getattr(VGPN, name)
     assert VGPN_QUICK.num_steps < VGPN.num_steps
@@ -51,7 +51,7 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
     gpn = record["results"]["gpn"]
     assert gpn["steps"] == 12 and 1 <= gpn["best_step"] <= 12
     assert gpn["schedule"]["lr"] == 0.02 and gpn["schedule"]["num_steps"] == 12
-    assert gpn["schedule"]["eval_every"] == VGPN_QUICK.eval_every
+    assert gpn["schedule"]["eval_every"] == VGPN.eval_every
     assert record["results"]["tanh"]["epochs"] == 2
     for name in ("gpn", "tanh"):
         result = record["results"][name]
