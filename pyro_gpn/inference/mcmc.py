@@ -32,8 +32,9 @@ Both target the same distribution; the first is cheaper and mixes no worse.
   activations instead of the last hidden layer's outputs (exact, fewer dimensions, no hidden
   unit symmetries); latent rows are whitened by the Cholesky factor of their own prior
   covariance;
-* ``init="fit"``: every chain starts from its own maximum-a-posteriori fit
-  (:func:`fit_initial_params`), apart from the others;
+* ``init="fit-prior-noise"``: every chain starts from its own maximum-a-posteriori fit
+  (:func:`fit_initial_params`) with the noise scales held at their prior median, apart from the
+  others (a fit of the noise too overfits it: the MAP is over the latent activations as well);
 * ``metric="dense-block"``: a dense mass matrix for the per-unit parameters;
 * ``jit_compile=True``: the potential energy is traced once per chain.
 
@@ -82,11 +83,21 @@ from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 from .nuts_chains import ChainSpec, merge_chains, run_chains
 from .nuts_kernel import RecordingNUTS
 from .nuts_result import NUTSResult
-from .nuts_setup import fit_initial_params, laplace_inverse_mass
+from .nuts_setup import fit_initial_params, laplace_inverse_mass, noise_prior_medians
 
-__all__ = ["METRICS", "NUTSResult", "fit_initial_params", "laplace_inverse_mass", "run_nuts"]
+__all__ = [
+    "INITS",
+    "METRICS",
+    "NUTSResult",
+    "fit_initial_params",
+    "laplace_inverse_mass",
+    "run_nuts",
+]
 
-METRICS = ("laplace", "dense-block", "dense", "diag")
+INITS = ("fit-prior-noise", "fit", "uniform")
+"""Where :func:`run_nuts` starts its chains (``init=``)."""
+
+METRICS = ("laplace", "laplace-dense", "dense-block", "dense", "diag")
 """NUTS metrics (mass matrices) offered by :func:`run_nuts`."""
 
 
@@ -103,7 +114,7 @@ def run_nuts(
     joint: bool = False,
     target_accept_prob: float = 0.8,
     max_tree_depth: int = 10,
-    init: str = "fit",
+    init: str = "fit-prior-noise",
     init_steps: int = 500,
     metric: str = "dense-block",
     init_strategy: Callable | None = None,
@@ -131,20 +142,26 @@ def run_nuts(
         target_accept_prob: NUTS step-size adaptation target; raise it (e.g. 0.9) when
             divergences appear.
         max_tree_depth: NUTS tree depth limit (at most ``2^depth - 1`` leapfrog steps per draw).
-        init: where the chains start. ``"fit"`` (default): each chain from its own
+        init: where the chains start. ``"fit-prior-noise"`` (default): each chain from its own
             maximum-a-posteriori fit of the model (:func:`fit_initial_params`, ``init_steps``
-            Adam steps from an independent uniform start), so that the chains start apart but
-            near the posterior's bulk; ``"uniform"``: Pyro's ``init_to_uniform`` (radius 2 in
-            the unconstrained space). Ignored when ``init_strategy`` is given.
-        init_steps: Adam steps of each chain's fit for ``init="fit"``.
+            Adam steps from an independent uniform start) with the noise scales held at their
+            prior median (:func:`~pyro_gpn.inference.nuts_setup.noise_prior_medians`), so that
+            the chains start apart, near the posterior's bulk, and not overfitted; ``"fit"``:
+            the same fit with the noise fitted too -- a MAP over the latent activations that
+            shrinks the noise far below the data's and starts NUTS where the potential is ~30x
+            more curved (``docs/results/nuts.md``: step sizes of 4e-4, 1023 leapfrog steps per
+            iteration); ``"uniform"``: Pyro's ``init_to_uniform`` (radius 2 in the
+            unconstrained space). Ignored when ``init_strategy`` is given.
+        init_steps: Adam steps of each chain's fit (``init="fit-prior-noise"`` or ``"fit"``).
         metric: the mass matrix. ``"dense-block"`` (default): adapted, dense for the per-unit
             parameters (weights, noise scales, lengthscales), which are strongly correlated
             (a unit's weight scale trades off against the next layer's weights and the noise),
             and diagonal for the per-row latent outputs, whose number grows with the rows;
             ``"dense"``: adapted, dense for everything; ``"diag"``: adapted, diagonal (Pyro's
-            default); ``"laplace"`` (needs ``init="fit"``): dense and fixed to the inverse
+            default); ``"laplace"`` (needs a fitted start): dense and fixed to the inverse
             Hessian of the potential at each chain's fitted start
-            (:func:`laplace_inverse_mass`), only the step size adapted.
+            (:func:`laplace_inverse_mass`), only the step size adapted; ``"laplace-dense"``:
+            starts from that matrix and adapts a dense one in warm-up.
         init_strategy: a Pyro init strategy instead of ``init``.
         jit_compile: JIT-compile the potential energy. On by default: the model's control flow
             depends only on shapes, so the trace is exact, and it removes the Python overhead
@@ -190,8 +207,8 @@ def run_nuts(
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     if not 0.0 < target_accept_prob < 1.0:
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
-    if init not in ("fit", "uniform"):
-        raise ValueError(f"init must be 'fit' or 'uniform', got {init!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
     model.check_data(x_train, y_train, x_test)  # raise ValueError before starting the chains
 
     pyro.set_rng_seed(seed)
@@ -200,7 +217,8 @@ def run_nuts(
     kernel_kwargs: dict = {}
     if init_strategy is not None:
         kernel_kwargs["init_strategy"] = init_strategy
-    elif init == "fit":
+    elif init in ("fit", "fit-prior-noise"):
+        hold = noise_prior_medians(model, x_train) if init == "fit-prior-noise" else None
         initial_params = fit_initial_params(
             model,
             x_train,
@@ -210,17 +228,20 @@ def run_nuts(
             steps=init_steps,
             seed=seed,
             jit_compile=jit_compile,
+            hold=hold,
         )
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     inverse_mass = None
-    if metric == "laplace" and initial_params is not None:
+    if metric.startswith("laplace") and initial_params is not None:
         inverse_mass = laplace_inverse_mass(
             model, x_train, y_train, x_test if joint else None, initial_params
         )
-        kernel_kwargs.update(full_mass=True, adapt_mass_matrix=False)
-    elif metric == "laplace":
-        raise ValueError("metric='laplace' needs init='fit' (the Hessian at the fitted start)")
+        kernel_kwargs.update(full_mass=True, adapt_mass_matrix=metric == "laplace-dense")
+    elif metric.startswith("laplace"):
+        raise ValueError(
+            f"metric={metric!r} needs a fitted start (the Hessian there), not init='uniform'"
+        )
     elif metric == "dense-block":
         block = tuple(sorted(model.parameter_sites()))
         kernel_kwargs["full_mass"] = [block] if block else False

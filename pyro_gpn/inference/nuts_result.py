@@ -47,7 +47,8 @@ class NUTSResult:
         x_train, y_train, x_test: the data the chain was run on.
         joint: whether the test rows were sampled by the chain (see the module docstring).
         wall_time_s: seconds spent in ``MCMC.run`` (warm-up and sampling, all chains).
-        init_time_s: seconds spent finding the chains' starting points (``init="fit"``).
+        init_time_s: seconds spent finding the chains' starting points (the fits of
+            ``init="fit-prior-noise"`` / ``"fit"``).
         sample_stats: per chain, the per-transition statistics recorded after warm-up
             (``energy``, ``lp``, ``n_steps``, ``tree_depth``, ``step_size``,
             ``acceptance_rate``).

@@ -11,7 +11,42 @@ from torch import Tensor
 
 from pyro_gpn.models.nonparametric import NonParametricGPN
 
-__all__ = ["fit_initial_params", "laplace_inverse_mass"]
+__all__ = [
+    "fit_initial_params",
+    "laplace_inverse_mass",
+    "noise_prior_medians",
+    "potential_hessians",
+]
+
+
+def noise_prior_medians(model: NonParametricGPN, x_train: Tensor) -> dict[str, Tensor]:
+    """The prior median of every noise site, in the unconstrained space (``{site: [N_l]}``).
+
+    For the default ``LogNormal(log 0.1, 1)`` that is ``log 0.1`` per unit. Read from a trace of
+    the model (each noise site's prior: ``icdf(0.5)`` where implemented, else the median of 1001
+    draws taken under a forked RNG), so it follows whatever ``noise_prior`` the model has.
+    """
+    from pyro import poutine
+    from torch.distributions import biject_to
+
+    trace = poutine.trace(model.model).get_trace(x_train[:2], None, None)
+    out = {}
+    for name in model.parameter_sites():
+        if not name.startswith("sigma"):
+            continue
+        fn = trace.nodes[name]["fn"]
+        base = fn
+        while hasattr(base, "base_dist") and not hasattr(base, "transforms"):
+            base = base.base_dist  # Independent / expanded wrappers
+        try:
+            median = base.icdf(torch.full(base.batch_shape, 0.5, dtype=model.dtype))
+        except (NotImplementedError, AttributeError):
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                median = fn.sample((1001,)).median(0).values
+        median = median.expand(trace.nodes[name]["value"].shape).to(model.dtype)
+        out[name] = biject_to(fn.support).inv(median).detach()
+    return out
 
 
 def fit_initial_params(
@@ -26,6 +61,7 @@ def fit_initial_params(
     radius: float = 2.0,
     seed: int = 0,
     jit_compile: bool = True,
+    hold: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Starting points for the chains: one maximum-a-posteriori fit of the model per chain.
 
@@ -46,6 +82,9 @@ def fit_initial_params(
         radius: half-width of the uniform starts.
         seed: seeds the starts.
         jit_compile: JIT-compile the potential energy.
+        hold: ``{site: unconstrained value}`` held fixed during the fits (not optimised), e.g.
+            :func:`noise_prior_medians`: a fit with the noise held at its prior median cannot
+            overfit by shrinking the noise (``docs/results/nuts.md``).
 
     Returns:
         ``{site: [num_chains, *site_shape]}`` in the unconstrained space, for ``MCMC``'s
@@ -64,19 +103,26 @@ def fit_initial_params(
             jit_compile=jit_compile,
             skip_jit_warnings=True,
         )
+    hold = dict(hold or {})
+    unknown = sorted(set(hold) - set(init))
+    if unknown:
+        raise ValueError(f"hold names sites the model does not sample: {unknown}")
     gen = torch.Generator().manual_seed(seed)
     starts: dict[str, list[Tensor]] = {k: [] for k in init}
     for _ in range(num_chains):
         params = {
-            k: (
-                (torch.rand(v.shape, generator=gen, dtype=v.dtype) * 2 - 1) * radius
-            ).requires_grad_()
+            k: (torch.rand(v.shape, generator=gen, dtype=v.dtype) * 2 - 1) * radius
             for k, v in init.items()
+        }
+        params = {
+            k: hold[k].to(v.dtype).expand(v.shape).clone() if k in hold else v.requires_grad_()
+            for k, v in params.items()
         }
         best = {k: v.detach().clone() for k, v in params.items()}
         best_energy = math.inf
-        optim = torch.optim.Adam(list(params.values()), lr=lr)
-        for _ in range(steps):
+        free = [v for k, v in params.items() if k not in hold]
+        optim = torch.optim.Adam(free, lr=lr) if free else None
+        for _ in range(steps if optim is not None else 0):
             optim.zero_grad()
             energy = potential_fn(params)
             if not torch.isfinite(energy):
@@ -118,6 +164,29 @@ def laplace_inverse_mass(
     Returns:
         one ``[D, D]`` inverse mass matrix per chain.
     """
+    out = []
+    for hess in potential_hessians(model, x_train, y_train, x_test, params):
+        evals, evecs = torch.linalg.eigh(hess)
+        if not torch.isfinite(evals).all():
+            out.append(torch.eye(hess.shape[-1], dtype=hess.dtype))
+            continue
+        evals = evals.clamp_min(min_curvature)
+        out.append((evecs / evals) @ evecs.mT)
+    return out
+
+
+def potential_hessians(
+    model: NonParametricGPN,
+    x_train: Tensor,
+    y_train: Tensor,
+    x_test: Tensor | None,
+    params: dict[str, Tensor],
+) -> list[Tensor]:
+    """Hessians ``[D, D]`` of the potential energy at each chain's unconstrained start
+    (``params``: ``{site: [num_chains, *shape]}``), in Pyro's block order (sites sorted by name,
+    each flattened). Their largest eigenvalue bounds NUTS's first step sizes: a leapfrog step
+    of size ``eps`` is unstable along a direction of curvature above ``(2 / eps)^2`` (unit
+    metric)."""
     from pyro.infer.mcmc.util import initialize_model
 
     _, potential_fn, _, _ = initialize_model(model.model, (x_train, y_train, x_test))
@@ -135,11 +204,5 @@ def laplace_inverse_mass(
             )
 
         hess = torch.autograd.functional.hessian(energy, flat)
-        hess = 0.5 * (hess + hess.mT)
-        evals, evecs = torch.linalg.eigh(hess)
-        if not torch.isfinite(evals).all():
-            out.append(torch.eye(flat.numel(), dtype=flat.dtype))
-            continue
-        evals = evals.clamp_min(min_curvature)
-        out.append((evecs / evals) @ evecs.mT)
+        out.append(0.5 * (hess + hess.mT))
     return out
