@@ -97,6 +97,22 @@ def run_compare_cli(args: argparse.Namespace) -> int:
         result.to_markdown(),
         "",
     ]
+    if sum(r.pointwise_log_lik is not None for r in result.routes) >= 2:
+        table = result.elpd_comparison()
+        text += [
+            "Routes ranked by test elpd (`az.compare` of the pointwise test log predictive "
+            "densities, original units; `dse`: standard error of the difference to the best "
+            "route; `weight`: stacking):",
+            "",
+            "| route | rank | test elpd | elpd_diff | dse | weight |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *(
+                f"| {name} | {int(row['rank'])} | {row['elpd_loo']:.3f} | "
+                f"{row['elpd_diff']:.3f} | {row['dse']:.3f} | {row['weight']:.3f} |"
+                for name, row in table.iterrows()
+            ),
+            "",
+        ]
     write_atomically(out / "compare.md", "\n".join(text))
     print(f"table: {out / 'compare.md'}")
     if not args.no_plot:

@@ -34,6 +34,8 @@ class RouteResult:
         max_rhat, min_ess, num_divergences: NUTS diagnostics (``None`` for other routes).
         num_train: training rows the route saw.
         curve: ``(step, training seconds, test log-likelihood)`` triples (``vgpn`` routes).
+        pointwise_log_lik: ``[S_test]`` each test row's predictive log density (original
+            units; its mean is ``log_lik``), for :meth:`ComparisonResult.elpd_comparison`.
         grid_mean, grid_lower, grid_upper: predictive mean and 90 % interval on the plot grid
             (1-D data), original units.
         details: route-specific facts (steps, epochs, final loss, ...).
@@ -51,6 +53,7 @@ class RouteResult:
     num_divergences: int | None = None
     num_train: int = 0
     curve: list[tuple[int, float, float]] = field(default_factory=list)
+    pointwise_log_lik: np.ndarray | None = field(default=None, repr=False)
     grid_mean: np.ndarray | None = field(default=None, repr=False)
     grid_lower: np.ndarray | None = field(default=None, repr=False)
     grid_upper: np.ndarray | None = field(default=None, repr=False)
@@ -132,6 +135,16 @@ class ComparisonResult:
             }
             for r in self.routes
         ]
+
+    def elpd_comparison(self):
+        """ArviZ's ``az.compare`` of the routes that ran, by their test log predictive densities
+        (:func:`~pyro_gpn.diagnostics.compare_heldout_lpd`): rank, test elpd, its difference to
+        the best route with the standard error of the pointwise differences (``dse``), and
+        stacking weights. Raises ``ValueError`` if fewer than two routes ran."""
+        from ...diagnostics import compare_heldout_lpd
+
+        ran = {r.route: r.pointwise_log_lik for r in self.routes if r.pointwise_log_lik is not None}
+        return compare_heldout_lpd(ran)
 
     def to_frame(self):
         """The table as a ``pandas.DataFrame`` indexed by route."""

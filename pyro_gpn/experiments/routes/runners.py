@@ -62,13 +62,18 @@ class _Predictive:
         )
 
 
+def _pointwise_log_lik(pred: _Predictive, y: Tensor, y_std: float) -> Tensor:
+    """Each test row's Gaussian predictive log density ``[S]``, original units."""
+    gaussian = Moments(pred.mean[:, None], var=pred.var.clamp_min(1e-12)[:, None])
+    return gaussian_log_likelihood(gaussian, y.reshape(-1, 1).double(), y_std, reduction="none")
+
+
 def _metrics(pred: _Predictive, y: Tensor, y_std: float) -> dict[str, float]:
     """RMSE, Gaussian log-likelihood and 90 % coverage in original units."""
     y = y.reshape(-1).double()
-    gaussian = Moments(pred.mean[:, None], var=pred.var.clamp_min(1e-12)[:, None])
     return {
         "rmse": float(rmse(pred.mean, y, y_std)),
-        "log_lik": float(gaussian_log_likelihood(gaussian, y[:, None], y_std)),
+        "log_lik": float(_pointwise_log_lik(pred, y, y_std).mean()),
         "coverage90": float(interval_coverage(y, pred.lower, pred.upper)),
     }
 
@@ -337,10 +342,10 @@ def compare_routes(
             out.skipped, out.num_train = str(skip), 0
         else:
             out.predictive = pred.kind
-            for name, value in _metrics(
-                pred.rows(slice(0, ctx.num_test)), data.y_test, y_std
-            ).items():
+            test_pred = pred.rows(slice(0, ctx.num_test))
+            for name, value in _metrics(test_pred, data.y_test, y_std).items():
                 setattr(out, name, value)
+            out.pointwise_log_lik = _pointwise_log_lik(test_pred, data.y_test, y_std).numpy()
             if x_grid is not None:
                 grid = pred.rows(slice(ctx.num_test, None))
                 unscale = lambda t: t.numpy() * y_std + float(data.y_mean)  # noqa: E731

@@ -54,4 +54,8 @@ def test_cli_writes_a_markdown_table(tmp_path):
     assert args.func(args) == 0
     text = (tmp_path / "compare.md").read_text()
     assert "| clt |" in text and "| vgpn-closed |" in text
+    # the az.compare ranking of the two routes follows the table
+    assert "| route | rank | test elpd | elpd_diff | dse | weight |" in text
+    ranking = text.split("| route | rank |")[1]
+    assert ranking.count("| clt | ") == 1 and ranking.count("| vgpn-closed | ") == 1
     assert (tmp_path / "compare.png").stat().st_size > 0

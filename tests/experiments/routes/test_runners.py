@@ -62,6 +62,22 @@ def test_every_route_runs_and_reports_finite_metrics(tiny_result):
     assert "± " in aggregate_markdown([tiny_result, tiny_result])
 
 
+def test_elpd_comparison_ranks_routes_by_their_pointwise_test_densities(tiny_result):
+    # the pointwise densities are the log_lik column's terms, and az.compare ranks by their sum
+    import numpy as np
+
+    sums = {}
+    for r in tiny_result.routes:
+        assert r.pointwise_log_lik.shape == (6,)
+        assert r.pointwise_log_lik.mean() == pytest.approx(r.log_lik, rel=1e-12)
+        sums[r.route] = float(r.pointwise_log_lik.sum())
+    table = tiny_result.elpd_comparison()
+    assert list(table.index) == sorted(sums, key=sums.get, reverse=True)
+    assert np.allclose(table["elpd_loo"], [sums[name] for name in table.index])
+    assert table["elpd_diff"].iloc[0] == 0 and (table["dse"].iloc[1:] > 0).all()
+    assert table["weight"].sum() == pytest.approx(1.0)
+
+
 def test_nuts_is_skipped_with_the_reason_when_data_is_too_large(tiny_data):
     budget = RouteBudget(**{**TINY.__dict__, "nuts_max_rows": 15})
     result = compare_routes(tiny_data, routes=("nuts", "clt"), budget=budget, grid_size=10)
