@@ -294,19 +294,8 @@ def unscented_cross_entropy(
             range, ``N + kappa <= 0`` or an unknown ``reduction``.
     """
     _check_reduction(reduction)
-    _check_moments("features", features)
+    num_classes = _check_readout(features, weight, bias)
     num_features = features.num_features
-    if weight is not None:
-        check_tensor("weight", weight)
-        check_shape("weight", weight, (num_features, None))
-        check_finite("weight", weight)
-        num_classes = weight.shape[1]
-    else:
-        num_classes = num_features
-    if bias is not None:
-        check_tensor("bias", bias)
-        check_shape("bias", bias, (num_classes,))
-        check_finite("bias", bias)
     check_labels(target, features.num_samples, num_classes)
     kappa = _check_kappa(kappa, num_features)
 
@@ -324,7 +313,7 @@ def unscented_cross_entropy(
         sd = features.var.sqrt()
         per_sample = cpu_unscented_cross_entropy(centre, sd, weight, target, scale, w0, w1)
         return _reduce(per_sample, reduction)
-    logits, weights = unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
+    logits, weights = _unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
     per_sample = weights[0] * point_ce[:, 0] + weights[1] * point_ce[:, 1:].sum(-1)
@@ -402,9 +391,36 @@ def unscented_logits(
     Returns:
         ``logits [S, 2N + 1, C]`` (centre, ``+`` points, ``-`` points) and the two weights
         ``[w_centre, w_side]``.
+
+    Raises:
+        ValueError: naming the argument, for shape mismatches, non-finite values or
+            ``N + kappa <= 0``.
     """
+    _check_readout(features, weight, bias)
+    return _unscented_logits(features, weight, bias, _check_kappa(kappa, features.num_features))
+
+
+def _check_readout(features: Moments, weight: Tensor | None, bias: Tensor | None) -> int:
+    """Check the features and the readout ``weight [N, C]``, ``bias [C]``; return ``C``."""
+    _check_moments("features", features)
+    num_classes = features.num_features
+    if weight is not None:
+        check_tensor("weight", weight)
+        check_shape("weight", weight, (features.num_features, None))
+        check_finite("weight", weight)
+        num_classes = weight.shape[1]
+    if bias is not None:
+        check_tensor("bias", bias)
+        check_shape("bias", bias, (num_classes,))
+        check_finite("bias", bias)
+    return num_classes
+
+
+def _unscented_logits(
+    features: Moments, weight: Tensor | None, bias: Tensor | None, kappa: float
+) -> tuple[Tensor, Tensor]:
+    """:func:`unscented_logits` without the argument checks (``kappa`` already checked)."""
     num_features = features.num_features
-    kappa = _check_kappa(kappa, num_features)
     mean = features.mean
     centre = mean if weight is None else mean @ weight
     if bias is not None:

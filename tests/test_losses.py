@@ -323,6 +323,26 @@ class TestUnscentedLogits:
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(weight.grad).all()
 
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            ({"weight": torch.zeros(2, 5)}, "weight"),
+            ({"weight": torch.full((3, 5), float("nan"))}, "weight"),
+            ({"bias": torch.zeros(4)}, "bias"),
+            ({"kappa": -3.0}, "kappa"),
+            ({"features": Moments(torch.full((2, 3), float("nan")), validate=False)}, "features"),
+        ],
+    )
+    def test_bad_input(self, kwargs, match):
+        args = {
+            "features": Moments(torch.zeros(2, 3), var=torch.ones(2, 3)),
+            "weight": torch.zeros(3, 5),
+            "bias": torch.zeros(5),
+        }
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=match):
+            unscented_logits(**args)
+
     def test_gradcheck(self):
         g = torch.Generator().manual_seed(9)
         mean = torch.randn(2, 3, generator=g, dtype=DTYPE, requires_grad=True)
