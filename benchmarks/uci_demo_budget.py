@@ -75,19 +75,24 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs/demo_budget.jsonl"))
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    out = Path(a.out)
+    resumable_grid(Path(a.out), "config", a.configs, a.splits, run)
+    return 0
+
+
+def resumable_grid(out: Path, key: str, names, splits, run) -> None:
+    """``run(name, split)`` for every split and name, one JSON line each appended to ``out``;
+    the (``row[key]``, split) pairs already in ``out`` are skipped (resumable)."""
     done = set()
     if out.exists():
-        done = {(r["config"], r["split"]) for r in map(json.loads, out.read_text().splitlines())}
-    for split in a.splits:
-        for config in a.configs:
-            if (config, split) in done:
+        done = {(r[key], r["split"]) for r in map(json.loads, out.read_text().splitlines())}
+    for split in splits:
+        for name in names:
+            if (name, split) in done:
                 continue
-            row = run(config, split)
+            row = run(name, split)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

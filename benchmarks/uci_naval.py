@@ -17,7 +17,6 @@ touched. One JSON line per (variant, split) into ``--out``; finished lines are s
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -29,6 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from benchmarks.uci_demo_budget import resumable_grid  # noqa: E402
 
 #: variants: name -> (fit_vgpn keywords, model keywords); ``s1000`` is the benchmark's schedule
 VARIANTS: dict[str, tuple[dict, dict]] = {
@@ -101,18 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs/naval_budget.jsonl"))
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    out = Path(a.out)
-    done = set()
-    if out.exists():
-        done = {(r["variant"], r["split"]) for r in map(json.loads, out.read_text().splitlines())}
-    for split in a.splits:
-        for variant in a.variants:
-            if (variant, split) in done:
-                continue
-            row = run(variant, split)
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(json.dumps(row), flush=True)
+    resumable_grid(Path(a.out), "variant", a.variants, a.splits, run)
     return 0
 
 
