@@ -61,10 +61,9 @@ def gauss_jordan_inverse(A, Li, R):
 
 
 @njit(inline="always", **_OPTS)
-def cholesky_solve(A, L, u, b, R):
-    """Lower Cholesky factor ``L`` of ``A`` ([R, R], upper triangle zeroed) and
-    ``b = A^-1 u`` by the two triangular solves with it (as ``torch.cholesky_solve``);
-    ``A`` is left unchanged. Returns False if ``A`` is not numerically positive definite."""
+def cholesky_factor(A, L, R):
+    """Lower Cholesky factor ``L`` of ``A`` ([R, R], upper triangle zeroed; ``A`` unchanged).
+    Returns False if ``A`` is not numerically positive definite."""
     for j in range(R):
         s = A[j, j]
         for k in range(j):
@@ -80,6 +79,12 @@ def cholesky_solve(A, L, u, b, R):
             L[i, j] = s / ljj
         for i in range(j):
             L[i, j] = 0.0
+    return True
+
+
+@njit(inline="always", **_OPTS)
+def cholesky_substitute(L, u, b, R):
+    """``b = (L L^T)^-1 u`` by the two triangular solves with the factor ``L``."""
     for r in range(R):
         acc = u[r]
         for k in range(r):
@@ -90,6 +95,16 @@ def cholesky_solve(A, L, u, b, R):
         for k in range(r + 1, R):
             acc -= L[k, r] * b[k]
         b[r] = acc / L[r, r]
+
+
+@njit(inline="always", **_OPTS)
+def cholesky_solve(A, L, u, b, R):
+    """:func:`cholesky_factor` of ``A`` into ``L``, then ``b = A^-1 u`` by
+    :func:`cholesky_substitute` (as ``torch.cholesky_solve``). Returns False if ``A`` is not
+    numerically positive definite."""
+    if not cholesky_factor(A, L, R):
+        return False
+    cholesky_substitute(L, u, b, R)
     return True
 
 
@@ -333,12 +348,19 @@ def row_rule(vv, l2, ratio2, tier_r2):
 
 
 @njit(inline="always", **_OPTS)
+def unit_row(a, n):
+    """Unit ``n``'s entry of a parameter array whose leading dimension is ``N`` or 1 (shared by
+    all units)."""
+    return a[n * min(a.shape[0] - 1, 1)]
+
+
+@njit(inline="always", **_OPTS)
 def grid_origin_spacing(V, n, R):
     """First inducing point ``x0`` and spacing ``h`` of unit ``n``'s equidistant grid
     (``V [G, R]``, ``G`` 1 or ``N``)."""
-    iv = n * min(V.shape[0] - 1, 1)
-    x0 = V[iv, 0]
-    h = (V[iv, R - 1] - x0) / (R - 1) if R > 1 else 1.0
+    v = unit_row(V, n)
+    x0 = v[0]
+    h = (v[R - 1] - x0) / (R - 1) if R > 1 else 1.0
     return x0, h
 
 
@@ -403,12 +425,12 @@ def meanvar_fwd(
     dummy = np.zeros(1)
     for n in prange(N):
         x0, h = grid_origin_spacing(V, n, R)
-        l2 = lam[n * min(lam.shape[0] - 1, 1)] ** 2
-        b = beta[n * min(beta.shape[0] - 1, 1)]
-        p = P[n * min(P.shape[0] - 1, 1)]
-        pa = PA[n * min(PA.shape[0] - 1, 1)]
-        pc = PC[n * min(PC.shape[0] - 1, 1)]
-        nz = noise[n * min(noise.shape[0] - 1, 1)]
+        l2 = unit_row(lam, n) ** 2
+        b = unit_row(beta, n)
+        p = unit_row(P, n)
+        pa = unit_row(PA, n)
+        pc = unit_row(PC, n)
+        nz = unit_row(noise, n)
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
@@ -475,11 +497,11 @@ def meanvar_bwd(
     dummy = np.zeros(1)
     for n in prange(N):
         x0, h = grid_origin_spacing(V, n, R)
-        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        lm = unit_row(lam, n)
         l2 = lm * lm
-        b = beta[n * min(beta.shape[0] - 1, 1)]
-        p = P[n * min(P.shape[0] - 1, 1)]
-        pc = PC[n * min(PC.shape[0] - 1, 1)]
+        b = unit_row(beta, n)
+        p = unit_row(P, n)
+        pc = unit_row(PC, n)
         acc_b = dbeta[n]
         acc_p = dP[n]
         acc_pc = dPC[n]
@@ -574,9 +596,9 @@ def midpoint_weights(C, beta, lam, V, P, magnitudes):
     G, K = P.shape
     R = V.shape[1]
     for n in range(G):
-        c = C[n * min(C.shape[0] - 1, 1)]
-        b = beta[n * min(beta.shape[0] - 1, 1)]
-        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        c = unit_row(C, n)
+        b = unit_row(beta, n)
+        lm = unit_row(lam, n)
         _, h = grid_origin_spacing(V, n, R)
         a = h * h / (4.0 * lm * lm)
         for k in range(K):
@@ -607,9 +629,9 @@ def midpoint_bwd(C, beta, lam, V, gP, dC, dbeta, dlam):
     G, K = gP.shape
     R = V.shape[1]
     for n in range(G):
-        c = C[n * min(C.shape[0] - 1, 1)]
-        b = beta[n * min(beta.shape[0] - 1, 1)]
-        lm = lam[n * min(lam.shape[0] - 1, 1)]
+        c = unit_row(C, n)
+        b = unit_row(beta, n)
+        lm = unit_row(lam, n)
         _, h = grid_origin_spacing(V, n, R)
         a = h * h / (4.0 * lm * lm)
         gl = 0.0

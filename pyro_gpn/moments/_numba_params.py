@@ -20,9 +20,28 @@ import math
 import numpy as np
 from numba import njit
 
-from ._numba_kernels import cholesky_solve, symmetric_inverse
+from ._numba_kernels import (
+    cholesky_solve,
+    cholesky_substitute,
+    grid_origin_spacing,
+    symmetric_inverse,
+)
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_OPTS)
+def gram_decay(V, lam, g, R, kd):
+    """Spacing ``h``, lengthscale ``lm`` and ``1 / lm^2`` of function ``g``, and the Gram
+    matrix's ``R`` distinct entries ``kd[j] = exp(-(j h)^2 / 2 lm^2)`` (``K(V, V)_rt =
+    kd[|r - t|]`` on the equidistant grid)."""
+    _, h = grid_origin_spacing(V, g, R)
+    lm = lam[g]
+    il2 = 1.0 / (lm * lm)
+    for j in range(R):
+        d = j * h
+        kd[j] = math.exp(-0.5 * d * d * il2)
+    return h, lm, il2
 
 
 @njit(**_OPTS)
@@ -37,12 +56,7 @@ def params_fwd(V, U, Svar, lam, jitter, with_var, beta, kappa, chol, P, PC, PA):
     kd = np.empty(R)
     dm = np.empty(R)
     for g in range(G):
-        h = (V[g, R - 1] - V[g, 0]) / (R - 1) if R > 1 else 1.0
-        lm = lam[g]
-        il2 = 1.0 / (lm * lm)
-        for j in range(R):
-            d = j * h
-            kd[j] = math.exp(-0.5 * d * d * il2)
+        h, lm, il2 = gram_decay(V, lam, g, R, kd)
         for r in range(R):
             for t in range(R):
                 A[r, t] = kd[abs(r - t)]
@@ -110,12 +124,7 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
                 for k in range(K):
                     gP[k] += dP[n, k]
                     gPC[k] += dPC[n, k]
-        h = (V[g, R - 1] - V[g, 0]) / (R - 1) if R > 1 else 1.0
-        lm = lam[g]
-        il2 = 1.0 / (lm * lm)
-        for j in range(R):
-            d = j * h
-            kd[j] = math.exp(-0.5 * d * d * il2)
+        h, lm, il2 = gram_decay(V, lam, g, R, kd)
         b = beta[g]
         du = dU[g]
         if with_var:
@@ -157,16 +166,7 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
                         dA[r, t] -= tk * c[k, t]
         else:
             L = chol[g]
-            for r in range(R):
-                acc = gb[r]
-                for k in range(r):
-                    acc -= L[r, k] * du[k]
-                du[r] = acc / L[r, r]
-            for r in range(R - 1, -1, -1):
-                acc = du[r]
-                for k in range(r + 1, R):
-                    acc -= L[k, r] * du[k]
-                du[r] = acc / L[r, r]
+            cholesky_substitute(L, gb, du, R)
             for r in range(R):
                 for t in range(R):
                     dA[r, t] = -0.5 * (du[r] * b[t] + b[r] * du[t])
