@@ -234,6 +234,10 @@ def image_metrics(model, x, y) -> dict:
         "test_error": float(classification_error(probs, y)),
         "test_nll": float(categorical_nll(probs.clamp_min(1e-12) / 1.0, y)),
         "test_ece": float(expected_calibration_error(probs, y)),
+        # over- (> 0) or under-confidence (< 0): mean top probability minus accuracy
+        "test_confidence_gap": float(
+            probs.max(-1).values.mean() - (probs.argmax(-1) == y).to(torch.float64).mean()
+        ),
     }
 
 
@@ -265,7 +269,8 @@ def run_images(args) -> list[dict]:
             if name in ("relu", "tanh"):
                 model = CNN(shape, args.channels, 10, name)
             else:
-                model = gpn_cnn(shape, args.channels, 10, name == "vgpn", n)
+                # the KL's weight is 1 / (kl_scale n): kl_scale > 1 tempers the prior
+                model = gpn_cnn(shape, args.channels, 10, name == "vgpn", round(args.kl_scale * n))
             _, timing = train(
                 model,
                 train_set,
@@ -277,7 +282,9 @@ def run_images(args) -> list[dict]:
                 seed,
             )
             row = {"task": args.task, "model": name, "seed": seed, **timing}
+            row |= {f"val_{k[5:]}": v for k, v in image_metrics(model, *val_set).items()}
             row |= image_metrics(model, *test_set)
+            row["kl_scale"] = args.kl_scale
             row["data"] = description
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -379,6 +386,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data-dir", default=os.environ.get("PYRO_GPN_TEST_DATA"))
     parser.add_argument("--json", default=None, help="append one JSON line per run")
+    parser.add_argument(
+        "--kl-scale",
+        type=float,
+        default=1.0,
+        help="variational models: the KL term is divided by kl_scale * n instead of n",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.task == "report":
