@@ -1,0 +1,133 @@
+"""Time per epoch of the closed-form variational GPN (the Bayesian GPN of a UCI fit) now and at
+an older revision, side by side in one process (issue 13: "a UCI variational fit at least 5x
+faster than today", time per epoch, same settings).
+
+Variants, each a training step (negative closed-form ELBO per row, backward, Adam) of a
+``[D, 50, 1]`` network on the training rows of split 0 of a UCI set, full batch or
+mini-batches of ``--batch``:
+
+* ``point`` -- ``VariationalGPN([D, 50, 1], whiten=True, targets_init="identity",
+  weights="point")``: the configuration that both revisions can build (the older one had
+  point-estimated weights only);
+* ``point@REV`` -- the same network built by the package at git revision ``REV`` (extracted
+  by ``benchmarks/layer_speed.py``'s ``load_baseline``, imported as ``pyro_gpn_base``);
+* ``default`` -- ``VariationalGPN([D, 50, 1])`` at today's recommended defaults (variational
+  weights);
+* ``tanh`` -- the tanh MLP ``[D, 50, 1]`` of the same width (squared error).
+
+Variants run in alternating blocks of ``--block`` steps, ``--repeats`` times, one thread; the
+report gives the median process-CPU and wall seconds per epoch and their ratios::
+
+    OMP_NUM_THREADS=1 python benchmarks/vgpn_step.py --sets boston kin8nm --baseline 813ddd5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.layer_speed import load_baseline  # noqa: E402
+from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
+from pyro_gpn.inference.closed_form import closed_form_elbo  # noqa: E402
+from pyro_gpn.models import VariationalGPN  # noqa: E402
+
+DATA_DIR = os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets"))
+
+
+def steps_of(name: str, batch: int, baseline: str | None) -> tuple[dict, int]:
+    """The variants' step functions on set ``name`` and the steps per epoch."""
+    data = load_uci_regression(name, DATA_DIR, split=0, download=False)
+    x, y = data.x_train, data.y_train
+    n, d = x.shape
+    batch = n if batch <= 0 else min(batch, n)
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randperm(n, generator=generator)[:batch] for _ in range(64)]
+    options = {"whiten": True, "targets_init": "identity", "num_data": n}
+    torch.manual_seed(0)
+    models = {
+        "point": (VariationalGPN([d, 50, 1], weights="point", **options), closed_form_elbo),
+        "default": (VariationalGPN([d, 50, 1], num_data=n), closed_form_elbo),
+    }
+    if baseline:
+        base = load_baseline(baseline)
+        from pyro_gpn_base.inference.closed_form import closed_form_elbo as base_elbo
+
+        models[f"point@{baseline}"] = (base.models.VariationalGPN([d, 50, 1], **options), base_elbo)
+    steps = {}
+    for key, (model, elbo) in models.items():
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step(i, model=model, elbo=elbo, opt=opt):
+            idx = batches[i % len(batches)]
+            loss = -elbo(model, x[idx], y[idx]) / n
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        steps[key] = step
+    mlp = torch.nn.Sequential(torch.nn.Linear(d, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
+    mlp_opt = torch.optim.Adam(mlp.parameters(), lr=1e-2)
+
+    def tanh_step(i):
+        idx = batches[i % len(batches)]
+        loss = (mlp(x[idx]) - y[idx]).square().mean()
+        mlp_opt.zero_grad()
+        loss.backward()
+        mlp_opt.step()
+
+    steps["tanh"] = tanh_step
+    return steps, math.ceil(n / batch)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=["boston", "kin8nm"])
+    parser.add_argument("--batch", type=int, default=512, help="mini-batch (0: full batch)")
+    parser.add_argument("--baseline", default=None, help="also time the package at this rev")
+    parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    # every network keeps its own parameters (not pyro's global store, which would hand the
+    # second network of the same structure the first one's values)
+    pyro.settings.set(module_local_params=True)
+    print(f"load {os.getloadavg()}, torch {torch.__version__}, one thread")
+    for name in args.sets:
+        steps, per_epoch = steps_of(name, args.batch, args.baseline)
+        for step in steps.values():  # warm up: compile / load the kernels
+            for i in range(3):
+                step(i)
+        cpu = {k: [] for k in steps}
+        wall = {k: [] for k in steps}
+        for _ in range(args.repeats):
+            for key, step in steps.items():
+                t, w = time.process_time(), time.perf_counter()
+                for i in range(args.block):
+                    step(i)
+                cpu[key].append((time.process_time() - t) / args.block * per_epoch)
+                wall[key].append((time.perf_counter() - w) / args.block * per_epoch)
+        print(f"{name}: {per_epoch} steps per epoch (batch {args.batch or 'full'})")
+        base = statistics.median(cpu["tanh"])
+        for key in steps:
+            c, w = statistics.median(cpu[key]), statistics.median(wall[key])
+            line = f"  {key:16s} CPU {c:8.4f} s/epoch ({c / base:6.1f}x tanh), wall {w:8.4f} s"
+            if args.baseline and key == f"point@{args.baseline}":
+                line += f"  | old / new (point): {c / statistics.median(cpu['point']):.2f}x CPU"
+            print(line, flush=True)
+    print(f"load at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
