@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", default=None, help="also time the package at this rev")
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--profile", default=None, help="profile 10 steps of this variant (torch.profiler)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     # every network keeps its own parameters (not pyro's global store, which would hand the
@@ -119,6 +122,16 @@ def main(argv: list[str] | None = None) -> None:
                 cpu[key].append((time.process_time() - t) / args.block * per_epoch)
                 wall[key].append((time.perf_counter() - w) / args.block * per_epoch)
         print(f"{name}: {per_epoch} steps per epoch (batch {args.batch or 'full'})")
+        if args.profile:
+            from torch.profiler import profile
+
+            with profile() as prof:
+                for i in range(10):
+                    steps[args.profile](i)
+            events = prof.key_averages()
+            print(events.table(sort_by="self_cpu_time_total", row_limit=15))
+            calls = sum(e.count for e in events if e.key.startswith("aten::")) / 10
+            print(f"  {calls:.0f} aten operator calls per step (nested calls included)")
         base = statistics.median(cpu["tanh"])
         for key in steps:
             c, w = statistics.median(cpu[key]), statistics.median(wall[key])
