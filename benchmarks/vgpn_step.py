@@ -15,6 +15,12 @@ mini-batches of ``--batch``:
   weights);
 * ``tanh`` -- the tanh MLP ``[D, 50, 1]`` of the same width (squared error).
 
+``--letter`` times the paper's Letter network instead (issue 13: "a Letter GPN grid run at
+least 5x faster"): ``GPNNet([16, 30, 15, 26])`` (meanvar, softmax head, identity start: the grid's
+``gpn-meanvar identity`` rows; loss and target-variance penalty, Adam 1e-3) now (``gpn``) and
+at ``REV`` (``gpn@REV``), against ``tanh`` (the same sizes, cross-entropy), on a batch of 128
+(the grid's) of Letter-shaped random inputs; "per epoch" is then per step.
+
 Variants run in alternating blocks of ``--block`` steps, ``--repeats`` times, one thread; the
 report gives the median process-CPU and wall seconds per epoch and their ratios::
 
@@ -91,6 +97,43 @@ def steps_of(name: str, batch: int, baseline: str | None) -> tuple[dict, int]:
     return steps, math.ceil(n / batch)
 
 
+def letter_steps(baseline: str | None) -> tuple[dict, int]:
+    """The Letter network's step functions (module docstring) and 1 step per "epoch"."""
+    from pyro_gpn import GPNNet
+
+    torch.manual_seed(0)
+    x, y = torch.randn(128, 16), torch.randint(0, 26, (128,))
+    nets = {"gpn": GPNNet([16, 30, 15, 26], targets_init="identity")}
+    if baseline:
+        base = load_baseline(baseline)
+        nets[f"gpn@{baseline}"] = base.GPNNet([16, 30, 15, 26], targets_init="identity")
+    steps = {}
+    for key, net in nets.items():
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+        def step(i, net=net, opt=opt):
+            loss = net.loss(x, y) + net.penalty()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        steps[key] = step
+    tanh = torch.nn.Sequential(
+        torch.nn.Linear(16, 30), torch.nn.Tanh(), torch.nn.Linear(30, 15), torch.nn.Tanh()
+    )
+    tanh.append(torch.nn.Linear(15, 26))
+    tanh_opt = torch.optim.Adam(tanh.parameters(), lr=1e-3)
+
+    def tanh_step(i):
+        loss = torch.nn.functional.cross_entropy(tanh(x), y)
+        tanh_opt.zero_grad()
+        loss.backward()
+        tanh_opt.step()
+
+    steps["tanh"] = tanh_step
+    return steps, 1
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=["boston", "kin8nm"])
@@ -98,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", default=None, help="also time the package at this rev")
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--letter", action="store_true", help="the Letter network instead")
     parser.add_argument(
         "--profile", default=None, help="profile 10 steps of this variant (torch.profiler)"
     )
@@ -107,8 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     # second network of the same structure the first one's values)
     pyro.settings.set(module_local_params=True)
     print(f"load {os.getloadavg()}, torch {torch.__version__}, one thread")
-    for name in args.sets:
-        steps, per_epoch = steps_of(name, args.batch, args.baseline)
+    for name in ["letter"] if args.letter else args.sets:
+        if args.letter:
+            steps, per_epoch = letter_steps(args.baseline)
+        else:
+            steps, per_epoch = steps_of(name, args.batch, args.baseline)
         for step in steps.values():  # warm up: compile / load the kernels
             for i in range(3):
                 step(i)
@@ -121,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                     step(i)
                 cpu[key].append((time.process_time() - t) / args.block * per_epoch)
                 wall[key].append((time.perf_counter() - w) / args.block * per_epoch)
-        print(f"{name}: {per_epoch} steps per epoch (batch {args.batch or 'full'})")
+        batch = 128 if args.letter else (args.batch or "full")
+        print(f"{name}: {per_epoch} steps per epoch (batch {batch})")
         if args.profile:
             from torch.profiler import profile
 
@@ -136,8 +184,9 @@ def main(argv: list[str] | None = None) -> None:
         for key in steps:
             c, w = statistics.median(cpu[key]), statistics.median(wall[key])
             line = f"  {key:16s} CPU {c:8.4f} s/epoch ({c / base:6.1f}x tanh), wall {w:8.4f} s"
-            if args.baseline and key == f"point@{args.baseline}":
-                line += f"  | old / new (point): {c / statistics.median(cpu['point']):.2f}x CPU"
+            new = "gpn" if args.letter else "point"
+            if args.baseline and key == f"{new}@{args.baseline}":
+                line += f"  | old / new: {c / statistics.median(cpu[new]):.2f}x CPU"
             print(line, flush=True)
     print(f"load at the end {os.getloadavg()}")
 
