@@ -121,6 +121,7 @@ def _meanvar_bwd_kernel(
     WITH_VAR: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    ACC: tl.constexpr,  # accumulator dtype: the inputs' (tl.float32 or tl.float64)
 ):
     chunk = tl.program_id(0)
     n = tl.program_id(1)
@@ -144,10 +145,10 @@ def _meanvar_bwd_kernel(
         sep = f * f / (4.0 * lam2)
         f_half = f / (2.0 * lam2)
 
-    acc_dV = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc_dbeta = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc_dlam = tl.zeros([BLOCK_S], dtype=tl.float32)
-    acc_dC = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    acc_dV = tl.zeros([BLOCK_R], dtype=ACC)
+    acc_dbeta = tl.zeros([BLOCK_R], dtype=ACC)
+    acc_dlam = tl.zeros([BLOCK_S], dtype=ACC)
+    acc_dC = tl.zeros([BLOCK_R, BLOCK_R], dtype=ACC)
     for i in range(0, blocks_per_prog):
         s = (chunk * blocks_per_prog + i) * BLOCK_S + tl.arange(0, BLOCK_S)
         smask = s < S

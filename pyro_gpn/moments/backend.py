@@ -17,9 +17,12 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
 
 The backend is chosen per thread with the :func:`backend` context manager:
 
-* ``"auto"`` (default) -- ``"triton"`` for float32 CUDA tensors when Triton is installed (for
-  now in ``"mean"`` mode only: the Triton kernels' variance is still the closed form, without the
-  Gauss-Hermite narrow regime of the stable reference algebra),
+* ``"auto"`` (default) -- ``"triton"`` for CUDA tensors when Triton is installed: float32 or
+  float64 (the layers' default compute dtype) in ``"mean"`` and ``"meanvar"`` mode (and
+  ``"cov"`` without an activation covariance), where the kernels evaluate the closed form and
+  :func:`~pyro_gpn.moments.propagate.response_moments` replaces the narrow-regime rows whose
+  closed form is not provably accurate by their Gauss-Hermite variance, exactly as on the
+  reference path; not for a full activation covariance (float32 kernels without that rule),
   ``"cpu"`` for float32/float64 CPU tensors with fixed equidistant inducing points when Numba is
   installed, else ``"reference"``. Never raises.
 * ``"reference"`` -- always the reference path;
@@ -48,6 +51,7 @@ from torch import Tensor
 
 __all__ = [
     "BACKENDS",
+    "TRITON_MEANVAR_DTYPES",
     "backend",
     "get_backend",
     "cpu_parameter_kernels",
@@ -60,6 +64,9 @@ __all__ = [
 
 #: The accepted backend names.
 BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "cpu", "triton")
+
+#: dtypes of the Triton mean and mean/variance kernels (the covariance kernels: float32 only)
+TRITON_MEANVAR_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
 
 _state = threading.local()
 
@@ -127,13 +134,19 @@ def numba_available() -> bool:
 _FLOATS = (torch.float32, torch.float64)
 
 
-def _triton_problem(present: list[Tensor]) -> str | None:
-    """Why the Triton kernels cannot evaluate ``present`` (``None`` if they can)."""
+def _triton_problem(
+    present: list[Tensor], dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+) -> str | None:
+    """Why the Triton kernels (computing in one of ``dtypes``) cannot evaluate ``present``
+    (``None`` if they can)."""
     if not triton_available():
         return "Triton is not installed (pip install 'pyro-gpn[gpu]')"
-    bad = [t.dtype for t in present if t.dtype != torch.float32]
+    names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+    bad = [t.dtype for t in present if t.dtype not in dtypes]
     if bad:
-        return f"the Triton kernels compute in float32, got {bad[0]}"
+        return f"the Triton kernels compute in {names}, got {bad[0]}"
+    if len({t.dtype for t in present}) > 1:
+        return f"the Triton kernels need one dtype, got {sorted({str(t.dtype) for t in present})}"
     dev = [t.device for t in present if not _runnable_device(t)]
     if dev:
         return (
@@ -171,6 +184,7 @@ def select_backend(
     equidistant: bool | None = None,
     cpu_unsupported: str | None = None,
     triton_auto: bool = True,
+    triton_dtypes: tuple[torch.dtype, ...] = (torch.float32,),
 ) -> str:
     """The implementation that evaluates an expression of ``tensors``: ``"reference"``,
     ``"cpu"`` or ``"triton"``, by the backend in force (module docstring).
@@ -183,6 +197,7 @@ def select_backend(
             an argument they do not cover), or ``None``.
         triton_auto: whether ``"auto"`` may pick the Triton kernels (``False`` where they do
             not compute what the reference computes; a forced ``"triton"`` still runs them).
+        triton_dtypes: the dtypes the Triton kernels of this expression compute in.
 
     Raises:
         RuntimeError: a forcing backend (``"fused"``, ``"cpu"``, ``"triton"``) that cannot run,
@@ -197,7 +212,7 @@ def select_backend(
     on_cuda = any(t.is_cuda for t in present)
     if name == "auto":
         if on_cuda:
-            ok = triton_auto and _triton_problem(present) is None
+            ok = triton_auto and _triton_problem(present, triton_dtypes) is None
             return "triton" if ok else "reference"
         if cpu_unsupported is None and _cpu_problem(present, inducing_points, equidistant) is None:
             return "cpu"
@@ -205,7 +220,7 @@ def select_backend(
     if name == "fused":
         name = "triton" if on_cuda else "cpu"
     if name == "triton":
-        problem = _triton_problem(present)
+        problem = _triton_problem(present, triton_dtypes)
     else:
         problem = cpu_unsupported or _cpu_problem(present, inducing_points, equidistant)
     if problem is not None:

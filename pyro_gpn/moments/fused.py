@@ -37,7 +37,8 @@ with ``d_n = V_rn - mu_n``, ``d_m = V_tm - mu_m``, ``c_n = lambda_n^2 + Sig_nn``
 which keeps the exactly positive lengthscale terms out of the cancellation. The diagonal of the
 output covariance is ``tilde sigma^2`` of the activation variance ``v = Sig_nn``.
 
-Kernels (all float32; ``R`` is padded to a power of two ``R_p`` and masked, any ``R`` works):
+Kernels (mean and mean/variance in the inputs' dtype, float32 or float64; covariance float32;
+``R`` is padded to a power of two ``R_p`` and masked, any ``R`` works):
 
 * ``_meanvar_fwd_kernel``: one program per (block of samples, unit); ``psi`` as a
   ``[BLOCK_S, R_p]`` tile, ``Omega`` as a ``[BLOCK_S, R_p, R_p]`` tile, both contracted in
@@ -85,9 +86,12 @@ Cost: mean/variance ``O(S N R^2)`` time, ``O(S N)`` memory; covariance ``O(S N^2
 ``O(S N^2)`` memory (the output), forward and backward; the backward kernels recompute ``psi``,
 ``Omega`` and ``Lambda`` instead of storing them.
 
-Gradients are first order only (``once_differentiable``). Inputs must be float32 and on a CUDA
-device, or on the CPU under ``TRITON_INTERPRET=1``; :func:`pyro_gpn.moments.backend.use_fused`
-decides when these functions are used.
+Gradients are first order only (``once_differentiable``). Inputs must be float32 (or, for the
+mean and mean/variance kernels, all float64) and on a CUDA device, or on the CPU under
+``TRITON_INTERPRET=1``; :func:`pyro_gpn.moments.backend.select_backend` decides when these
+functions are used. They evaluate the closed form as written; the narrow regime's Gauss-Hermite
+variance (:mod:`pyro_gpn.moments.quadrature`) is applied on top of them by
+:func:`pyro_gpn.moments.propagate.response_moments`.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from . import _triton_kernels
-from .backend import triton_available, triton_interpret
+from .backend import TRITON_MEANVAR_DTYPES, triton_available, triton_interpret
 
 # Triton is imported on the first kernel launch (``_require_triton``), not with this module: the
 # package imports and runs without it, and Triton reads ``TRITON_INTERPRET`` when it is first
@@ -186,14 +190,20 @@ def _split(num_items: int, num_units: int, device: torch.device) -> tuple[int, i
     return _cdiv(num_items, per_chunk), per_chunk
 
 
-def _check_inputs(**tensors: Tensor | None) -> None:
-    """All tensors float32 and on the device of the first one."""
-    device = next(iter(tensors.values())).device
+def _check_inputs(
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,), **tensors: Tensor | None
+) -> None:
+    """All tensors of ``mu``'s dtype, one of ``dtypes``, and on ``mu``'s device."""
+    first = next(iter(tensors.values()))
+    device, dtype = first.device, first.dtype
+    if dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"mu must be {names} for the fused kernels, got {dtype}")
     for name, t in tensors.items():
         if t is None:
             continue
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32 for the fused kernels, got {t.dtype}")
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype} like mu for the fused kernels, got {t.dtype}")
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, expected {device} like mu")
 
@@ -201,7 +211,7 @@ def _check_inputs(**tensors: Tensor | None) -> None:
 def _unit_param(
     name: str, p: Tensor, num_units: int, trailing: tuple[int, ...]
 ) -> tuple[Tensor, int]:
-    """Contiguous float32 parameter ``[N | 1, *trailing]`` and its unit stride (0 if shared)."""
+    """Contiguous parameter ``[N | 1, *trailing]`` and its unit stride (0 if shared)."""
     if (
         p.dim() != 1 + len(trailing)
         or p.shape[0] not in (1, num_units)
@@ -313,6 +323,7 @@ def _meanvar_backward(
             dmu, dv, dV, dlam, dbeta, dC,
             S, N, R, p.V_us, p.lam_us, p.beta_us, p.C_us, blocks_per_prog,
             WITH_VAR=with_var, BLOCK_S=block_s, BLOCK_R=p.block_r,
+            ACC=tl.float64 if mu.dtype == torch.float64 else tl.float32,
         )  # fmt: skip
     return dmu, dv, dV.sum(0), dlam.sum(0), dbeta.sum(0), dC.sum(0) if with_var else None
 
@@ -500,10 +511,11 @@ def fused_response_mean(
         V: ``[N | 1, R]`` inducing points; lam: ``[N | 1]`` lengthscales; beta: ``[N | 1, R]``.
 
     Returns:
-        ``[S, N]`` float32, differentiable w.r.t. all inputs (one fused backward kernel).
+        ``[S, N]`` in the inputs' dtype (float32 or float64), differentiable w.r.t. all inputs
+        (one fused backward kernel).
     """
     _require_triton()
-    _check_inputs(mu=mu, v=v, V=V, lam=lam, beta=beta)
+    _check_inputs(TRITON_MEANVAR_DTYPES, mu=mu, v=v, V=V, lam=lam, beta=beta)
     _check_activations(mu, v, "v", full=False)
     return _ResponseMean.apply(mu, v, V, lam, beta)
 
@@ -536,10 +548,13 @@ def fused_response_meanvar(
     A leading dimension 1 shares the parameter across the units (its gradient is summed).
 
     Returns:
-        ``(mean, var)``, each ``[S, N]`` float32, differentiable w.r.t. every input.
+        ``(mean, var)``, each ``[S, N]`` in the inputs' dtype (float32 or float64),
+        differentiable w.r.t. every input.
     """
     _require_triton()
-    _check_inputs(mu=mu, v=v, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var)
+    _check_inputs(
+        TRITON_MEANVAR_DTYPES, mu=mu, v=v, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var
+    )
     _check_activations(mu, v, "v", full=False)
     return _ResponseMeanVar.apply(mu, v, V, lam, beta, C, noise_var)
 

@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from . import cross
-from .backend import select_backend
+from .backend import TRITON_MEANVAR_DTYPES, select_backend
 from .cross import COV_CHUNK_ELEMENTS
 from .gaussian import Moments
 from .midpoint import gaussian_sum, is_equidistant, midpoint_expansion
@@ -179,6 +179,7 @@ def response_moments(
     ls2 = lengthscales.square()
 
     # eq:gpn_normal_mu with psi from eq:gpn_normal_E_alpha
+    full_cov = mode == "cov" and activations.cov is not None
     kind = select_backend(
         mean,
         var,
@@ -190,7 +191,9 @@ def response_moments(
         inducing_points=inducing_points,
         equidistant=equidistant,
         cpu_unsupported=_cpu_unsupported(mode, activations, variance_cholesky),
-        triton_auto=mode == "mean",
+        # the covariance kernels compute in float32 without the narrow regime: not by default
+        triton_auto=not full_cov,
+        triton_dtypes=(torch.float32,) if full_cov else TRITON_MEANVAR_DTYPES,
     )
     if kind != "reference":
         return _fused_response_moments(
@@ -202,6 +205,9 @@ def response_moments(
             noise_var,
             mode,
             kind,
+            equidistant,
+            variance_cholesky,
+            variance_inner,
         )
     width_psi = 2 * (ls2 + var)
     amplitude_psi = (ls2 / (ls2 + var)).sqrt()
@@ -230,39 +236,9 @@ def response_moments(
     # row's node tier, where the closed form is not provably accurate
     ratio2 = var / ls2
     narrow = ratio2 <= GH_MAX_STD_RATIO**2
-    quadrature = narrow
-    if variance_cholesky is None and bool(narrow.any()):
-        with torch.no_grad():
-            abs_beta = beta.abs()
-            _, abs_weights = midpoint_expansion(
-                inducing_points,
-                variance_reduction.abs() + abs_beta.unsqueeze(-1) * abs_beta.unsqueeze(-2),
-                lengthscales,
-                equidistant,
-            )
-            magnitude = 1 + (ls2 / width_omega).sqrt() * gaussian_sum(
-                mean,
-                width_omega,
-                _expand_units(mid_centers, num_units),
-                _expand_units(abs_weights, num_units),
-            )
-            bound = closed_form_error_scale(num_points, mean.dtype) * (
-                magnitude + out_mean.square()
-            )
-            quadrature = narrow & ~(bound <= CLOSED_FORM_RTOL * out_var)
-    if bool(quadrature.any()):
-        out_var = _node_variance_rows(
-            out_var,
-            quadrature,
-            mean,
-            var,
-            inducing_points,
-            lengthscales,
-            beta,
-            variance_reduction,
-            variance_cholesky,
-            variance_inner,
-        )
+    response = (inducing_points, lengthscales, beta, variance_reduction)
+    factors = (variance_cholesky, variance_inner, equidistant)
+    out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
     nodes = None
     if mode == "cov" and activations.cov is not None and bool(narrow.any()):
         num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
@@ -294,6 +270,68 @@ def response_moments(
     return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
 
 
+def _narrow_regime(
+    out_var: Tensor,
+    narrow: Tensor,
+    out_mean: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+    equidistant: bool | None,
+) -> Tensor:
+    """``out_var`` ``[S, N]`` (the closed-form variance, noise-free) with the ``narrow`` rows
+    whose closed form is not provably accurate replaced by their Gauss-Hermite variance
+    (:func:`_node_variance_rows`): every narrow row when ``variance_cholesky`` is given, else
+    those whose rounding-error bound (:func:`closed_form_error_scale` times the magnitude of the
+    closed form's terms, ``1 + tr[(|C| + |beta| |beta|^T) Omega] + mean^2``) exceeds
+    :data:`CLOSED_FORM_RTOL` of the value. The one rule of every backend that evaluates the
+    closed form (the reference path and the Triton kernels)."""
+    if not bool(narrow.any()):
+        return out_var
+    quadrature = narrow
+    if variance_cholesky is None:
+        with torch.no_grad():
+            num_units = mean.shape[-1]
+            ls2 = lengthscales.square()
+            width_omega = ls2 + 2 * var
+            abs_beta = beta.abs()
+            mid_centers, abs_weights = midpoint_expansion(
+                inducing_points,
+                variance_reduction.abs() + abs_beta.unsqueeze(-1) * abs_beta.unsqueeze(-2),
+                lengthscales,
+                equidistant,
+            )
+            magnitude = 1 + (ls2 / width_omega).sqrt() * gaussian_sum(
+                mean,
+                width_omega,
+                _expand_units(mid_centers, num_units),
+                _expand_units(abs_weights, num_units),
+            )
+            bound = closed_form_error_scale(inducing_points.shape[-1], mean.dtype) * (
+                magnitude + out_mean.square()
+            )
+            quadrature = narrow & ~(bound <= CLOSED_FORM_RTOL * out_var)
+    if not bool(quadrature.any()):
+        return out_var
+    return _node_variance_rows(
+        out_var,
+        quadrature,
+        mean,
+        var,
+        inducing_points,
+        lengthscales,
+        beta,
+        variance_reduction,
+        variance_cholesky,
+        variance_inner,
+    )
+
+
 def _cpu_unsupported(
     mode: str, activations: Moments, variance_cholesky: Tensor | None
 ) -> str | None:
@@ -314,12 +352,18 @@ def _fused_response_moments(
     noise_var: Tensor | None,
     mode: Mode,
     kind: str = "triton",
+    equidistant: bool | None = None,
+    variance_cholesky: Tensor | None = None,
+    variance_inner: Tensor | None = None,
 ) -> Moments:
     """:func:`response_moments` through the fused kernels: ``kind`` ``"triton"``
     (:mod:`pyro_gpn.moments.fused`) or ``"cpu"`` (:mod:`pyro_gpn.moments.cpu_kernels`).
 
     The CPU kernels cover ``"mean"`` and ``"meanvar"`` (and ``"cov"`` without an activation
-    covariance), with an explicit ``C`` (see :func:`_cpu_unsupported`).
+    covariance), with an explicit ``C`` (see :func:`_cpu_unsupported`), and apply the narrow
+    regime's rule themselves. The Triton kernels evaluate the closed form; the narrow-regime rows
+    are then replaced here as on the reference path (:func:`_narrow_regime`), except for a full
+    activation covariance (the covariance kernels, float32, the closed form only).
     """
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
@@ -354,15 +398,17 @@ def _fused_response_moments(
             noise_var,
         )
         return Moments(out_mean, cov=out_cov, validate=False)
+    var = activations.variance
     out_mean, out_var = fused_response_meanvar(
-        mean,
-        activations.variance,
-        inducing_points,
-        lengthscales,
-        beta,
-        variance_reduction,
-        noise_var,
+        mean, var, inducing_points, lengthscales, beta, variance_reduction, None
     )
+    narrow = var / lengthscales.square() <= GH_MAX_STD_RATIO**2  # as response_moments
+    response = (inducing_points, lengthscales, beta, variance_reduction)
+    factors = (variance_cholesky, variance_inner, equidistant)
+    out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
+    out_var = out_var.clamp_min(0)
+    if noise_var is not None:
+        out_var = out_var + noise_var
     if mode == "cov":
         return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
     return Moments(out_mean, var=out_var, validate=False)

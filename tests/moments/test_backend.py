@@ -95,8 +95,66 @@ def test_auto_picks_triton_on_cuda():
     expected = "triton" if backend_mod.triton_available() else "reference"
     assert select_backend(x, inducing_points=V.float().cuda()) == expected
     assert select_backend(x.double(), inducing_points=V.cuda()) == "reference"
+    dtypes = backend_mod.TRITON_MEANVAR_DTYPES
+    assert select_backend(x.double(), inducing_points=V.cuda(), triton_dtypes=dtypes) == expected
     with backend("fused"), pytest.raises(RuntimeError, match="float32"):
         select_backend(x.double(), inducing_points=V.cuda())
+
+
+class _CudaLike:
+    """Stands for a CUDA tensor in the backend's decisions (this machine has no GPU)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype, self.is_cuda, self.device = dtype, True, torch.device("cuda")
+
+
+def test_auto_on_cuda_by_dtype_and_expression(monkeypatch: pytest.MonkeyPatch):
+    """On CUDA, "auto" takes the Triton kernels in every dtype they compute in (float64 for the
+    mean and mean/variance kernels, the layers' default), never for a mix of dtypes, and not
+    where the expression says they do not compute what the reference does."""
+    monkeypatch.setattr(backend_mod, "triton_available", lambda: True)
+    f32, f64 = _CudaLike(torch.float32), _CudaLike(torch.float64)
+    meanvar = backend_mod.TRITON_MEANVAR_DTYPES
+    assert select_backend(f32, f32) == "triton"
+    assert select_backend(f64, f64) == "reference"  # default: float32 kernels only
+    assert select_backend(f64, f64, triton_dtypes=meanvar) == "triton"
+    assert select_backend(f32, f64, triton_dtypes=meanvar) == "reference"
+    assert select_backend(f64, f64, triton_dtypes=meanvar, triton_auto=False) == "reference"
+    with backend("triton"), pytest.raises(RuntimeError, match="one dtype"):
+        select_backend(f32, f64, triton_dtypes=meanvar)
+    with backend("fused"), pytest.raises(RuntimeError, match="compute in float32, got"):
+        select_backend(f64, f64)
+
+
+@pytest.mark.parametrize(
+    "mode, full, auto, dtypes",
+    [
+        ("mean", False, True, (torch.float32, torch.float64)),
+        ("meanvar", False, True, (torch.float32, torch.float64)),
+        ("cov", False, True, (torch.float32, torch.float64)),
+        ("cov", True, False, (torch.float32,)),
+    ],
+)
+def test_response_moments_offers_the_triton_kernels(mode, full, auto, dtypes, monkeypatch):
+    """response_moments lets "auto" take the Triton kernels wherever their result is the
+    reference's (the narrow regime applied on top), float32 and float64; a full activation
+    covariance only when forced, in float32."""
+    from pyro_gpn.moments import propagate
+
+    seen = {}
+
+    def spy(*tensors, **kwargs):
+        seen.update(kwargs)
+        return "reference"
+
+    monkeypatch.setattr(propagate, "select_backend", spy)
+    mean = torch.zeros(2, 3, dtype=torch.float64)
+    cov = 0.1 * torch.eye(3, dtype=torch.float64).expand(2, 3, 3)
+    acts = Moments(mean, cov=cov) if full else Moments(mean)
+    beta, C = torch.zeros(3, 6, dtype=torch.float64), torch.zeros(3, 6, 6, dtype=torch.float64)
+    lam = torch.ones(3, dtype=torch.float64)
+    propagate.response_moments(acts, V, lam, beta, C, mode=mode)
+    assert seen["triton_auto"] is auto and tuple(seen["triton_dtypes"]) == dtypes
 
 
 @needs_numba

@@ -343,11 +343,16 @@ def test_cov_diagonal_input_is_diagonal_output(device):
 @pytest.mark.triton
 @needs_triton
 def test_fused_rejects_bad_input(device):
-    from pyro_gpn.moments.fused import fused_response_meanvar
+    from pyro_gpn.moments.fused import fused_response_cov, fused_response_meanvar
 
     mu, v, V, lam, beta, C, noise = (t.to(device) for t in make_problem(2, 3, 4, seed=7))
-    with pytest.raises(TypeError, match="float32"):
-        fused_response_meanvar(mu, v, V, lam, beta, C, noise)  # float64
+    fused_response_meanvar(mu, v, V, lam, beta, C, noise)  # float64 is a kernel dtype
+    with pytest.raises(TypeError, match="C must be torch.float64 like mu"):
+        fused_response_meanvar(mu, v, V, lam, beta, C.float(), noise)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        fused_response_meanvar(mu.half(), v, V, lam, beta, C, noise)
+    with pytest.raises(TypeError, match="mu must be float32"):  # covariance kernels: float32
+        fused_response_cov(mu, torch.diag_embed(v), V, lam, beta, C, noise)
     mu, v, V, lam, beta, C, noise = (t.float() for t in (mu, v, V, lam, beta, C, noise))
     with pytest.raises(ValueError, match="beta"):
         fused_response_meanvar(mu, v, V, lam, beta[:, :3], C, noise)
@@ -427,24 +432,29 @@ def _compile_all_for_sm90() -> None:
 
     from pyro_gpn.moments import fused
 
-    cases = [
-        ("_meanvar_fwd_kernel", {"WITH_VAR": True, "HAS_NOISE": True, "BLOCK_S": 16}),
-        ("_meanvar_fwd_kernel", {"WITH_VAR": False, "HAS_NOISE": False, "BLOCK_S": 128}),
-        ("_meanvar_bwd_kernel", {"WITH_VAR": True, "BLOCK_S": 8}),
-        ("_meanvar_bwd_kernel", {"WITH_VAR": False, "BLOCK_S": 128}),
-        ("_cov_fwd_kernel", {"BLOCK_M": 128}),
-        ("_cov_bwd_kernel", {"BLOCK_M": 64}),
+    tl = fused.tl if fused.tl is not None else importlib.import_module("triton.language")
+    cases = []
+    for fp, acc in (("fp32", tl.float32), ("fp64", tl.float64)):  # mean/variance: both dtypes
+        cases += [
+            ("_meanvar_fwd_kernel", fp, {"WITH_VAR": True, "HAS_NOISE": True, "BLOCK_S": 16}),
+            ("_meanvar_fwd_kernel", fp, {"WITH_VAR": False, "HAS_NOISE": False, "BLOCK_S": 128}),
+            ("_meanvar_bwd_kernel", fp, {"WITH_VAR": True, "BLOCK_S": 8, "ACC": acc}),
+            ("_meanvar_bwd_kernel", fp, {"WITH_VAR": False, "BLOCK_S": 128, "ACC": acc}),
+        ]
+    cases += [
+        ("_cov_fwd_kernel", "fp32", {"BLOCK_M": 128}),
+        ("_cov_bwd_kernel", "fp32", {"BLOCK_M": 64}),
     ]
-    for name, consts in cases:
+    for name, fp, consts in cases:
         kernel = fused._jit(name)
         consts = {**consts, "BLOCK_R": 16}
         signature = {
-            arg: "constexpr" if arg in consts else "*fp32" if arg.endswith("_ptr") else "i32"
+            arg: "constexpr" if arg in consts else f"*{fp}" if arg.endswith("_ptr") else "i32"
             for arg in kernel.arg_names
         }
         source = ASTSource(kernel, signature, constexprs=consts)
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-        assert compiled.asm.get("cubin"), name
+        assert compiled.asm.get("cubin"), (name, fp)
 
 
 @pytest.mark.slow
@@ -525,3 +535,83 @@ def test_response_moments_dispatches_to_the_kernels(device, mode, monkeypatch):
     assert calls, "the fused kernels were not called"
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=2e-4, atol=2e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# float64 kernels and the narrow regime (the Triton path of response_moments)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("S, N, R, shared", [(19, 3, 14, False), (5, 4, 6, True)])
+def test_float64_kernels_match_the_formulas(device, S, N, R, shared):
+    """The mean and mean/variance kernels in float64: values and gradients to ~1e-12."""
+    from pyro_gpn.moments.fused import fused_response_mean, fused_response_meanvar
+
+    problem = make_problem(S, N, R, shared=shared, seed=S + R)
+    ref_in = _leaves(problem, torch.float64, "cpu")
+    fus_in = _leaves(problem, torch.float64, device)
+    out = fused_response_meanvar(*fus_in)
+    ref = reference_moments(*ref_in, full=False)
+    assert out[0].dtype == out[1].dtype == torch.float64
+    close = {"rtol": 1e-10, "atol": 1e-12}
+    torch.testing.assert_close(out[0].cpu(), ref[0].detach(), **close)
+    torch.testing.assert_close(out[1].cpu(), ref[1].detach(), **close)
+    g = torch.Generator().manual_seed(2)
+    upstream = [torch.randn(r.shape, generator=g, dtype=torch.float64) for r in ref]
+    ref_g = _grads(ref, upstream, ref_in)
+    fus_g = _grads(out, [u.to(device) for u in upstream], fus_in)
+    for name, a, e in zip(NAMES, fus_g, ref_g, strict=True):
+        torch.testing.assert_close(a.cpu(), e, **close, msg=name)
+    mean = fused_response_mean(*fus_in[:5])
+    torch.testing.assert_close(mean.cpu(), ref[0].detach(), **close)
+
+
+def _ill_conditioned_layer(dtype: torch.dtype, device):
+    """A unit in the regime where the closed-form variance loses its digits: lengthscale 2
+    against an inducing spacing of 0.31 (ratio 6.5), target variances 1e-6, smooth targets;
+    narrow activations (std 0.01-0.05) inside and outside the grid, and broad ones."""
+    from pyro_gpn.moments.weights import virtual_observation_weights
+
+    R = 14
+    V = torch.linspace(-2, 2, R, dtype=torch.float64).reshape(1, R)
+    lam = torch.tensor([2.0], dtype=torch.float64)
+    U = torch.sin(V)
+    kappa, beta = virtual_observation_weights(V, U, torch.full_like(V, 1e-6), lam)
+    mean = torch.linspace(-3, 3, 13, dtype=torch.float64).reshape(-1, 1)
+    std = torch.tensor([0.01, 0.05, 5.0], dtype=torch.float64)  # 5.0: broad (> 1.25 lambda)
+    mean, var = (mean * torch.ones(1, 3)).reshape(-1, 1), (std**2).repeat(13).reshape(-1, 1)
+    put = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return put(mean), put(var), put(V), put(lam), put(beta), put(0.5 * (kappa + kappa.mT))
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_path_applies_the_narrow_regime(device):
+    """``backend("triton")`` in meanvar gives the reference path's stable variance (float64) in
+    the regime where the kernels' closed form alone is wrong, with the same gradients."""
+    from pyro_gpn.moments.fused import fused_response_meanvar
+    from pyro_gpn.moments.gaussian import Moments
+    from pyro_gpn.moments.propagate import response_moments
+
+    mean, var, V, lam, beta, C = _ill_conditioned_layer(torch.float64, device)
+    noise = None  # the noise-free variance: ~1e-6 near the targets, where the digits are lost
+    results = {}
+    for name in ("reference", "triton"):
+        m = mean.clone().requires_grad_()
+        b = beta.clone().requires_grad_()
+        with backend(name):
+            out = response_moments(Moments(m, var=var), V, lam, b, C, noise, mode="meanvar")
+        (out.mean.sum() + out.var.sum()).backward()
+        results[name] = (out.mean.detach(), out.var.detach(), m.grad, b.grad)
+    ref_mean, ref_var, ref_dm, ref_db = results["reference"]
+    tri_mean, tri_var, tri_dm, tri_db = results["triton"]
+    torch.testing.assert_close(tri_mean, ref_mean, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(tri_var, ref_var, rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(tri_dm, ref_dm, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(tri_db, ref_db, rtol=1e-6, atol=1e-9 * ref_db.abs().max())
+    # the kernels' closed form alone is far off here: the rule is what makes them agree
+    _, closed = fused_response_meanvar(mean, var, V, lam, beta, C, noise)
+    narrow = var.squeeze(-1) < 1.0
+    rel = ((closed - ref_var).abs() / ref_var).squeeze(-1)
+    assert rel[narrow].max() > 1e-4
+    assert rel[~narrow].max() < 1e-6  # broad rows: the closed form is accurate and is kept
