@@ -24,3 +24,13 @@ def test_confidence_gap_is_mean_top_probability_minus_accuracy():
     probs = torch.tensor([[0.6, 0.4], [0.4, 0.6]])
     out = image_metrics(_fixed_probs_cnn(probs), torch.zeros(2, 4), torch.tensor([0, 1]))
     assert out["test_confidence_gap"] == pytest.approx(-0.4)
+
+
+def test_full_mnist_task_names_the_missing_training_images(tmp_path):
+    """``mnist-full`` needs the 60,000 training images: without them (and without
+    ``--download``) it stops with the data error that says what to fetch, before training."""
+    from benchmarks.conv_rnn import main
+    from pyro_gpn.data.download import DataUnavailableError
+
+    with pytest.raises(DataUnavailableError, match="train-images"):
+        main(["mnist-full", "--data-dir", str(tmp_path), "--models", "relu", "--epochs", "1"])
