@@ -337,3 +337,30 @@ def test_fit_vgpn_checks_the_data_once_on_entry():
     y[3] = float("nan")
     with pytest.raises(ValueError, match="y"):
         fit_vgpn(_net([2, 1]), x, y, num_steps=3, val_fraction=0.0)
+
+
+def test_fit_vgpn_classifies_with_a_softmax_head_and_scores_validation_by_log_prob():
+    """The classification route of the benchmark (``benchmarks/bayes_classification.py``):
+    ``fit_vgpn`` on a softmax VGPN learns three separated blobs, and the validation score it
+    stops on is the mean log-probability of the labels under the closed-form predictive."""
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.inference.closed_form import validation_log_lik
+
+    gen = torch.Generator().manual_seed(7)
+    centres = torch.tensor([[0.2, 0.2], [0.8, 0.2], [0.5, 0.8]], dtype=DT)
+
+    def blobs(n):
+        labels = torch.arange(n) % 3
+        return centres[labels] + 0.08 * torch.randn(n, 2, dtype=DT, generator=gen), labels
+
+    x, y = blobs(150)
+    x_val, y_val = blobs(60)
+    vgpn = VariationalGPN([2, 4, 3, 3], head="softmax", dtype=DT)
+    before = validation_log_lik(vgpn, x_val, y_val)
+    fit = fit_vgpn(vgpn, x, y, x_val, y_val, num_steps=300, eval_every=10, patience=30)
+    probs = vgpn.predict(x_val).mean
+    assert torch.allclose(probs.sum(-1), torch.ones(60, dtype=DT), atol=1e-9)
+    by_hand = float(probs[torch.arange(60), y_val].log().mean())
+    assert fit.best_val_log_lik == pytest.approx(by_hand, abs=1e-9)
+    assert before < math.log(0.5) < fit.best_val_log_lik  # from near chance to confident
+    assert float((probs.argmax(-1) != y_val).double().mean()) <= 0.05

@@ -1,0 +1,313 @@
+"""The paper's missing Bayesian classification section (issue 15, Build 5).
+
+The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN` with
+``head="softmax"``, the library's recommendations :data:`pyro_gpn.recommended.VGPN`: whitened
+``q(U)``, identity start, variational ``W``) on the paper's networks (Letter 16x30x15x26, Adult
+108x30x15x2, Connect-4 126x30x15x3; and ``mnist-test-only`` 784x30x15x10, the reduced MNIST of
+``docs/results/mnist_reduced.md``), trained by :func:`pyro_gpn.inference.fit_vgpn` on the
+paper grid's data (``pyro_gpn.data.load_dataset(name, seed=0)``: features in [0, 1] with the
+training min/max, the same 10 % validation hold-out for every seed, the official test rows) and
+stopped on the validation log-likelihood. Reported: train / validation / test error (argmax of
+the closed-form predictive class probabilities) and test NLL (the mean of ``-log p(y | x)``
+under those probabilities, nats), beside the maximum-likelihood GPN rows of
+``docs/results/paper_table.md``.
+
+One JSON per (set, seed) cell under ``--out`` (default
+``docs/results/bayes_classification_runs``), written atomically; finished cells are skipped.
+Each records the command, the machine, the load average at its start and end, wall and process
+CPU seconds. Usage::
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bayes_classification.py \\
+        --sets letter adult connect4 --seeds 0 1 2 3 4
+    python benchmarks/bayes_classification.py --summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from pyro_gpn.recommended import VGPN  # noqa: E402
+
+DATA_DIR = os.environ.get("PYRO_GPN_TEST_DATA", "/work/shared/datasets")
+SETS = ("letter", "adult", "connect4", "mnist-test-only")
+#: the paper's hidden widths (``PAPER_HIDDEN`` of the grid)
+HIDDEN = (30, 15)
+
+
+def class_metrics(probs: Tensor, y: Tensor) -> dict[str, float]:
+    """Error of the argmax and mean negative log-probability (nats) of labels ``y`` ``[S]``
+    under class probabilities ``probs`` ``[S, C]``."""
+    if probs.dim() != 2 or y.shape != probs.shape[:1]:
+        raise ValueError(
+            f"probs must be [S, C] and y [S], got {tuple(probs.shape)} and {tuple(y.shape)}"
+        )
+    y = y.long()
+    picked = probs.gather(1, y.reshape(-1, 1)).reshape(-1).clamp_min(1e-300)
+    return {
+        "error": float((probs.argmax(1) != y).double().mean()),
+        "nll": float(-picked.double().log().mean()),
+    }
+
+
+def predict_probs(model, x: Tensor, batch: int = 4096) -> Tensor:
+    """Closed-form predictive class probabilities ``[S, C]``, in batches (memory only)."""
+    with torch.no_grad():
+        return torch.cat([model.predict(x[i : i + batch]).mean for i in range(0, len(x), batch)])
+
+
+def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
+    """Train one Bayesian GPN on ``name`` with ``seed`` and return its record."""
+    from pyro_gpn.data import load_dataset
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.models import VariationalGPN
+
+    data = load_dataset(name, data_dir=DATA_DIR, seed=0)
+    sizes = [data.num_features, *HIDDEN, data.num_classes]
+    load_start = os.getloadavg()[0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    torch.manual_seed(seed)
+    model = VariationalGPN(sizes, head="softmax")
+    fit = fit_vgpn(
+        model,
+        data.x_train,
+        data.y_train,
+        data.x_val,
+        data.y_val,
+        num_steps=config["num_steps"],
+        lr=config["lr"],
+        lr_decay=config["lr_decay"],
+        batch_size=config["batch_size"],
+        eval_every=config["eval_every"],
+        patience=config["patience"],
+        seed=seed,
+        log=lambda line: print(f"    [{time.strftime('%H:%M:%S')}] {line}", flush=True),
+    )
+    fit_wall, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    parts = {}
+    for split in ("train", "val", "test"):
+        x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+        parts[split] = class_metrics(predict_probs(model, x), y)
+    return {
+        "tag": tag,
+        "set": name,
+        "seed": seed,
+        "sizes": sizes,
+        "layer_sizes": "x".join(map(str, sizes)),
+        "model": "VariationalGPN(head='softmax'), library defaults",
+        **{f"{s}_{k}": v for s, m in parts.items() for k, v in m.items()},
+        "num_steps": fit.num_steps,
+        "best_step": fit.best_step,
+        "stopped_early": fit.stopped_early,
+        "best_val_log_lik": fit.best_val_log_lik,
+        "epochs": fit.num_steps * config["batch_size"] / fit.num_train,
+        "curve": fit.curve,
+        "config": config,
+        "fit_wall_s": fit_wall,
+        "fit_cpu_s": fit_cpu,
+        "step_s": fit.wall_time / max(fit.num_steps, 1),
+        "cell_s": time.perf_counter() - t0,
+        "cell_cpu_s": time.process_time() - c0,
+        "load_avg_1m_start": load_start,
+        "load_avg_1m_end": os.getloadavg()[0],
+        "command": " ".join(["python benchmarks/bayes_classification.py", *sys.argv[1:]]),
+        "machine": f"{platform.node()}, {os.cpu_count()}-core CPU, no GPU, "
+        f"{torch.get_num_threads()} torch thread(s)",
+        "torch": torch.__version__,
+        "data": getattr(data, "description", ""),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+#: the maximum-likelihood GPN row rerun per set by ``--ml`` (the best ML GPN row of
+#: paper_table.md on validation error)
+ML_ROW = {
+    "letter": ("gpn-meanvar", "random", "none"),
+    "adult": ("gpn-meanvar", "identity", "none"),
+    "connect4": ("gpn-meanvar", "random", "layer"),
+}
+
+
+def run_ml_cell(name: str, seed: int, work_dir: Path) -> dict:
+    """Rerun one maximum-likelihood GPN cell of the paper grid with its own protocol
+    (:func:`pyro_gpn.experiments.paper.run_cell`, checkpoints under ``work_dir``), reload its
+    best-validation parameters and add the test NLL of its closed-form predictive class
+    probabilities (the run files in paper_runs/ record errors only)."""
+    from pyro_gpn import io as pio
+    from pyro_gpn.data import load_dataset
+    from pyro_gpn.experiments.paper import GridCell, RunSettings, run_cell
+    from pyro_gpn.experiments.runs import build_model
+    from pyro_gpn.inference.trainer import BEST_MODEL_NAME
+
+    model_name, init, share = ML_ROW[name]
+    cell = GridCell(name, model_name, init, share, seed)
+    load_start = os.getloadavg()[0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    record = run_cell(
+        cell,
+        work_dir / "runs",
+        RunSettings(data_dir=DATA_DIR),
+        work_dir,
+        command=" ".join(["python benchmarks/bayes_classification.py", *sys.argv[1:]]),
+    )
+    data = load_dataset(name, data_dir=DATA_DIR, seed=0)
+    model = build_model("gpn", record["sizes"], "softmax", mode="meanvar", init=init, share=share)
+    path = work_dir / cell.run_id / BEST_MODEL_NAME
+    model.load_state_dict(pio.load_torch(path, require_checksum=False))
+    model.eval()
+    for split in ("train", "val", "test"):
+        x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+        for key, value in class_metrics(predict_probs(model, x), y).items():
+            record[f"{split}_{key}_probs" if key == "error" else f"{split}_{key}"] = value
+    return {
+        **record,
+        "tag": "ml",
+        "set": name,
+        "cell_s": time.perf_counter() - t0,
+        "cell_cpu_s": time.process_time() - c0,
+        "load_avg_1m_start": load_start,
+        "load_avg_1m_end": os.getloadavg()[0],
+    }
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def _ml_rows(paper_runs: Path, name: str) -> dict[str, list[dict]]:
+    """The maximum-likelihood GPN run files of ``name`` in ``paper_runs``, by row
+    (``model, init, share``)."""
+    rows: dict[str, list[dict]] = {}
+    for path in sorted(paper_runs.glob(f"{name}__gpn-*__seed*.json")):
+        run = json.loads(path.read_text())
+        rows.setdefault(f"{run['model']}, {run['init']}, {run['share']}", []).append(run)
+    return rows
+
+
+def _ms(vals, d: int = 4) -> str:
+    v = np.asarray(vals, dtype=float)
+    if len(v) == 0:
+        return "–"
+    if len(v) == 1:
+        return f"{v[0]:.{d}f}"
+    return f"{v.mean():.{d}f} ± {v.std(ddof=1):.{d}f}"
+
+
+def summary(out: Path, paper_runs: Path) -> str:
+    """Markdown: the Bayesian GPN's errors and NLL per tag (mean ± sample std over the seeds
+    listed, as paper_table.md) beside the maximum-likelihood GPN rows' errors."""
+    cells = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    tags = sorted({c.get("tag", "bgpn") for c in cells})
+    lines = [
+        "| set | model | train err | val err | test err | test NLL | seeds | s per fit "
+        "(CPU, load) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in SETS:
+        for row, rs in _ml_rows(paper_runs, name).items():
+            lines.append(
+                f"| {name} | ML GPN ({row}) | "
+                + " | ".join(_ms([r[f"{s}_error"] for r in rs]) for s in ("train", "val", "test"))
+                + f" | not recorded | {','.join(str(r['seed']) for r in rs)} | "
+                f"{np.median([r['train_time_s'] for r in rs]):.0f} (wall) |"
+            )
+        for tag in tags:
+            cs = [c for c in cells if c["set"] == name and c.get("tag", "bgpn") == tag]
+            if not cs:
+                continue
+            cs.sort(key=lambda c: c["seed"])
+            cpu = np.median([c["cell_cpu_s"] for c in cs])
+            load = np.median([c["load_avg_1m_end"] for c in cs])
+            label = (
+                f"ML GPN rerun ({', '.join(ML_ROW[name])})"
+                if tag == "ml"
+                else f"Bayesian GPN ({tag})"
+            )
+            lines.append(
+                f"| {name} | {label} | "
+                + " | ".join(_ms([c[f"{s}_error"] for c in cs]) for s in ("train", "val", "test"))
+                + f" | {_ms([c['test_nll'] for c in cs], 3)} | "
+                f"{','.join(str(c['seed']) for c in cs)} | {cpu:.0f} (load {load:.1f}) |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sets", nargs="+", default=list(SETS[:3]), choices=SETS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--num-steps", type=int, default=VGPN.num_steps)
+    p.add_argument("--lr", type=float, default=VGPN.lr)
+    p.add_argument("--lr-decay", type=float, default=VGPN.lr_decay)
+    p.add_argument("--batch-size", type=int, default=VGPN.large_batch_size)
+    p.add_argument("--eval-every", type=int, default=VGPN.eval_every)
+    p.add_argument("--patience", type=int, default=VGPN.patience)
+    p.add_argument("--tag", default="bgpn", help="names the cells of this configuration")
+    p.add_argument(
+        "--ml",
+        action="store_true",
+        help="rerun the maximum-likelihood GPN rows (ML_ROW) with the paper protocol for their "
+        "test NLL (tag 'ml')",
+    )
+    p.add_argument("--work-dir", default="/tmp/pyro-gpn-bayes-ml", help="--ml checkpoints")
+    p.add_argument("--out", default=str(ROOT / "docs/results/bayes_classification_runs"))
+    p.add_argument("--paper-runs", default=str(ROOT / "docs/results/paper_runs"))
+    p.add_argument("--summary", action="store_true", help="print the table and exit")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.summary:
+        print(summary(out, Path(a.paper_runs)))
+        return 0
+    config = {
+        "num_steps": a.num_steps,
+        "lr": a.lr,
+        "lr_decay": a.lr_decay,
+        "batch_size": a.batch_size,
+        "eval_every": a.eval_every,
+        "patience": a.patience,
+    }
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    print(f"# {platform.node()} torch {torch.__version__} config {config}", flush=True)
+    for seed in a.seeds:
+        for name in a.sets:
+            tag = "ml" if a.ml else a.tag
+            path = out / f"{tag}__{name}__seed{seed}.json"
+            if path.exists():
+                continue
+            print(
+                f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+            if a.ml:
+                cell = run_ml_cell(name, seed, Path(a.work_dir))
+            else:
+                cell = run_cell(name, seed, config, a.tag)
+            _atomic_json(path, cell)
+            print(
+                f"    test error {cell['test_error']:.4f} NLL {cell['test_nll']:.4f} | val "
+                f"{cell['val_error']:.4f} | best {cell.get('best_step', cell.get('best_epoch'))} | "
+                f"{cell['cell_s']:.0f} s wall, {cell['cell_cpu_s']:.0f} s CPU",
+                flush=True,
+            )
+    print(summary(out, Path(a.paper_runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
