@@ -60,3 +60,22 @@ def test_problem_options_build_each_run():
         parser.parse_args(["--run", "synthetic", "--sizes", "1", "4", "1"])
     )
     assert isinstance(model, NonParametricGPN) and model.sizes == [1, 4, 1] and x.shape[1] == 1
+
+
+def test_vgpn_comparison_summary_against_scipy():
+    import numpy as np
+    import scipy.stats
+    import torch
+
+    from benchmarks.nuts_vs_vgpn import _summary
+
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(50, generator=g, dtype=torch.float64)
+    std = torch.rand(50, generator=g, dtype=torch.float64) + 0.5
+    y = mean + std * torch.randn(50, generator=g, dtype=torch.float64)
+    got = _summary(mean, std, y, y_std=2.0)
+    want = scipy.stats.norm.logpdf(y.numpy(), mean.numpy(), std.numpy()).mean() - np.log(2.0)
+    assert abs(got["test_ll_gauss"] - want) < 1e-12
+    low, high = scipy.stats.norm.interval(0.9, mean.numpy(), std.numpy())
+    assert got["coverage90"] == ((y.numpy() >= low) & (y.numpy() <= high)).mean()
+    assert abs(got["test_rmse"] - 2.0 * float((mean - y).square().mean().sqrt())) < 1e-12
