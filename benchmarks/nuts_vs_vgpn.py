@@ -2,8 +2,10 @@
 (NUTS over ``U`` and the weights, :class:`~pyro_gpn.models.sampled_targets.SampledTargetsGPN`)
 against the closed-form variational GPN (``q(U)``, ``q(W)``; :func:`~pyro_gpn.inference.fit_vgpn`
 at the library's recommendations) of the same widths on the same training rows: per test row
-the ratio of the predictive standard deviations, the coverage of the central 90 % intervals,
-test log predictive density and RMSE (behind ``docs/results/nuts.md``, issue 16's Build 3).
+the ratio of the predictive standard deviations (classification: of the standard deviation
+of the class-1 probability under the posterior), the coverage of the central 90 % intervals,
+test log-likelihood and RMSE (classification: accuracy and negative log-likelihood); behind
+``docs/results/nuts.md``, issue 16's Build 3.
 
 The two models share the widths and the data, not every prior: the variational GPN learns its
 lengthscales and has its own number of inducing points, so a ratio far from 1 says how much
@@ -48,6 +50,16 @@ def _summary(mean: torch.Tensor, std: torch.Tensor, y: torch.Tensor, y_std: floa
     }
 
 
+def _class_summary(probs: torch.Tensor, labels: torch.Tensor) -> dict:
+    """Test accuracy and mean negative log-likelihood of the predictive class probabilities."""
+    labels = labels.long()
+    picked = probs.gather(-1, labels[:, None])[:, 0].clamp_min(1e-12)
+    return {
+        "test_accuracy": float((probs.argmax(-1) == labels).double().mean()),
+        "test_nll": float(-picked.log().mean()),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_problem_args(parser)
@@ -57,35 +69,45 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.model = "sampled-u"
     model, x, y, x_test, y_test, y_std, task = build_problem(args)
-    if task != "regression":
-        raise ValueError("the comparison is for regression runs")
     cpu = time.process_time()
     result = run_nuts(model, x, y, x_test, **sampler_kwargs(args))
     nuts_cpu = time.process_time() - cpu
-    draws = result.y_test
-    nuts_mean, nuts_std = draws.mean(0), draws.std(0)
+    nuts = result.predict()
 
     from pyro_gpn.inference.closed_form import fit_vgpn
     from pyro_gpn.models.variational import VariationalGPN
 
     cpu = time.process_time()
-    vgpn = VariationalGPN(args.sizes, head="gaussian")
-    fit = fit_vgpn(vgpn, x, y[:, None], num_steps=args.vgpn_steps, seed=args.seed)
+    if task == "regression":
+        vgpn = VariationalGPN(args.sizes, head="gaussian")
+        fit = fit_vgpn(vgpn, x, y[:, None], num_steps=args.vgpn_steps, seed=args.seed)
+    else:  # the Bernoulli NUTS model against a two-class softmax head
+        vgpn = VariationalGPN([*args.sizes[:-1], 2], head="softmax")
+        fit = fit_vgpn(vgpn, x, y.long(), num_steps=args.vgpn_steps, seed=args.seed)
     vgpn_cpu = time.process_time() - cpu
     pred = vgpn.predict(x_test)
-    v_mean, v_std = pred.mean[:, 0], pred.std[:, 0]
-    ratio = v_std / nuts_std
+    if task == "regression":
+        summary = {"nuts": _summary(nuts.mean, nuts.std, y_test, y_std)}
+        summary["vgpn"] = _summary(pred.mean[:, 0], pred.std[:, 0], y_test, y_std)
+        ratio = pred.std[:, 0] / nuts.std
+    else:  # spread of the probability of class 1 under each posterior
+        summary = {k: _class_summary(p.probs, y_test) for k, p in (("nuts", nuts), ("vgpn", pred))}
+        ratio = pred.std[:, 1] / nuts.std[:, 1]
     quantiles = torch.tensor([0.1, 0.5, 0.9], dtype=ratio.dtype)
     report = {
         "settings": settings_of(args),
         "rows": {"train": len(x), "test": len(x_test)},
         "nuts": {
-            **_summary(nuts_mean, nuts_std, y_test, y_std),
-            **convergence(result, [s for s in model.parameter_sites() if s.startswith("sigma")]),
+            **summary["nuts"],
+            **convergence(
+                result,
+                [s for s in model.parameter_sites() if s.startswith("sigma")],
+                "y_test" if task == "regression" else "p_test",
+            ),
             "cpu_s": round(nuts_cpu, 1),
         },
         "vgpn": {
-            **_summary(v_mean, v_std, y_test, y_std),
+            **summary["vgpn"],
             "steps": fit.num_steps,
             "best_step": fit.best_step,
             "cpu_s": round(vgpn_cpu, 1),
