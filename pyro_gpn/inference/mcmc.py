@@ -35,7 +35,10 @@ Both target the same distribution; the first is cheaper and mixes no worse.
 * ``init="fit-prior-noise"``: every chain starts from its own maximum-a-posteriori fit
   (:func:`fit_initial_params`) with the noise scales held at their prior median, apart from the
   others (a fit of the noise too overfits it: the MAP is over the latent activations as well);
-* ``metric="dense-block"``: a dense mass matrix for the per-unit parameters;
+* ``metric="dense-block"``: a dense mass matrix for the per-unit parameters, and
+  ``shrink_dense=True``: each warm-up window's dense estimate shrunk towards its diagonal
+  (:class:`~pyro_gpn.inference.nuts_kernel.ShrunkBlockMassMatrix`), so that a window with fewer
+  draws than dimensions does not leave most directions with a ``1e-4`` variance;
 * ``jit_compile=True``: the potential energy is traced once per chain.
 
 **Which r-hat to read.** The posterior is invariant under permutations of a layer's hidden
