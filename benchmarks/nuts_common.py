@@ -25,8 +25,13 @@ def add_sampler_args(parser: argparse.ArgumentParser, *, chains: int, draws: int
     parser.add_argument("--warmup", type=int, default=draws)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--metric", default="dense-block")
+    parser.add_argument("--metric-start", default="identity", help="run_nuts(metric_start=)")
+    parser.add_argument(
+        "--no-shrink", action="store_true", help="run_nuts(shrink_dense=False): Pyro's adaptation"
+    )
     parser.add_argument("--max-tree-depth", type=int, default=10)
     parser.add_argument("--target-accept", type=float, default=0.8)
+    parser.add_argument("--init", default="fit-prior-noise", help="run_nuts(init=...)")
     parser.add_argument("--init-steps", type=int, default=500)
     parser.add_argument("--workers", type=int, default=1, help="chains run at the same time")
     parser.add_argument("--progress-every", type=int, default=50, help="0: silent")
@@ -41,8 +46,11 @@ def sampler_kwargs(args: argparse.Namespace) -> dict:
         "num_chains": args.chains,
         "seed": args.seed,
         "metric": args.metric,
+        "shrink_dense": not args.no_shrink,
+        "metric_start": args.metric_start,
         "max_tree_depth": args.max_tree_depth,
         "target_accept_prob": args.target_accept,
+        "init": args.init,
         "init_steps": args.init_steps,
         "workers": args.workers,
         "progress_every": args.progress_every,
@@ -83,3 +91,61 @@ def convergence(result, noise_sites: list[str], predictive: str = "y_test") -> d
         "load_at_end": " ".join(f"{v:.1f}" for v in os.getloadavg()),
     }
     return report
+
+
+def add_problem_args(parser: argparse.ArgumentParser) -> None:
+    """The problem options (``--run`` and its data and model) of :func:`build_problem`."""
+    parser.add_argument("--run", choices=["synthetic", "uci", "sampled-u", "moons"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 1])
+    parser.add_argument("--dataset", default="yacht")
+    parser.add_argument("--split", type=int, default=0)
+    parser.add_argument("--max-train", type=int, default=None)
+    parser.add_argument("--n-train", type=int, default=100)
+    parser.add_argument("--model", default="nonparametric")
+    parser.add_argument("--num-inducing", type=int, default=10)
+
+
+def _moons(n_train: int, n_test: int, seed: int):
+    import torch
+    from sklearn.datasets import make_moons
+
+    x, y = make_moons(n_train + n_test, noise=0.2, random_state=seed)
+    x = (x - x[:n_train].mean(0)) / x[:n_train].std(0)
+    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def build_problem(args: argparse.Namespace):
+    """``(model, x, y, x_test, y_test, y_std, task)`` for :func:`add_problem_args`' options:
+    ``synthetic`` (``synthetic_1d(60, 100, seed=0)``), ``uci`` / ``sampled-u`` (a UCI split, the
+    first ``--max-train`` training rows), ``moons`` (``--n-train`` rows, 200 test rows, noise
+    0.2, seeded by ``--seed``); ``SampledTargetsGPN`` for ``sampled-u`` or ``--model sampled-u``,
+    else ``NonParametricGPN``."""
+    from pyro_gpn.models.nonparametric import NonParametricGPN
+    from pyro_gpn.models.sampled_targets import SampledTargetsGPN
+
+    y_std, task = 1.0, "regression"
+    if args.run == "moons":
+        task = "classification"
+        x, y, x_test, y_test = _moons(args.n_train, 200, args.seed)
+    else:
+        if args.run == "synthetic":
+            from pyro_gpn.data import synthetic_1d
+
+            data = synthetic_1d(60, 100, seed=0)
+        else:
+            from pyro_gpn.data import load_dataset
+
+            data = load_dataset(args.dataset, seed=0, split=args.split)
+        x, y = data.x_train.double(), data.y_train.double()[:, 0]
+        x_test, y_test = data.x_test.double(), data.y_test.double()[:, 0]
+        y_std = float(data.y_std.reshape(-1)[0])
+        if args.max_train is not None:
+            x, y = x[: args.max_train], y[: args.max_train]
+    likelihood = "gaussian" if task == "regression" else "bernoulli"
+    if args.run == "sampled-u" or args.model == "sampled-u":
+        model = SampledTargetsGPN(args.sizes, likelihood=likelihood, num_inducing=args.num_inducing)
+    else:
+        rows = len(x) + len(x_test)
+        model = NonParametricGPN(args.sizes, max_samples=rows, likelihood=likelihood)
+    return model, x, y, x_test, y_test, y_std, task

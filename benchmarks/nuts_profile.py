@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 1])
     parser.add_argument("--n-train", type=int, default=60)
     parser.add_argument("--n-test", type=int, default=100)
-    parser.add_argument("--init", default="fit")
     add_sampler_args(parser, chains=1, draws=100)
     parser.add_argument("--no-collapse", action="store_true", help="collapse=False")
     parser.add_argument("--centred", action="store_true", help="whiten=False")
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = NonParametricGPN(args.sizes, collapse=not args.no_collapse, whiten=not args.centred)
     cost = gradient_cost_ms(model, x, y)
     cpu = time.process_time()
-    result = run_nuts(model, x, y, x_test, init=args.init, **sampler_kwargs(args))
+    result = run_nuts(model, x, y, x_test, **sampler_kwargs(args))
     cpu = time.process_time() - cpu
     import arviz as az
 

@@ -39,64 +39,26 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.nuts_common import add_sampler_args, convergence, sampler_kwargs, settings_of
+from benchmarks.nuts_common import (
+    add_problem_args,
+    add_sampler_args,
+    build_problem,
+    convergence,
+    sampler_kwargs,
+    settings_of,
+)
 from pyro_gpn.diagnostics import heldout_lpd_from_draws
 from pyro_gpn.inference.mcmc import run_nuts
-from pyro_gpn.models.nonparametric import NonParametricGPN
-from pyro_gpn.models.sampled_targets import SampledTargetsGPN
-
-
-def _moons(n_train: int, n_test: int, seed: int):
-    from sklearn.datasets import make_moons
-
-    x, y = make_moons(n_train + n_test, noise=0.2, random_state=seed)
-    x = (x - x[:n_train].mean(0)) / x[:n_train].std(0)
-    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
-    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", choices=["synthetic", "uci", "sampled-u", "moons"])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 1])
-    parser.add_argument("--dataset", default="yacht")
-    parser.add_argument("--split", type=int, default=0)
-    parser.add_argument("--max-train", type=int, default=None)
-    parser.add_argument("--n-train", type=int, default=100)
-    parser.add_argument("--model", default="nonparametric")
+    add_problem_args(parser)
     add_sampler_args(parser, chains=4, draws=500)
-    parser.add_argument("--num-inducing", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    y_std, task = 1.0, "regression"
-    if args.run == "synthetic":
-        from pyro_gpn.data import synthetic_1d
-
-        data = synthetic_1d(60, 100, seed=0)
-    elif args.run in ("uci", "sampled-u"):
-        from pyro_gpn.data import load_dataset
-
-        data = load_dataset(args.dataset, seed=0, split=args.split)
-    if args.run == "moons":
-        task = "classification"
-        x, y, x_test, y_test = _moons(args.n_train, 200, args.seed)
-    else:
-        x, y = data.x_train.double(), data.y_train.double()[:, 0]
-        x_test, y_test = data.x_test.double(), data.y_test.double()[:, 0]
-        y_std = float(data.y_std.reshape(-1)[0])
-        if args.max_train is not None:
-            x, y = x[: args.max_train], y[: args.max_train]
-    sampled_u = args.run == "sampled-u" or args.model == "sampled-u"
-    if sampled_u:
-        likelihood = "gaussian" if task == "regression" else "bernoulli"
-        model = SampledTargetsGPN(args.sizes, likelihood=likelihood, num_inducing=args.num_inducing)
-    else:
-        model = NonParametricGPN(
-            args.sizes,
-            max_samples=len(x) + len(x_test),
-            likelihood="gaussian" if task == "regression" else "bernoulli",
-        )
+    model, x, y, x_test, y_test, y_std, task = build_problem(args)
     cpu = time.process_time()
     result = run_nuts(model, x, y, x_test, **sampler_kwargs(args))
     cpu = time.process_time() - cpu

@@ -35,7 +35,10 @@ Both target the same distribution; the first is cheaper and mixes no worse.
 * ``init="fit-prior-noise"``: every chain starts from its own maximum-a-posteriori fit
   (:func:`fit_initial_params`) with the noise scales held at their prior median, apart from the
   others (a fit of the noise too overfits it: the MAP is over the latent activations as well);
-* ``metric="dense-block"``: a dense mass matrix for the per-unit parameters;
+* ``metric="dense-block"``: a dense mass matrix for the per-unit parameters, and
+  ``shrink_dense=True``: each warm-up window's dense estimate shrunk towards its diagonal
+  (:class:`~pyro_gpn.inference.nuts_kernel.ShrunkBlockMassMatrix`), so that a window with fewer
+  draws than dimensions does not leave most directions with a ``1e-4`` variance;
 * ``jit_compile=True``: the potential energy is traced once per chain.
 
 **Which r-hat to read.** The posterior is invariant under permutations of a layer's hidden
@@ -83,11 +86,17 @@ from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 from .nuts_chains import ChainSpec, merge_chains, run_chains
 from .nuts_kernel import RecordingNUTS
 from .nuts_result import NUTSResult
-from .nuts_setup import fit_initial_params, laplace_inverse_mass, noise_prior_medians
+from .nuts_setup import (
+    fit_initial_params,
+    hessian_diagonal_inverse_mass,
+    laplace_inverse_mass,
+    noise_prior_medians,
+)
 
 __all__ = [
     "INITS",
     "METRICS",
+    "METRIC_STARTS",
     "NUTSResult",
     "fit_initial_params",
     "laplace_inverse_mass",
@@ -99,6 +108,9 @@ INITS = ("fit-prior-noise", "fit", "uniform")
 
 METRICS = ("laplace", "laplace-dense", "dense-block", "dense", "diag")
 """NUTS metrics (mass matrices) offered by :func:`run_nuts`."""
+
+METRIC_STARTS = ("hessian-diag", "identity")
+"""The metrics :func:`run_nuts`' warm-up starts from (``metric_start=``)."""
 
 
 def run_nuts(
@@ -117,6 +129,8 @@ def run_nuts(
     init: str = "fit-prior-noise",
     init_steps: int = 500,
     metric: str = "dense-block",
+    shrink_dense: bool = True,
+    metric_start: str = "identity",
     init_strategy: Callable | None = None,
     jit_compile: bool = True,
     mp_context: str | None = None,
@@ -162,6 +176,16 @@ def run_nuts(
             Hessian of the potential at each chain's fitted start
             (:func:`laplace_inverse_mass`), only the step size adapted; ``"laplace-dense"``:
             starts from that matrix and adapts a dense one in warm-up.
+        shrink_dense: adapt dense mass-matrix blocks shrunk towards their diagonal
+            (:class:`~pyro_gpn.inference.nuts_kernel.ShrunkBlockMassMatrix`); ``False``: Pyro's
+            (and Stan's) sample covariance with a ``1e-3`` ridge, which is rank-deficient while a
+            window has fewer draws than the block has dimensions.
+        metric_start: the metric warm-up starts from (with a fitted start; ``metric`` then adapts
+            it). ``"identity"`` (default): Pyro's unit metric; ``"hessian-diag"``: per
+            coordinate the conditional posterior scale at the chain's start, ``1 / H_ii``
+            (:func:`~pyro_gpn.inference.nuts_setup.hessian_diagonal_inverse_mass`; on two moons
+            it was not cheaper than the identity, ``docs/results/nuts.md``). Ignored for the
+            ``"laplace"`` metrics and ``init="uniform"``.
         init_strategy: a Pyro init strategy instead of ``init``.
         jit_compile: JIT-compile the potential energy. On by default: the model's control flow
             depends only on shapes, so the trace is exact, and it removes the Python overhead
@@ -209,6 +233,8 @@ def run_nuts(
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if metric_start not in METRIC_STARTS:
+        raise ValueError(f"metric_start must be one of {METRIC_STARTS}, got {metric_start!r}")
     model.check_data(x_train, y_train, x_test)  # raise ValueError before starting the chains
 
     pyro.set_rng_seed(seed)
@@ -247,11 +273,16 @@ def run_nuts(
         kernel_kwargs["full_mass"] = [block] if block else False
     elif metric == "dense":
         kernel_kwargs["full_mass"] = True
+    if metric_start == "hessian-diag" and inverse_mass is None and initial_params is not None:
+        inverse_mass = hessian_diagonal_inverse_mass(
+            model, x_train, y_train, x_test if joint else None, initial_params
+        )
     kernel_kwargs.update(
         target_accept_prob=target_accept_prob,
         max_tree_depth=max_tree_depth,
         jit_compile=jit_compile,
         ignore_jit_warnings=jit_compile,
+        shrink_dense=shrink_dense,
     )
     args = (x_train, y_train, x_test if joint else None)
     specs = [

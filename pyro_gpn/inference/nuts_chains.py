@@ -35,8 +35,8 @@ class ChainSpec:
     ``model`` is the Pyro model callable (e.g. ``NonParametricGPN(...).model``), ``args`` its
     arguments, ``kernel_kwargs`` the keyword arguments of :class:`RecordingNUTS`,
     ``initial_params`` the chain's unconstrained start (``None``: the kernel's init strategy),
-    ``inverse_mass`` a fixed ``[D, D]`` metric or ``None``. ``progress_every``: print a line to
-    stderr every that many iterations (``0``: silent).
+    ``inverse_mass`` the metric to start from (``[D, D]`` or ``{site: diagonal}``) or ``None``.
+    ``progress_every``: print a line to stderr every that many iterations (``0``: silent).
     """
 
     model: Callable
@@ -48,7 +48,7 @@ class ChainSpec:
     num_chains: int
     kernel_kwargs: dict = field(default_factory=dict)
     initial_params: dict[str, Tensor] | None = None
-    inverse_mass: Tensor | None = None
+    inverse_mass: Tensor | dict[str, Tensor] | None = None
     progress_every: int = 0
     disable_progbar: bool = True
 
@@ -68,7 +68,9 @@ def chain_key(spec: ChainSpec) -> str:
     digest.update(repr(sorted(spec.kernel_kwargs.items())).encode())
     numbers = (spec.num_samples, spec.warmup_steps, spec.seed, spec.chain)
     digest.update(repr(numbers).encode())
-    tensors = list(spec.args) + list((spec.initial_params or {}).values()) + [spec.inverse_mass]
+    metric = spec.inverse_mass
+    metric = [metric[k] for k in sorted(metric)] if isinstance(metric, dict) else [metric]
+    tensors = list(spec.args) + list((spec.initial_params or {}).values()) + metric
     for t in tensors:
         if isinstance(t, Tensor):
             digest.update(t.detach().cpu().contiguous().numpy().tobytes())

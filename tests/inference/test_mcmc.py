@@ -213,6 +213,7 @@ def test_without_test_inputs():
         ({"model": "gpn"}, "model"),
         ({"init": "prior"}, "init"),
         ({"metric": "euclid"}, "metric"),
+        ({"metric_start": "laplace"}, "metric_start"),
         ({"init_steps": -1}, "init_steps"),
         ({"x_test": torch.zeros(500, 1, dtype=F64)}, "max_samples"),
         ({"x_train": torch.zeros(6, 2, dtype=F64)}, "x_train"),
@@ -334,3 +335,39 @@ def test_mp_context_is_deprecated_not_silently_ignored():
         pytest.raises(ValueError, match="model"),
     ):
         run_nuts(object(), x, x[:, 0], mp_context="spawn")
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        NonParametricGPN([1, 2, 1]),
+        NonParametricGPN([1, 2, 1], collapse=False),
+        SampledTargetsGPN([1, 3, 1], num_inducing=6),
+        SampledTargetsGPN([1, 2, 1], likelihood="bernoulli", num_inducing=5),
+    ],
+    ids=["nonparametric", "uncollapsed", "sampled-targets", "sampled-targets-bernoulli"],
+)
+def test_jit_potential_and_gradient_equal_eager_away_from_the_trace_point(model):
+    """``jit_compile=True`` (run_nuts' default) traces the potential once: at points other than
+    the one it was traced at, its value and gradient must equal the eager ones (a value-dependent
+    branch baked into the trace would break this)."""
+    from pyro.infer.mcmc.util import initialize_model
+    from pyro.ops.integrator import potential_grad
+
+    x, y, _ = sine_data(9, 2)
+    if model.likelihood == "bernoulli":
+        y = (y > 0).double()
+    fns = [
+        initialize_model(model.model, (x, y, None), jit_compile=jit, skip_jit_warnings=True)[:2]
+        for jit in (True, False)
+    ]
+    (init, jitted), (_, eager) = fns
+    potential_grad(jitted, init)  # traced here
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        point = {k: v + torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in init.items()}
+        (grad_j, value_j), (grad_e, value_e) = (potential_grad(f, point) for f in (jitted, eager))
+        torch.testing.assert_close(value_j, value_e, rtol=1e-7, atol=1e-8)  # round-off only
+        assert abs(float(value_j) - float(potential_grad(eager, init)[1])) > 1e-6  # moved
+        for k in grad_e:
+            torch.testing.assert_close(grad_j[k], grad_e[k], rtol=1e-6, atol=1e-6)

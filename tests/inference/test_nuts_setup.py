@@ -15,6 +15,7 @@ from pyro_gpn.data import synthetic_1d
 from pyro_gpn.inference.mcmc import INITS, run_nuts
 from pyro_gpn.inference.nuts_setup import (
     fit_initial_params,
+    hessian_diagonal_inverse_mass,
     noise_prior_medians,
     potential_hessians,
 )
@@ -81,6 +82,26 @@ def test_potential_hessian_matches_finite_differences_of_the_gradient():
     columns = [(grad(flat + h * e) - grad(flat - h * e)) / (2 * h) for e in torch.eye(len(flat))]
     numeric = torch.stack(columns, dim=1)
     torch.testing.assert_close(hess, 0.5 * (numeric + numeric.T), rtol=1e-4, atol=1e-4)
+
+
+def test_hessian_diagonal_metric_is_the_inverse_curvature_per_site():
+    """Per site and chain, ``1 / max(H_ii, 1)`` of each chain's own Hessian (the sites' order
+    and the chains kept apart), with the data-pinned coordinates far narrower than the prior."""
+    x, y = _synthetic(220)
+    model = SampledTargetsGPN([1, 3, 1], num_inducing=6)
+    params = fit_initial_params(model, x, y, num_chains=2, steps=100, seed=0)
+    metrics = hessian_diagonal_inverse_mass(model, x, y, None, params)
+    hessians = potential_hessians(model, x, y, None, params)
+    names = sorted(params)
+    for c in range(2):
+        diag = torch.cat([metrics[c][k] for k in names])
+        torch.testing.assert_close(diag, 1 / hessians[c].diagonal().clamp_min(1.0))
+        assert set(metrics[c]) == set(params)
+        assert all(metrics[c][k].numel() == params[k][c].numel() for k in names)
+    assert not torch.equal(metrics[0]["W1"], metrics[1]["W1"])
+    everything = torch.cat([m[k] for m in metrics for k in names])
+    assert everything.min() < 0.01  # the ~200 rows pin some coordinates far below the prior
+    assert (torch.cat([m[k] for m in metrics for k in names]) <= 1.0).all()
 
 
 def test_default_start_does_not_overfit_the_noise():

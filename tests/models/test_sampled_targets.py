@@ -14,7 +14,7 @@ from pyro import poutine
 from scipy import integrate
 from torch import Tensor
 
-from pyro_gpn.models.sampled_targets import SampledTargetsGPN, clt_layer_moments
+from pyro_gpn.models.sampled_targets import SampledTargetsGPN, clt_layer_moments, midpoint_grid
 
 F64 = torch.float64
 
@@ -78,6 +78,39 @@ def test_layer_moments_match_quadrature(m, v, lam):
     want_mean, want_var = _moments_by_quadrature(m, v, inducing, targets, lam, jitter, noise)
     torch.testing.assert_close(float(mean), want_mean, rtol=0, atol=1e-7)
     torch.testing.assert_close(float(var), want_var, rtol=0, atol=1e-6)
+
+
+def test_midpoint_grid_uniform_and_irregular():
+    uniform = torch.linspace(-2, 2, 10, dtype=F64)
+    mids, onehot = midpoint_grid(uniform)
+    assert mids.shape == (19,) and onehot.shape == (100, 19)
+    torch.testing.assert_close(mids, torch.linspace(-2, 2, 19, dtype=F64))
+    irregular = torch.tensor([-1.31, -0.23, 0.057, 0.91, 2.43], dtype=F64)
+    mids, onehot = midpoint_grid(irregular)
+    assert mids.shape == (15,)  # R (R + 1) / 2 distinct pairs
+    pair = 0.5 * (irregular[:, None] + irregular[None, :]).flatten()
+    torch.testing.assert_close(onehot @ mids, pair, rtol=0, atol=1e-14)
+    assert torch.all(onehot.sum(-1) == 1)
+
+
+def test_layer_moments_match_quadrature_on_an_irregular_grid():
+    """The midpoint-grouped Omega trace does not assume a uniform grid of inducing points."""
+    inducing = torch.tensor([-2.0, -1.1, -0.7, 0.2, 0.25, 1.4, 2.2], dtype=F64)
+    targets = torch.cos(1.5 * inducing) - 0.2 * inducing
+    for m, v in ((0.1, 0.3), (1.8, 1.5)):
+        mean, var = clt_layer_moments(
+            torch.tensor([[m]], dtype=F64),
+            torch.tensor([[v]], dtype=F64),
+            torch.ones(1, 1, dtype=F64),
+            inducing,
+            targets[None],
+            0.6,
+            1e-6,
+            torch.tensor([0.05], dtype=F64),
+        )
+        want_mean, want_var = _moments_by_quadrature(m, v, inducing, targets, 0.6, 1e-6, 0.05)
+        torch.testing.assert_close(float(mean), want_mean, rtol=0, atol=1e-7)
+        torch.testing.assert_close(float(var), want_var, rtol=0, atol=1e-6)
 
 
 def test_likelihood_of_a_two_layer_network_matches_grid_integration():
