@@ -1,0 +1,77 @@
+"""Paired comparison of UCI benchmark models on the splits that all of them ran.
+
+Reads the cell files of ``benchmarks/uci.py`` (``docs/results/uci_runs/MODEL__SET__SS.json``)
+and prints, per set, the test log-likelihood of each model (mean ± standard error over the
+common splits), the first model's paired difference to each other model (mean ± standard error,
+splits won) and the 90 % interval coverages: a markdown table. Usage::
+
+    python benchmarks/uci_paired.py --models bgpn clt ensemble mcdrop --long naval=bgpn_long
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
+
+
+def _cells(runs: Path, model: str, name: str) -> dict[int, dict]:
+    out = {}
+    for path in sorted(runs.glob(f"{model}__{name}__*.json")):
+        cell = json.loads(path.read_text())
+        out[int(cell["split"])] = cell["test"]
+    return out
+
+
+def _mean_se(values: list[float]) -> str:
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {statistics.stdev(values) / math.sqrt(len(values)):.2f}"
+
+
+def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> str:
+    """The markdown table (module docstring); ``substitute`` maps a set to the cell name that
+    stands for ``models[0]`` there (e.g. naval's ``bgpn_long``)."""
+    first, others = models[0], models[1:]
+    head = ["set", "splits", *models]
+    head += [f"{first} − {m} (won)" for m in others]
+    head += [f"cov. 90 % {m}" for m in models]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name in SETS:
+        cells = {m: _cells(runs, m, name) for m in models}
+        cells[first] = _cells(runs, substitute.get(name, first), name)
+        splits = sorted(set.intersection(*(set(c) for c in cells.values())))
+        if not splits:
+            continue
+        ll = {m: [cells[m][s]["log_lik"] for s in splits] for m in models}
+        row = [name, str(len(splits))] + [_mean_se(ll[m]) for m in models]
+        for m in others:
+            diff = [a - b for a, b in zip(ll[first], ll[m], strict=True)]
+            row.append(f"{_mean_se(diff)} ({sum(d > 0 for d in diff)}/{len(diff)})")
+        for m in models:
+            cov = statistics.mean(cells[m][s]["coverage90"] for s in splits)
+            row.append(f"{cov:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["bgpn", "clt", "ensemble", "mcdrop"])
+    parser.add_argument("--runs", default=str(ROOT / "docs/results/uci_runs"))
+    parser.add_argument(
+        "--long", nargs="*", default=["naval=bgpn_long"], help="SET=CELL: the first model there"
+    )
+    args = parser.parse_args(argv)
+    substitute = dict(item.split("=", 1) for item in args.long)
+    print(paired_table(Path(args.runs), args.models, substitute))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The paired UCI comparison: common splits only, differences and wins per split."""
+
+import json
+
+from benchmarks.uci_paired import paired_table
+
+
+def _cell(runs, model, name, split, log_lik, coverage=0.9):
+    test = {"log_lik": log_lik, "coverage90": coverage, "rmse": 1.0}
+    path = runs / f"{model}__{name}__{split:02d}.json"
+    path.write_text(json.dumps({"model": model, "set": name, "split": split, "test": test}))
+
+
+def test_paired_table_uses_common_splits_and_the_substitute(tmp_path):
+    for split, (a, b) in enumerate([(-2.0, -2.5), (-3.0, -2.0), (-1.0, -1.5)]):
+        _cell(tmp_path, "bgpn", "boston", split, a)
+        if split < 2:  # the third split has no "other" cell: left out of the pairs
+            _cell(tmp_path, "other", "boston", split, b, coverage=0.8)
+    _cell(tmp_path, "bgpn", "naval", 0, 3.0)  # replaced by its long schedule there
+    _cell(tmp_path, "bgpn_long", "naval", 0, 5.0)
+    _cell(tmp_path, "other", "naval", 0, 4.0)
+    table = paired_table(tmp_path, ["bgpn", "other"], {"naval": "bgpn_long"})
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    # boston: splits 0, 1; bgpn -2.5 ± 0.5, other -2.25 ± 0.25, differences 0.5 and -1.0
+    assert rows["boston"].split(" | ")[1:6] == [
+        "2", "-2.50 ± 0.50", "-2.25 ± 0.25", "-0.25 ± 0.75 (1/2)", "0.90"
+    ]  # fmt: skip
+    assert rows["naval"].split(" | ")[1:5] == ["1", "5.00", "4.00", "1.00 (1/1)"]
+    assert "energy" not in rows
