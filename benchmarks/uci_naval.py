@@ -17,6 +17,7 @@ touched. One JSON line per (variant, split) into ``--out``; finished lines are s
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -47,6 +48,12 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "lr02_s3000": ({"lr": 0.02, "num_steps": 3000}, {}),
     "lr02_s6000": ({"lr": 0.02, "num_steps": 6000}, {}),
     "lr01c_s3000": ({"lr": 0.01, "lr_decay": 1.0, "num_steps": 3000}, {}),
+    # the small sets' schedule (the recommendation, VGPN) and one change each (--set boston)
+    "default": ({}, {}),
+    "lr02": ({"lr": 0.02}, {}),
+    "lr02_s4000": ({"lr": 0.02, "num_steps": 4000}, {}),
+    "prior05": ({}, {"weight_prior_scale": 0.5}),
+    "prior2": ({}, {"weight_prior_scale": 2.0}),
 }
 
 
@@ -99,10 +106,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--splits", nargs="+", type=int, default=[0])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs/naval_budget.jsonl"))
+    p.add_argument("--set", default="naval", help="the UCI set (its validation rows only)")
+    p.add_argument("--out", default=None, help="default: uci_runs/SET_budget.jsonl")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    resumable_grid(Path(a.out), "variant", a.variants, a.splits, run)
+    out = Path(a.out or ROOT / f"docs/results/uci_runs/{a.set}_budget.jsonl")
+    resumable_grid(out, "variant", a.variants, a.splits, functools.partial(run, name=a.set))
     return 0
 
 
