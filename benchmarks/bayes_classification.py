@@ -40,9 +40,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from benchmarks.uci import DATA_DIR  # noqa: E402
 from pyro_gpn.recommended import VGPN  # noqa: E402
 
-DATA_DIR = os.environ.get("PYRO_GPN_TEST_DATA", "/work/shared/datasets")
 SETS = ("letter", "adult", "connect4", "mnist-test-only")
 #: the paper's hidden widths (``PAPER_HIDDEN`` of the grid)
 HIDDEN = (30, 15)

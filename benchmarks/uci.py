@@ -60,7 +60,12 @@ from torch import Tensor  # noqa: E402
 
 from pyro_gpn.recommended import VGPN  # noqa: E402
 
-DATA_DIR = os.environ.get("PYRO_GPN_UCI_DIR", "/work/shared/datasets")
+#: the datasets folder: $PYRO_GPN_UCI_DIR, else $PYRO_GPN_TEST_DATA, else ../shared/datasets beside
+#: the checkout (the project's layout); every benchmark script reads this one
+DATA_DIR = os.environ.get(
+    "PYRO_GPN_UCI_DIR",
+    os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets")),
+)
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 MODELS = ("bgpn", "bgpn_long", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
 Z90 = 1.6448536269514722

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from benchmarks.uci import DATA_DIR  # noqa: E402
 from benchmarks.uci_demo_budget import resumable_grid  # noqa: E402
 
 #: variants: name -> (fit_vgpn keywords, model keywords); ``s1000`` is the benchmark's schedule
@@ -65,7 +66,7 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
     from pyro_gpn.recommended import VGPN
 
     fit_kw, model_kw = dict(VARIANTS[variant][0]), dict(VARIANTS[variant][1])
-    data = load_uci_regression(name, "/work/shared/datasets", split=split, seed=seed)
+    data = load_uci_regression(name, DATA_DIR, split=split, seed=seed)
     torch.manual_seed(seed + split)  # the benchmark's model seed
     head = GaussianHead(1, model_kw.pop("noise_std_init", 0.1))
     model = VariationalGPN([data.num_features, 50, 1], head=head, **model_kw)

@@ -45,11 +45,10 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.layer_speed import load_baseline  # noqa: E402
+from benchmarks.uci import DATA_DIR  # noqa: E402
 from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
 from pyro_gpn.inference.closed_form import closed_form_elbo  # noqa: E402
 from pyro_gpn.models import VariationalGPN  # noqa: E402
-
-DATA_DIR = os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets"))
 
 
 def steps_of(name: str, batch: int, baseline: str | None) -> tuple[dict, int]:
