@@ -17,7 +17,7 @@ Models (hidden width 50, 100 for protein):
   (:data:`pyro_gpn.recommended.VGPN`, ``BGPN_CONFIG``): full batch on the small sets,
   mini-batches of 512 on the large ones (``LARGE``);
 * ``bgpn_long``: ``bgpn`` with the per-set schedule of :data:`SET_SCHEDULES` (chosen on
-  validation with ``benchmarks/uci_naval.py``; naval: the 1000-step large-set budget leaves the
+  validation with ``benchmarks/uci_variants.py``; naval: the 1000-step large-set budget leaves the
   fit in the noise-dominated regime);
 * ``bgpn_issue``: the same model as issue 15 ran it (point weights, no validation);
 * ``clt``: :class:`pyro_gpn.GPNNet` (central-limit GPN, identity targets) by
@@ -82,7 +82,7 @@ LARGE_STEPS = {"value": 1000}
 #: (:data:`pyro_gpn.recommended.VGPN`, chosen on validation, docs/results/uci.md)
 BGPN_CONFIG = VGPN.as_dict()
 #: per-set schedules of ``bgpn_long`` (``fit_vgpn`` keywords over ``BGPN_CONFIG``), each chosen on
-#: the validation rows (``benchmarks/uci_naval.py``, docs/results/uci.md section 1b)
+#: the validation rows (``benchmarks/uci_variants.py``, docs/results/uci.md section 1b)
 SET_SCHEDULES: dict[str, dict] = {
     "naval": {"num_steps": 6000, "lr": 0.02},
     "boston": {"lr": 0.02},  # validation rows of splits 0-2 (uci.md section 5)

@@ -75,6 +75,13 @@ predictive is overconfident (boston validation log-likelihood -5.72 and 60 % cov
 90 % interval, against -2.58 and 88 % with ``q(W)``; ``docs/results/uci.md``).
 ``weights="point"`` keeps the paper's point estimate.
 
+**Empirical-Bayes prior** (``weight_prior_scale="empirical"``). The prior variance is set to
+the value that maximises the ELBO for the current ``q(W)``,
+``s^2 = (1 / (M N)) sum_ij (m_ij^2 + v_ij)``, evaluated inside the KL term at every step (type-II
+maximum likelihood of one hyperparameter per layer, as DVI's empirical Bayes; Wu et al. 2019,
+section 4). There the KL becomes ``(1/2) sum_ij log(s^2 / v_ij)``: it no longer pulls the means
+toward zero, only the variances toward the layer's common scale.
+
 **Cost.** One Cholesky of ``K`` per function and a few triangular solves:
 ``O(G R^3)`` per evaluation of :meth:`VariationalTargets.weights` or ``kl_divergence``
 (``G = N`` functions, or 1 with ``share="layer"``), independent of the number of samples.
@@ -98,6 +105,7 @@ from ..recommended import VGPN
 from .base import GPNLayerBase, Response
 
 __all__ = [
+    "EMPIRICAL",
     "Q_COVS",
     "VARIATIONAL_TARGET_INITS",
     "WEIGHT_TREATMENTS",
@@ -107,6 +115,9 @@ __all__ = [
 ]
 
 Q_COVS = ("full", "diag")
+#: ``weight_prior_scale`` of an empirical-Bayes prior on ``W`` (its variance at the ELBO's
+#: maximiser for the current ``q(W)``)
+EMPIRICAL = "empirical"
 #: how a variational layer treats its projection ``W``: a mean-field Gaussian ``q(W)`` with a
 #: prior (``"variational"``, the default) or a point estimate (``"point"``, the paper's)
 WEIGHT_TREATMENTS = ("variational", "point")
@@ -347,8 +358,10 @@ class VariationalGPNLayer(GPNLayerBase):
         weights: ``"variational"`` (a mean-field Gaussian ``q(W)`` with the prior
             ``N(0, weight_prior_scale^2 / in_features)``, module docstring) or ``"point"``;
             ``None``: the recommendation :data:`pyro_gpn.recommended.VGPN` (variational).
-        weight_prior_scale: the prior standard deviation of ``W`` times ``sqrt(in_features)``
-            (``None``: the recommendation, 1).
+        weight_prior_scale: the prior standard deviation of ``W`` times ``sqrt(in_features)``,
+            or ``"empirical"``: the prior variance set to its empirical-Bayes value, the one
+            that maximises the ELBO for the current ``q(W)``, ``s^2 = mean(m^2 + v)`` over
+            the layer's entries (module docstring); ``None``: the recommendation.
         weight_scale_init: the initial standard deviation of ``q(W)`` times
             ``sqrt(in_features)`` (small: the fit starts near the point-estimated network).
         **response_options: of :class:`VariationalTargets` (``q_cov``, ``whiten``,
@@ -378,7 +391,7 @@ class VariationalGPNLayer(GPNLayerBase):
         share: str = "none",
         *,
         weights: str | None = None,
-        weight_prior_scale: float | None = None,
+        weight_prior_scale: float | str | None = None,
         weight_scale_init: float = 1e-2,
         **kwargs,
     ) -> None:
@@ -387,15 +400,23 @@ class VariationalGPNLayer(GPNLayerBase):
             weight_prior_scale = VGPN.weight_prior_scale
         if weights not in WEIGHT_TREATMENTS:
             raise ValueError(f"weights must be one of {WEIGHT_TREATMENTS}, got {weights!r}")
-        for name, value in (
-            ("weight_prior_scale", weight_prior_scale),
-            ("weight_scale_init", weight_scale_init),
-        ):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        checked = [("weight_scale_init", weight_scale_init)]
+        if weight_prior_scale != EMPIRICAL:
+            checked.append(("weight_prior_scale", weight_prior_scale))
+        for name, value in checked:
+            if not (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                extra = f' or "{EMPIRICAL}"' if name == "weight_prior_scale" else ""
+                raise ValueError(f"{name} must be a positive number{extra}, got {value!r}")
         super().__init__(in_features, out_features, num_inducing, share, **kwargs)
         self.weight_treatment = weights
-        self.weight_prior_scale = float(weight_prior_scale)
+        self.weight_prior_scale: float | str = (
+            EMPIRICAL if weight_prior_scale == EMPIRICAL else float(weight_prior_scale)
+        )
         if weights == "variational":
             std = weight_scale_init / math.sqrt(in_features)
             self.weight_scale = PyroParam(
@@ -408,14 +429,23 @@ class VariationalGPNLayer(GPNLayerBase):
         """Whether ``W`` is a latent variable with ``q(W)`` (``weights="variational"``)."""
         return self.weight_treatment == "variational"
 
-    def weight_prior_std(self) -> float:
-        """The prior standard deviation of every ``W_ij``, ``weight_prior_scale / sqrt(M)``."""
+    def weight_prior_std(self) -> float | Tensor:
+        """The prior standard deviation ``s`` of every ``W_ij``: ``weight_prior_scale / sqrt(M)``,
+        or, with ``weight_prior_scale="empirical"``, the empirical-Bayes value
+        ``s = sqrt(mean_ij(m_ij^2 + v_ij))`` (a scalar tensor, differentiable in ``q(W)``)."""
+        if self.weight_prior_scale == EMPIRICAL:
+            second = self.weight.square()
+            if self.variational_weights:
+                second = second + self.weight_scale.square()
+            tiny = torch.finfo(second.dtype).tiny
+            return second.mean().clamp_min(tiny).sqrt()
         return self.weight_prior_scale / math.sqrt(self.in_features)
 
     def weight_prior(self) -> Normal:
         """``p(W)``: independent ``N(0, s^2)``, batch shape ``[M, N]``."""
         loc = torch.zeros_like(self.weight)
-        return Normal(loc, torch.full_like(loc, self.weight_prior_std()))
+        std = torch.as_tensor(self.weight_prior_std(), dtype=loc.dtype, device=loc.device)
+        return Normal(loc, std.expand_as(loc))
 
     def weight_posterior(self) -> Normal:
         """``q(W)``: independent ``N(weight, weight_scale^2)``, batch shape ``[M, N]``."""

@@ -1,17 +1,22 @@
-"""Naval (issue 15): a Bayesian-GPN schedule that leaves the noise-dominated regime, on validation.
+"""Variants of the Bayesian GPN's schedule and model, scored on validation rows only (issue 15).
 
-With the benchmark's large-set schedule (``benchmarks/uci.py``: ``VariationalGPN([16, 50, 1])``
-with the recommendations, mini-batches of 512, 1000 steps, lr 0.05 -> 0.005) the learned output
-noise on naval stays at 0.57-0.86 standardised units and the test log-likelihood at
-3.21 +- 0.29 (hoDVI 5.84). This script fits variants of the schedule and the start (step budget,
-learning rate, initial noise, point weights) on the training rows of a split and scores them on
-its validation rows only (the 10 % of the training split that ``load_uci_regression`` holds out,
-the benchmark's validation set): best validation log-likelihood (the restored state's, original
+Each variant changes the benchmark's Bayesian GPN (``VariationalGPN([D, 50, 1])`` with the
+recommendations, ``pyro_gpn.recommended.VGPN``, fitted by ``fit_vgpn``) in one respect: the step
+budget, the learning rate, the initial noise, point weights, the prior scale of ``W`` or its
+empirical-Bayes value (``eb``). It is fitted on the training rows of a split and scored on its
+validation rows only (the 10 % of the training split that ``load_uci_regression`` holds out, the
+benchmark's validation set): best validation log-likelihood (the restored state's, original
 units), its step, the learned noise, the validation curve, process CPU time. Test rows are never
-touched. One JSON line per (variant, split) into ``--out``; finished lines are skipped. Usage::
+touched. One JSON line per (variant, split) into ``--out``; finished lines are skipped.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/uci_naval.py --splits 0 \\
+First written for naval (the large-set schedule, ``s1000``: 1000 steps of 512 from lr 0.05, left
+the learned output noise at 0.57-0.86 standardised units and the test log-likelihood at
+3.21 +- 0.29); ``--set`` runs any set, where ``default`` is the recommendation itself. Usage::
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/uci_variants.py --splits 0 \\
         --out docs/results/uci_runs/naval_budget.jsonl
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/uci_variants.py --set boston \\
+        --splits 0 1 2 --variants default eb
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "lr02_s4000": ({"lr": 0.02, "num_steps": 4000}, {}),
     "prior05": ({}, {"weight_prior_scale": 0.5}),
     "prior2": ({}, {"weight_prior_scale": 2.0}),
+    # the empirical-Bayes prior variance of W (VariationalGPNLayer's weight_prior_scale)
+    "eb": ({}, {"weight_prior_scale": "empirical"}),
 }
 
 
