@@ -5,9 +5,9 @@ of ``uci-regression/<set>`` (20 per set, 5 for protein); inputs and targets stan
 the training split's statistics; a seeded 10 % of the training split held out for validation,
 which every choice (early stopping, the dropout rate) is made on; test log-likelihood, RMSE and
 the coverage of the central 90 % predictive interval in original units, mean +- standard error
-over the splits. Every model's predictive is an equal-weight mixture of Gaussians
-``[T, S]`` (``T = 1`` for the closed-form models) scored by the single function
-:func:`metrics_of`.
+over the splits. Every model's predictive is a mixture of Gaussians ``[T, S]`` (``T = 1`` for
+the closed-form Gaussian models; equal weights unless the model gives its own, as the
+Gauss-Hermite mixture of ``bgpn_het``) scored by the single function :func:`metrics_of`.
 
 Models (hidden width 50, 100 for protein):
 
@@ -19,6 +19,10 @@ Models (hidden width 50, 100 for protein):
 * ``bgpn_long``: ``bgpn`` with the per-set schedule of :data:`SET_SCHEDULES` (chosen on
   validation with ``benchmarks/uci_variants.py``; naval: the 1000-step large-set budget leaves the
   fit in the noise-dominated regime);
+* ``bgpn_het``: ``bgpn`` with input-dependent noise (:class:`pyro_gpn.heads.
+  HeteroscedasticGaussianHead`, layers ``D -> 50 -> 2``: the output and its log noise
+  variance; DVI's heteroscedastic likelihood), chosen on validation (``uci_variants.py
+  --variants hetero``, docs/results/uci.md section 6);
 * ``bgpn_issue``: the same model as issue 15 ran it (point weights, no validation);
 * ``clt``: :class:`pyro_gpn.GPNNet` (central-limit GPN, identity targets) by
   :class:`pyro_gpn.inference.Trainer` (lr 1e-2, batch 32, <= 300 epochs, validation schedule);
@@ -67,7 +71,7 @@ DATA_DIR = os.environ.get(
     os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets")),
 )
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
-MODELS = ("bgpn", "bgpn_long", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
+MODELS = ("bgpn", "bgpn_het", "bgpn_long", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
 Z90 = 1.6448536269514722
 METRICS = ("log_lik", "rmse", "coverage90")
 #: the large sets: mini-batches (the same number of optimiser steps, not fewer rows)
@@ -87,6 +91,8 @@ SET_SCHEDULES: dict[str, dict] = {
     "naval": {"num_steps": 6000, "lr": 0.02},
     "boston": {"lr": 0.02},  # validation rows of splits 0-2 (uci.md section 5)
 }
+#: ``bgpn`` with the heteroscedastic head (chosen on validation, docs/results/uci.md section 6)
+BGPN_HET_CONFIG = {**BGPN_CONFIG, "head": "heteroscedastic"}
 #: the configuration issue 15 ran (point weights, no validation)
 ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
 
@@ -109,18 +115,21 @@ PUBLISHED = {
 
 
 # ---------------------------------------------------------------------------------- metrics
-def _mixture_cdf(t: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    return torch.special.ndtr((t[None] - mean) / std).mean(0)
+def _mixture_cdf(t: Tensor, mean: Tensor, std: Tensor, weights: Tensor) -> Tensor:
+    return (weights[:, None] * torch.special.ndtr((t[None] - mean) / std)).sum(0)
 
 
-def metrics_of(mean: Tensor, var: Tensor, y: Tensor, y_std: float) -> dict[str, float]:
-    """Test metrics of an equal-weight Gaussian-mixture predictive, in original units.
+def metrics_of(
+    mean: Tensor, var: Tensor, y: Tensor, y_std: float, weights: Tensor | None = None
+) -> dict[str, float]:
+    """Test metrics of a Gaussian-mixture predictive, in original units.
 
     Args:
         mean, var: ``[T, S]`` component means and variances (observation noise included) in
             standardised units; ``T = 1`` is a single Gaussian.
         y: ``[S]`` or ``[S, 1]`` standardised targets.
         y_std: the training split's target standard deviation.
+        weights: ``[T]`` component weights summing to 1 (``None``: equal weights).
 
     Returns:
         ``log_lik`` (mean log predictive density, original units: standardised minus
@@ -134,9 +143,14 @@ def metrics_of(mean: Tensor, var: Tensor, y: Tensor, y_std: float) -> dict[str, 
     y = y.reshape(-1).double()
     if y.shape[0] != mean.shape[1]:
         raise ValueError(f"y has {y.shape[0]} rows, the predictive {mean.shape[1]}")
+    if weights is None:
+        weights = torch.full((mean.shape[0],), 1.0 / mean.shape[0], dtype=mean.dtype)
+    weights = weights.double().reshape(-1)
+    if weights.shape[0] != mean.shape[0] or not abs(float(weights.sum()) - 1.0) < 1e-9:
+        raise ValueError(f"weights must be [{mean.shape[0]}] summing to 1, got {weights}")
     comp = -0.5 * (math.log(2 * math.pi) + var.log() + (y[None] - mean).square() / var)
-    log_lik = torch.logsumexp(comp, 0) - math.log(mean.shape[0])
-    mix_mean = mean.mean(0)
+    log_lik = torch.logsumexp(comp + weights.log()[:, None], 0)
+    mix_mean = (weights[:, None] * mean).sum(0)
     std = var.sqrt()
     if mean.shape[0] == 1:
         lower, upper = mean[0] - Z90 * std[0], mean[0] + Z90 * std[0]
@@ -147,7 +161,7 @@ def metrics_of(mean: Tensor, var: Tensor, y: Tensor, y_std: float) -> dict[str, 
             hi = (mean + 10 * std).max(0).values
             for _ in range(60):
                 mid = 0.5 * (lo + hi)
-                below = _mixture_cdf(mid, mean, std) < q
+                below = _mixture_cdf(mid, mean, std, weights) < q
                 lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
             bounds.append(0.5 * (lo + hi))
         lower, upper = bounds
@@ -168,13 +182,17 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
     :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
     returns predictions and fit facts."""
+    from pyro_gpn.heads import HeteroscedasticGaussianHead
     from pyro_gpn.inference import fit_vgpn
     from pyro_gpn.models import VariationalGPN
 
     torch.manual_seed(seed)
+    head = "gaussian"
+    if config.get("head") == "heteroscedastic":
+        head = HeteroscedasticGaussianHead(1)
     model = VariationalGPN(
         [data.num_features, _width(data.name), 1],
-        head="gaussian",
+        head=head,
         whiten=config["whiten"],
         targets_init=config["targets_init"],
         weights=config["weights"],
@@ -203,9 +221,12 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
 
     def predict(x):
         with torch.no_grad():
-            out = model(x)
-        return out.mean.reshape(1, -1), out.variance.reshape(1, -1)
+            weights, mean, var = model.head.predictive_mixture(model.hidden(x))
+        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
 
+    noise = getattr(model.head, "noise_std", None)
+    if noise is None:  # heteroscedastic: the noise where the noise feature is 0
+        noise = (0.5 * model.head.noise_offset).exp()
     return {
         "predict": predict,
         "fit_s": fit.wall_time,
@@ -213,7 +234,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
         "steps": fit.num_steps,
         "best_step": fit.best_step,
         "batch_size": batch,
-        "noise_std": float(model.head.noise_std.detach().reshape(-1)[0]),
+        "noise_std": float(noise.detach().reshape(-1)[0]),
         "config": config,
     }
 
@@ -454,6 +475,13 @@ def fit_dgp(
     }
 
 
+def _score(predict, x: Tensor, y: Tensor, y_std: float) -> dict[str, float]:
+    """:func:`metrics_of` of a model's ``predict(x)``: ``(mean, var)`` (equal weights) or
+    ``(mean, var, weights)``."""
+    mean, var, *weights = predict(x)
+    return metrics_of(mean, var, y, y_std, weights[0] if weights else None)
+
+
 def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     from pyro_gpn.data.uci_regression import load_uci_regression
 
@@ -467,6 +495,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
         if "num_steps" in schedule:
             config["set_steps"] = schedule["num_steps"]
         fit = fit_bgpn(data, config, seed + split)
+    elif model == "bgpn_het":
+        fit = fit_bgpn(data, BGPN_HET_CONFIG, seed + split)
     elif model == "bgpn_issue":
         fit = fit_bgpn(data, ISSUE_CONFIG, seed + split)
     elif model == "clt":
@@ -482,8 +512,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     predict = fit.pop("predict")
     y_std = float(data.y_std)
-    test = metrics_of(*predict(data.x_test), data.y_test, y_std)
-    val = metrics_of(*predict(data.x_val), data.y_val, y_std)
+    test = _score(predict, data.x_test, data.y_test, y_std)
+    val = _score(predict, data.x_val, data.y_val, y_std)
     return {
         "model": model,
         "set": name,

@@ -32,13 +32,22 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import check_finite, check_shape, check_tensor
-from .losses import check_labels, gaussian_expected_nll, unscented_cross_entropy, unscented_logits
+from .losses import (
+    check_labels,
+    gaussian_expected_nll,
+    heteroscedastic_expected_nll,
+    heteroscedastic_log_noise_moments,
+    unscented_cross_entropy,
+    unscented_logits,
+)
 from .moments.gaussian import Moments
+from .moments.quadrature import gauss_hermite
 
 __all__ = [
     "HEADS",
     "GaussianHead",
     "Head",
+    "HeteroscedasticGaussianHead",
     "Prediction",
     "SoftmaxHead",
     "check_sizes",
@@ -114,6 +123,11 @@ class Head(nn.Module):
         """:class:`Prediction` from the features' moments, in closed form."""
         raise NotImplementedError
 
+    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+        """``log p(y_s | x_s)`` per sample ``[S]`` under the closed-form predictive (the test
+        log-likelihood and the validation score of the fits)."""
+        raise NotImplementedError
+
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
         """:class:`Prediction` from Monte Carlo draws ``[K, S, ...]`` of a model's sites."""
         raise NotImplementedError
@@ -185,6 +199,16 @@ class GaussianHead(Head):
     def predict(self, features: Moments) -> Prediction:
         predictive = self.predictive(features)
         return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
+
+    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+        """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
+        variances ``[K, S, D]``; here one component, ``N(mean, var + sigma^2)``."""
+        predictive = self.predictive(features)
+        one = predictive.mean.new_ones(1)
+        return one, predictive.mean.unsqueeze(0), predictive.variance.unsqueeze(0)
+
+    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+        return _mixture_log_density(*self.predictive_mixture(features), y)
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
         draws = samples[obs_site]
@@ -289,8 +313,144 @@ class SoftmaxHead(Head):
         probs = samples["logits"].softmax(-1)
         return Prediction(probs.mean(0), probs.std(0), self.task)
 
+    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+        probs = self.predict(features).probs
+        return probs.gather(-1, y.long().reshape(-1, 1)).squeeze(-1).clamp_min(1e-300).log()
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, num_classes={self.num_classes}"
+
+
+class HeteroscedasticGaussianHead(Head):
+    """Regression with input-dependent noise: ``y = F + eps``, ``eps ~ N(0, exp(G))``, where
+    the network outputs both ``F`` and the noise features ``H`` and ``G = a + b H`` is the log
+    noise variance (DVI's heteroscedastic likelihood; Wu et al. 2019).
+
+    The last GPN layer has ``2 D`` units: the first ``D`` are the outputs, the last ``D`` the
+    noise features, so ``VariationalGPN([M, 50, 1], head=HeteroscedasticGaussianHead(1))`` has
+    layers ``M -> 50 -> 2``. The affine map ``a + b H`` (``a``, ``b`` learned per output) lets
+    the log variance leave the range of a GPN unit's output (about ``[-2, 2]``).
+
+    * :meth:`expected_nll`: :func:`~pyro_gpn.losses.heteroscedastic_expected_nll`, exact given
+      the features' moments.
+    * :meth:`predictive_mixture`: the predictive ``p(y) = E_G[N(y | E[F | G], Var[F | G] +
+      e^G)]`` as a Gauss-Hermite mixture over ``G`` (``num_nodes`` components; 64 reach 1e-7
+      relative in the log density where the log variance's standard deviation is 1.3 and its
+      correlation with ``F`` 0.9, against scipy's ``dblquad``).
+    * :meth:`predictive` / :meth:`predict`: its mean and variance,
+      ``Var[F] + exp(E[G] + Var[G] / 2)`` (moment-matched).
+
+    Args:
+        num_outputs: ``D``.
+        noise_std_init: the initial noise standard deviation where ``H = 0``
+            (``a = 2 log noise_std_init``).
+        noise_slope_init: the initial ``b``.
+        num_nodes: Gauss-Hermite nodes of the predictive mixture.
+        dtype, device: of the parameters.
+
+    Attributes:
+        noise_offset: ``[D]`` ``a``.
+        noise_slope: ``[D]`` ``b``.
+        in_features: ``2 D``, the width of the last GPN layer.
+    """
+
+    task = "regression"
+    noisy_features = False
+    has_readout = False
+
+    def __init__(
+        self,
+        num_outputs: int,
+        noise_std_init: float = 0.1,
+        noise_slope_init: float = 0.5,
+        num_nodes: int = 64,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_outputs", num_outputs), ("num_nodes", num_nodes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (math.isfinite(noise_std_init) and noise_std_init > 0):
+            raise ValueError(f"noise_std_init must be positive and finite, got {noise_std_init}")
+        if not math.isfinite(noise_slope_init):
+            raise ValueError(f"noise_slope_init must be finite, got {noise_slope_init}")
+        self.num_outputs = num_outputs
+        self.in_features = 2 * num_outputs
+        self.num_nodes = num_nodes
+        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        offset = torch.full((num_outputs,), 2.0 * math.log(noise_std_init), **factory)
+        self.noise_offset = nn.Parameter(offset)
+        self.noise_slope = nn.Parameter(
+            torch.full((num_outputs,), float(noise_slope_init), **factory)
+        )
+
+    @classmethod
+    def feature_sizes(cls, sizes: Sequence[int]) -> list[int]:
+        """``[M, N_1, ..., 2 D]``: the last GPN layer carries the outputs and the noise
+        features."""
+        sizes = list(sizes)
+        return [*sizes[:-1], 2 * sizes[-1]]
+
+    def check_target(self, y: Tensor, num_samples: int) -> None:
+        check_tensor("y", y)
+        check_shape("y", y, (num_samples, self.num_outputs))
+        check_finite("y", y)
+
+    def _moments(self, features: Moments):
+        return heteroscedastic_log_noise_moments(features, self.noise_offset, self.noise_slope)
+
+    def predictive(self, features: Moments) -> Moments:
+        mean, var, g_mean, g_var, _ = self._moments(features)
+        return Moments(mean, var=var + (g_mean + g_var / 2).exp(), validate=False)
+
+    def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
+        return heteroscedastic_expected_nll(
+            features, y, self.noise_offset, self.noise_slope, reduction=reduction
+        )
+
+    def observation(self, features: Tensor) -> dist.Distribution:
+        num = self.num_outputs
+        log_var = self.noise_offset + self.noise_slope * features[..., num:]
+        return dist.Normal(features[..., :num], (0.5 * log_var).exp()).to_event(1)
+
+    def predict(self, features: Moments) -> Prediction:
+        predictive = self.predictive(features)
+        return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
+
+    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+        """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
+        Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
+        Gaussian) plus the noise ``e^{G_k}``."""
+        mean, var, g_mean, g_var, cross = self._moments(features)
+        z, w = gauss_hermite(self.num_nodes, mean.dtype, mean.device)
+        g_std = g_var.sqrt()
+        # F | G: mean shifted by Cov / sd(G) z, variance Var[F] - Cov^2 / Var[G]
+        slope = torch.where(g_std > 0, cross / g_std.clamp_min(torch.finfo(g_std.dtype).tiny), 0)
+        cond_var = (var - slope.square()).clamp_min(0)
+        z = z.view(-1, 1, 1)
+        comp_mean = mean + slope * z
+        comp_var = cond_var + (g_mean + g_std * z).exp()
+        return w, comp_mean, comp_var
+
+    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+        return _mixture_log_density(*self.predictive_mixture(features), y)
+
+    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
+        draws = samples[obs_site]
+        return Prediction(draws.mean(0), draws.std(0), self.task)
+
+    def extra_repr(self) -> str:
+        return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}"
+
+
+def _mixture_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: Tensor) -> Tensor:
+    """``sum_d log sum_k w_k N(y_sd | mean_ksd, var_ksd)``, ``[S]``: a mixture per output, the
+    outputs independent (the predictive's cross-output covariance is not used)."""
+    y = y.reshape(mean.shape[1:]).to(mean.dtype)
+    var = var.clamp_min(torch.finfo(var.dtype).tiny)
+    comp = -0.5 * (math.log(2 * math.pi) + var.log() + (y - mean).square() / var)
+    return torch.logsumexp(comp + weights.log().view(-1, 1, 1), dim=0).sum(-1)
 
 
 HEADS = {"gaussian": GaussianHead, "softmax": SoftmaxHead}
@@ -334,6 +494,12 @@ def make_head(
         width = head.feature_sizes(sizes)[-1]
         if head.num_outputs != sizes[-1] or getattr(head, "in_features", width) != width:
             raise ValueError(f"head {head} does not fit the network widths {sizes}")
+        own = {p.dtype for p in head.parameters()}
+        if dtype is not None and own and own != {dtype}:
+            raise ValueError(
+                f"head parameters are {sorted(map(str, own))}, the network's {dtype}: build the "
+                f"head with dtype={dtype}"
+            )
         return head
     if HEADS[head].has_readout:
         return SoftmaxHead(sizes[-2], sizes[-1], unscented_kappa, dtype=dtype, device=device)

@@ -7,6 +7,9 @@ into deterministic training objectives:
 * :func:`gaussian_expected_nll` -- regression: the expected negative log-likelihood of the targets
   under Gaussian observation noise, averaged over the distribution of the noise-free responses
   (``eq:gpn_reg_loss_marginal_final``); it is exact given the moments.
+* :func:`heteroscedastic_expected_nll` -- regression with input-dependent noise: the same
+  expectation when the network also outputs the log noise variance (DVI's heteroscedastic
+  likelihood, Wu et al. 2019); exact given the moments.
 * :func:`gaussian_predictive_log_likelihood` -- the log density of the targets under the Gaussian
   predictive distribution, the test log-likelihood usually reported for regression.
 * :func:`unscented_cross_entropy` -- classification: the expected softmax cross-entropy of the
@@ -42,6 +45,8 @@ __all__ = [
     "check_labels",
     "gaussian_expected_nll",
     "gaussian_predictive_log_likelihood",
+    "heteroscedastic_expected_nll",
+    "heteroscedastic_log_noise_moments",
     "target_variance_penalty",
     "unscented_cross_entropy",
     "unscented_logits",
@@ -189,6 +194,82 @@ def gaussian_expected_nll(
     noise_var = noise_std.square()
     sq_err = (target - response.mean).square() + response.variance
     per_dim = 0.5 * (_LOG_2PI + noise_var.log() + sq_err / noise_var)
+    return _reduce(per_dim.sum(-1), reduction)
+
+
+def heteroscedastic_log_noise_moments(
+    response: Moments, noise_offset: Tensor, noise_slope: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The moments a heteroscedastic Gaussian likelihood needs, from responses ``[S, 2N]``
+    whose first ``N`` columns are the outputs ``F`` and last ``N`` the noise features ``H``,
+    with the log noise variance ``G = noise_offset + noise_slope * H``.
+
+    Returns:
+        ``E[F]``, ``Var[F]``, ``E[G]``, ``Var[G]`` and ``Cov[F, G]`` (zero unless ``response``
+        has a full ``cov``), each ``[S, N]``.
+    """
+    num = response.num_features // 2
+    mean, var = response.mean, response.variance
+    g_mean = noise_offset + noise_slope * mean[:, num:]
+    g_var = noise_slope.square() * var[:, num:]
+    if response.cov is not None:
+        idx = torch.arange(num, device=mean.device)
+        cross = noise_slope * response.cov[:, idx, idx + num]
+    else:
+        cross = torch.zeros_like(g_mean)
+    return mean[:, :num], var[:, :num], g_mean, g_var, cross
+
+
+def heteroscedastic_expected_nll(
+    response: Moments,
+    target: Tensor,
+    noise_offset: Tensor,
+    noise_slope: Tensor,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Expected negative log-likelihood with an input-dependent Gaussian noise.
+
+    The responses ``[S, 2N]`` hold the outputs ``F`` (first ``N`` columns) and the noise
+    features ``H`` (last ``N``); the observation is ``t ~ N(F, exp(G))`` with the log noise
+    variance ``G = a + b H`` (``a = noise_offset``, ``b = noise_slope``). For jointly Gaussian
+    ``(F, G)``, per sample and output,
+
+    .. math::
+
+        \mathbb{E}\big[-\log \mathcal{N}(t \mid F, e^{G})\big]
+        = \tfrac12 \log 2\pi + \tfrac12 \mathbb{E}[G]
+          + \tfrac12 e^{-\mathbb{E}[G] + \mathrm{Var}[G]/2}
+            \big[(t - \mathbb{E}[F] + \mathrm{Cov}[F, G])^2 + \mathrm{Var}[F]\big],
+
+    exact (tilting ``G`` by ``e^{-G}`` shifts the mean of ``F`` by ``-Cov[F, G]``); the
+    heteroscedastic likelihood of deterministic variational inference (Wu et al. 2019, section
+    3.3), here with the moments of a GPN layer. ``Cov[F, G]`` is taken from a full ``cov`` and
+    is zero with ``var`` (``meanvar``, the outputs independent).
+
+    Args:
+        response: moments of the noise-free responses, mean ``[S, 2N]``.
+        target: ``[S, N]`` observed targets.
+        noise_offset, noise_slope: ``a`` and ``b``, ``[N]``, ``[1]`` or ``[]``.
+        reduction: ``"mean"`` (over samples), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Returns:
+        The expected negative log-likelihood, summed over the ``N`` outputs and reduced over
+        samples.
+    """
+    _check_reduction(reduction)
+    _check_moments("response", response)
+    if response.num_features % 2:
+        raise ValueError(
+            f"response must have 2 N features (outputs and noise features), got "
+            f"{response.num_features}"
+        )
+    half = response.mean[:, : response.num_features // 2]
+    _check_target(target, half)
+    mean, var, g_mean, g_var, cross = heteroscedastic_log_noise_moments(
+        response, noise_offset, noise_slope
+    )
+    sq_err = (target - mean + cross).square() + var
+    per_dim = 0.5 * (_LOG_2PI + g_mean + (g_var / 2 - g_mean).exp() * sq_err)
     return _reduce(per_dim.sum(-1), reduction)
 
 

@@ -190,18 +190,12 @@ class VGPNFit:
 
 
 def validation_log_lik(vgpn: VariationalGPN, x: Tensor, y: Tensor) -> float:
-    """Mean log predictive density of ``y`` under ``vgpn``'s closed-form predictive: Gaussian
-    (regression; the moment-matched ``N(mean, var + sigma^2)``) or the class probabilities
-    (classification)."""
+    """Mean log predictive density of ``y`` under ``vgpn``'s closed-form predictive (the head's
+    :meth:`~pyro_gpn.heads.Head.log_predictive`): the moment-matched Gaussian
+    ``N(mean, var + sigma^2)`` of a Gaussian head, the Gauss-Hermite mixture of a
+    heteroscedastic one, the class probabilities of a softmax head."""
     with torch.no_grad():
-        pred = vgpn.predict(x)
-        if pred.task == "classification":
-            probs = pred.mean.gather(-1, y.long().reshape(-1, 1)).clamp_min(1e-300)
-            return float(probs.log().mean())
-        y = y.reshape(pred.mean.shape).to(pred.mean.dtype)
-        var = pred.std.square().clamp_min(1e-300)
-        dens = -0.5 * (math.log(2 * math.pi) + var.log() + (y - pred.mean).square() / var)
-        return float(dens.sum(-1).mean())
+        return float(vgpn.head.log_predictive(vgpn.hidden(x), y).mean())
 
 
 def holdout(

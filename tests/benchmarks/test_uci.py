@@ -42,6 +42,29 @@ def test_mixture_metrics_match_scipy():
     assert got["coverage90"] == pytest.approx(np.mean(inside))
 
 
+def test_weighted_mixture_metrics_match_scipy():
+    """Unequal weights (a Gauss-Hermite mixture, as ``bgpn_het`` gives) against scipy."""
+    gen = torch.Generator().manual_seed(2)
+    mean = torch.randn(4, 30, generator=gen, dtype=torch.float64)
+    var = torch.rand(4, 30, generator=gen, dtype=torch.float64) + 0.02
+    w = torch.tensor([0.1, 0.4, 0.3, 0.2], dtype=torch.float64)
+    y = torch.randn(30, generator=gen, dtype=torch.float64)
+    got = metrics_of(mean, var, y, 1.5, weights=w)
+    m, s, t, wn = mean.numpy() * 1.5, var.sqrt().numpy() * 1.5, y.numpy() * 1.5, w.numpy()
+    dens = (wn[:, None] * stats.norm.pdf(t[None], m, s)).sum(0)
+    assert got["log_lik"] == pytest.approx(np.log(dens).mean(), abs=1e-10)
+    assert got["rmse"] == pytest.approx(np.sqrt(np.mean((t - wn @ m) ** 2)), rel=1e-10)
+    inside = []
+    for j in range(30):
+        cdf = lambda v, q, j=j: wn @ stats.norm.cdf(v, m[:, j], s[:, j]) - q  # noqa: E731
+        lo = optimize.brentq(cdf, -50, 50, args=(0.05,), xtol=1e-12)
+        hi = optimize.brentq(cdf, -50, 50, args=(0.95,), xtol=1e-12)
+        inside.append(lo <= t[j] <= hi)
+    assert got["coverage90"] == pytest.approx(np.mean(inside))
+    with pytest.raises(ValueError, match="weights"):
+        metrics_of(mean, var, y, 1.0, weights=torch.full((4,), 0.3, dtype=torch.float64))
+
+
 def test_identical_components_equal_one_gaussian():
     mean, var, y = torch.randn(1, 40), torch.rand(1, 40) + 0.1, torch.randn(40, 1)
     one = metrics_of(mean, var, y, 2.0)
