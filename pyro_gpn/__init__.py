@@ -12,7 +12,7 @@ to the paper's LaTeX source (the arXiv source files). See the README for a tour 
 
 from . import settings
 from ._validation import UnscaledInputWarning
-from .heads import GaussianHead, Prediction, SoftmaxHead
+from .heads import GaussianHead, HeteroscedasticGaussianHead, Prediction, SoftmaxHead
 from .kernels import gpn_kernel, squared_exponential
 from .layers import GPNLayer, VariationalGPNLayer
 from .moments import Moments
@@ -26,6 +26,7 @@ __all__ = [
     "GPNNet",
     "GPNSequential",
     "GaussianHead",
+    "HeteroscedasticGaussianHead",
     "Moments",
     "Prediction",
     "SoftmaxHead",

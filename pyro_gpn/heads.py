@@ -14,6 +14,10 @@ parameters                  observation noise ``sigma``       readout ``W^{L+1} 
 :meth:`~Head.predict`       mean and std                      class probabilities and their std
 ==========================  ================================  ==================================
 
+:class:`HeteroscedasticGaussianHead` is the Gaussian head with input-dependent noise: its
+features are ``2 D`` noise-free responses (the outputs and the noise features ``H``), the log
+noise variance ``a + b H``; pass an instance (``head=HeteroscedasticGaussianHead(D)``).
+
 Every network (:class:`~pyro_gpn.GPNNet`, the Pyro models, the fixed-activation baselines) calls
 these methods and never asks which head it has. A new likelihood (Student-t, ordinal, ...) is a
 new subclass of :class:`Head`. Networks accept the names ``"gaussian"`` and ``"softmax"`` and
@@ -35,6 +39,7 @@ from ._validation import check_finite, check_shape, check_tensor
 from .losses import (
     check_labels,
     gaussian_expected_nll,
+    gaussian_mixture_log_density,
     heteroscedastic_expected_nll,
     heteroscedastic_log_noise_moments,
     unscented_cross_entropy,
@@ -208,7 +213,7 @@ class GaussianHead(Head):
         return one, predictive.mean.unsqueeze(0), predictive.variance.unsqueeze(0)
 
     def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        return _mixture_log_density(*self.predictive_mixture(features), y)
+        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
         draws = samples[obs_site]
@@ -434,7 +439,7 @@ class HeteroscedasticGaussianHead(Head):
         return w, comp_mean, comp_var
 
     def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        return _mixture_log_density(*self.predictive_mixture(features), y)
+        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
         draws = samples[obs_site]
@@ -442,15 +447,6 @@ class HeteroscedasticGaussianHead(Head):
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}"
-
-
-def _mixture_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: Tensor) -> Tensor:
-    """``sum_d log sum_k w_k N(y_sd | mean_ksd, var_ksd)``, ``[S]``: a mixture per output, the
-    outputs independent (the predictive's cross-output covariance is not used)."""
-    y = y.reshape(mean.shape[1:]).to(mean.dtype)
-    var = var.clamp_min(torch.finfo(var.dtype).tiny)
-    comp = -0.5 * (math.log(2 * math.pi) + var.log() + (y - mean).square() / var)
-    return torch.logsumexp(comp + weights.log().view(-1, 1, 1), dim=0).sum(-1)
 
 
 HEADS = {"gaussian": GaussianHead, "softmax": SoftmaxHead}

@@ -44,6 +44,7 @@ from .moments.gaussian import Moments
 __all__ = [
     "check_labels",
     "gaussian_expected_nll",
+    "gaussian_mixture_log_density",
     "gaussian_predictive_log_likelihood",
     "heteroscedastic_expected_nll",
     "heteroscedastic_log_noise_moments",
@@ -271,6 +272,21 @@ def heteroscedastic_expected_nll(
     sq_err = (target - mean + cross).square() + var
     per_dim = 0.5 * (_LOG_2PI + g_mean + (g_var / 2 - g_mean).exp() * sq_err)
     return _reduce(per_dim.sum(-1), reduction)
+
+
+def gaussian_mixture_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: Tensor) -> Tensor:
+    """Log density of the targets under a Gaussian mixture per output,
+    ``sum_d log sum_k w_k N(y_sd | mean_ksd, var_ksd)``, ``[S]`` (the outputs independent).
+
+    Args:
+        weights: ``[K]`` mixture weights summing to 1.
+        mean, var: ``[K, S, D]`` component means and variances.
+        y: ``[S, D]`` (or ``[S]`` for ``D = 1``) targets.
+    """
+    y = y.reshape(mean.shape[1:]).to(mean.dtype)
+    var = var.clamp_min(torch.finfo(var.dtype).tiny)
+    comp = -0.5 * (_LOG_2PI + var.log() + (y - mean).square() / var)
+    return torch.logsumexp(comp + weights.log().view(-1, 1, 1), dim=0).sum(-1)
 
 
 def gaussian_predictive_log_likelihood(
