@@ -65,6 +65,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "eb": ({}, {"weight_prior_scale": "empirical"}),
     # input-dependent noise (pyro_gpn.heads.HeteroscedasticGaussianHead: layers D -> 50 -> 2)
     "hetero": ({}, {"head": "heteroscedastic"}),
+    "hetero_s1000": ({"lr": 0.05, "num_steps": 1000}, {"head": "heteroscedastic"}),
 }
 
 
