@@ -63,6 +63,7 @@ import torch
 from pyro.nn.module import PyroModule, pyro_method
 from torch import Tensor
 
+from ..moments.midpoint import is_equidistant, midpoint_expansion
 from .nuts_inputs import (
     LIKELIHOODS,
     check_positive,
@@ -71,26 +72,7 @@ from .nuts_inputs import (
     default_noise_prior,
 )
 
-__all__ = ["LIKELIHOODS", "SampledTargetsGPN", "clt_layer_moments", "midpoint_grid"]
-
-
-def midpoint_grid(inducing: Tensor) -> tuple[Tensor, Tensor]:
-    """The distinct midpoints ``(V_r + V_t) / 2`` of the inducing points and which pair has which.
-
-    Args:
-        inducing: ``[R]`` inducing points.
-
-    Returns:
-        ``mids [K]`` (``K = 2R - 1`` on a uniform grid, at most ``R (R + 1) / 2``) and the
-        one-hot ``[R * R, K]`` map of the pair ``(r, t)`` (row ``r R + t``) to its midpoint.
-    """
-    mid = 0.5 * (inducing[:, None] + inducing[None, :])
-    # pairs whose midpoints agree to round-off share one entry (a uniform grid's r + t)
-    key = torch.round(mid.detach().flatten() / (1e-9 * (1 + mid.detach().abs().max())))
-    _, index = torch.unique(key, return_inverse=True)
-    onehot = torch.nn.functional.one_hot(index, int(index.max()) + 1).to(inducing.dtype)
-    mids = (onehot * mid.flatten()[:, None]).sum(0) / onehot.sum(0)
-    return mids, onehot
+__all__ = ["LIKELIHOODS", "SampledTargetsGPN", "clt_layer_moments"]
 
 
 def clt_layer_moments(
@@ -102,6 +84,7 @@ def clt_layer_moments(
     lengthscale: float,
     jitter: float,
     noise_std: Tensor | None,
+    equidistant: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""One layer's output moments given its targets, in the central-limit approximation.
 
@@ -119,6 +102,9 @@ def clt_layer_moments(
         lengthscale: the kernel's lengthscale ``lambda``.
         jitter: added to ``K(V, V)``'s diagonal.
         noise_std: ``[..., N]`` or ``None`` (no output noise).
+        equidistant: whether ``inducing`` is an ascending uniform grid, passed to
+            :func:`~pyro_gpn.moments.midpoint.midpoint_expansion` (``None`` detects it from
+            the values: decide it once outside a ``torch.jit.trace``).
 
     Returns:
         ``mean [..., S, N]`` and ``var [..., S, N]``.
@@ -140,16 +126,15 @@ def clt_layer_moments(
     )  # [..., S, N, R]
     out_mean = (psi * beta.unsqueeze(-3)).sum(-1)
     # Omega_rt = sqrt(lam2 / w2) exp(-diff_rt^2 / (4 lam2)) exp(-(m - mid_rt)^2 / w2) depends on
-    # the row only through mid_rt = (V_r + V_t) / 2, which takes 2R - 1 values on a uniform grid:
-    # sum the row-free factors over the pairs sharing a midpoint first (exact; O(S N (2R - 1))
-    # instead of O(S N R^2) per layer).
-    mids, onehot = midpoint_grid(inducing)  # [K], [R * R, K]
-    w2 = lam2 + 2 * v  # [..., S, N, 1]
+    # the row only through mid_rt = (V_r + V_t) / 2 (2R - 1 values on a uniform grid): the
+    # midpoint expansion sums the row-free factors first, O(S N K) instead of O(S N R^2).
     coef = cinv - beta.unsqueeze(-1) * beta.unsqueeze(-2)  # [..., N, R, R]
-    coef = coef * torch.exp(-0.25 * diff.square() / lam2)
-    coef = coef.flatten(-2) @ onehot  # [..., N, K]
+    mids, weights = midpoint_expansion(
+        inducing, coef, torch.tensor(lengthscale, dtype=coef.dtype), equidistant
+    )  # [..., N, K]
+    w2 = lam2 + 2 * v  # [..., S, N, 1]
     trace = torch.sqrt(lam2 / w2.squeeze(-1)) * (
-        torch.exp(-(m - mids).square() / w2) * coef.unsqueeze(-3)
+        torch.exp(-(m - mids.unsqueeze(-3)).square() / w2) * weights.unsqueeze(-3)
     ).sum(-1)  # [..., S, N]
     out_var = (1.0 - trace - out_mean.square()).clamp_min(1e-10)
     if noise_std is not None:
@@ -205,6 +190,7 @@ class SampledTargetsGPN(PyroModule):
         self.jitter = float(jitter)
         self.dtype = dtype
         self.inducing_points = torch.linspace(low, high, num_inducing, dtype=dtype)
+        self.equidistant = is_equidistant(self.inducing_points)  # decided once, not in a trace
         self.noise_prior = default_noise_prior(dtype) if noise_prior is None else noise_prior
 
     @property
@@ -254,7 +240,15 @@ class SampledTargetsGPN(PyroModule):
         mean, var = x, torch.zeros_like(x)
         for w, u, sigma in params:
             mean, var = clt_layer_moments(
-                mean, var, w, self.inducing_points, u, self.lengthscale, self.jitter, sigma
+                mean,
+                var,
+                w,
+                self.inducing_points,
+                u,
+                self.lengthscale,
+                self.jitter,
+                sigma,
+                self.equidistant,
             )
         return mean, var
 

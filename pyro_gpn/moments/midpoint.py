@@ -53,36 +53,42 @@ def midpoint_expansion(
         \qquad P_k = \sum_{(r,t):\,(V_r+V_t)/2 = c_k} M_{rt}\,
                      e^{-(V_r - V_t)^2 / (4\lambda^2)}.
 
+    Leading batch dimensions broadcast (the layers use ``[N | 1, ...]``; a sampler's model
+    ``[..., N, ...]`` with the draws' dimensions in front).
+
     Args:
-        inducing_points: ``[N | 1, R]``.
-        matrix: ``[N | 1, R, R]`` symmetric ``M``.
-        lengthscales: ``[N | 1]``.
-        equidistant: whether each row of ``V`` is equally spaced (``2R - 1`` midpoints);
-            ``None`` detects it (only for inducing points that need no gradient).
+        inducing_points: ``[..., R]``.
+        matrix: ``[..., R, R]`` symmetric ``M``.
+        lengthscales: ``[...]``.
+        equidistant: whether each row of ``V`` is equally spaced and ascending (then the
+            ``2R - 1`` midpoints are a grid and the pairs are summed per anti-diagonal).
+            ``None`` detects it (:func:`is_equidistant`; only for inducing points that need no
+            gradient). Pass it explicitly under ``torch.jit.trace``: detection reads the values,
+            and a trace must not branch on data.
 
     Returns:
-        ``centers`` and ``weights``, each ``[N | 1, K]`` with ``K = 2R - 1`` (equidistant) or
-        ``R (R + 1) / 2``.
+        ``centers`` and ``weights``, each ``[..., K]`` (the broadcast batch shape) with
+        ``K = 2R - 1`` (equidistant) or ``R (R + 1) / 2`` (one term per unordered pair).
     """
     num_points = inducing_points.shape[-1]
     if equidistant is None:
         equidistant = not inducing_points.requires_grad and is_equidistant(inducing_points)
     sep = inducing_points.unsqueeze(-1) - inducing_points.unsqueeze(-2)
     damped = matrix * (-sep.square() / (4 * lengthscales.square()[..., None, None])).exp()
+    batch = torch.broadcast_shapes(damped.shape[:-2], inducing_points.shape[:-1])
     if equidistant:
-        num_units = max(damped.shape[0], inducing_points.shape[0])
-        summed = damped.expand(num_units, -1, -1).reshape(num_units, num_points * num_points)
+        summed = damped.flatten(-2)  # [..., R * R], entry (r, t) at r R + t
         weights = summed @ _antidiagonal_sum_matrix(num_points, damped.dtype, damped.device)
-        first, last = inducing_points[..., :1], inducing_points[..., -1:]
-        steps = torch.arange(2 * num_points - 1, dtype=damped.dtype, device=damped.device)
-        centers = first + (last - first) * steps / (2 * num_points - 2)
-        return centers.expand(num_units, -1), weights
-    rows, cols = torch.triu_indices(num_points, num_points, device=damped.device)
-    multiplicity = torch.where(rows == cols, 1.0, 2.0).to(damped.dtype)
-    weights = damped[..., rows, cols] * multiplicity
-    centers = 0.5 * (inducing_points[..., rows] + inducing_points[..., cols])
-    num_units = max(weights.shape[0], centers.shape[0])
-    return centers.expand(num_units, -1), weights.expand(num_units, -1)
+        # anti-diagonal k = r + t holds the pair (floor(k / 2), ceil(k / 2)): its midpoint
+        k = torch.arange(2 * num_points - 1, device=damped.device)
+        centers = 0.5 * (inducing_points[..., k // 2] + inducing_points[..., (k + 1) // 2])
+    else:
+        rows, cols = torch.triu_indices(num_points, num_points, device=damped.device)
+        multiplicity = torch.where(rows == cols, 1.0, 2.0).to(damped.dtype)
+        weights = damped[..., rows, cols] * multiplicity
+        centers = 0.5 * (inducing_points[..., rows] + inducing_points[..., cols])
+    num_terms = centers.shape[-1]
+    return centers.expand(*batch, num_terms), weights.expand(*batch, num_terms)
 
 
 class _GaussianSum(torch.autograd.Function):

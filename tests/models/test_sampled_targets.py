@@ -14,7 +14,7 @@ from pyro import poutine
 from scipy import integrate
 from torch import Tensor
 
-from pyro_gpn.models.sampled_targets import SampledTargetsGPN, clt_layer_moments, midpoint_grid
+from pyro_gpn.models.sampled_targets import SampledTargetsGPN, clt_layer_moments
 
 F64 = torch.float64
 
@@ -80,17 +80,48 @@ def test_layer_moments_match_quadrature(m, v, lam):
     torch.testing.assert_close(float(var), want_var, rtol=0, atol=1e-6)
 
 
-def test_midpoint_grid_uniform_and_irregular():
-    uniform = torch.linspace(-2, 2, 10, dtype=F64)
-    mids, onehot = midpoint_grid(uniform)
-    assert mids.shape == (19,) and onehot.shape == (100, 19)
-    torch.testing.assert_close(mids, torch.linspace(-2, 2, 19, dtype=F64))
-    irregular = torch.tensor([-1.31, -0.23, 0.057, 0.91, 2.43], dtype=F64)
-    mids, onehot = midpoint_grid(irregular)
-    assert mids.shape == (15,)  # R (R + 1) / 2 distinct pairs
-    pair = 0.5 * (irregular[:, None] + irregular[None, :]).flatten()
-    torch.testing.assert_close(onehot @ mids, pair, rtol=0, atol=1e-14)
-    assert torch.all(onehot.sum(-1) == 1)
+def test_layer_moments_with_draw_dimensions_equal_each_draw_alone():
+    """``[D1, D2, ...]`` draws in front (a vectorised predictive / the sampler's batch): each
+    draw's moments are those of the unbatched call, for either midpoint branch, and equal to
+    the explicit ``O(R^2)`` pair sum (the grouping by midpoint changes no value)."""
+    g = torch.Generator().manual_seed(3)
+    inducing = torch.linspace(-2, 2, 10, dtype=F64)
+    batch, rows, fan_in, units = (2, 3), 5, 2, 4
+    mean = torch.randn(*batch, rows, fan_in, dtype=F64, generator=g)
+    var = torch.rand(*batch, rows, fan_in, dtype=F64, generator=g)
+    weight = torch.randn(*batch, units, fan_in, dtype=F64, generator=g)
+    targets = torch.randn(*batch, units, 10, dtype=F64, generator=g)
+    noise = torch.rand(*batch, units, dtype=F64, generator=g) + 0.05
+    out = {
+        eq: clt_layer_moments(mean, var, weight, inducing, targets, 0.5, 1e-6, noise, eq)
+        for eq in (None, True, False)
+    }
+    for eq in (True, False):
+        torch.testing.assert_close(out[eq], out[None], rtol=0, atol=1e-10)
+    for i in range(2):
+        for j in range(3):
+            alone = clt_layer_moments(
+                mean[i, j], var[i, j], weight[i, j], inducing, targets[i, j], 0.5, 1e-6, noise[i, j]
+            )
+            torch.testing.assert_close(alone[0], out[None][0][i, j], rtol=0, atol=1e-13)
+            torch.testing.assert_close(alone[1], out[None][1][i, j], rtol=0, atol=1e-13)
+    # the pairs written out: Omega_rt with its own midpoint and separation per pair
+    lam2 = 0.25
+    m = (mean @ weight.mT).unsqueeze(-1).unsqueeze(-1)  # [..., S, N, 1, 1]
+    v = (var @ weight.square().mT).unsqueeze(-1).unsqueeze(-1)
+    mid = 0.5 * (inducing[:, None] + inducing[None, :])
+    sep = inducing[:, None] - inducing[None, :]
+    omega = torch.sqrt(lam2 / (lam2 + 2 * v)) * torch.exp(
+        -sep.square() / (4 * lam2) - (m - mid).square() / (lam2 + 2 * v)
+    )
+    kern = torch.exp(-0.5 * sep.square() / lam2) + 1e-6 * torch.eye(10, dtype=F64)
+    cinv = torch.linalg.inv(kern)
+    beta = targets @ cinv  # cinv symmetric: [..., N, R]
+    coef = cinv - beta.unsqueeze(-1) * beta.unsqueeze(-2)
+    trace = (omega * coef.unsqueeze(-4)).sum((-1, -2))
+    want_var = 1 - trace - out[None][0].square() + noise.unsqueeze(-2).square()
+    torch.testing.assert_close(out[None][1], want_var, rtol=0, atol=1e-10)
+    assert SampledTargetsGPN([1, 2, 1]).equidistant
 
 
 def test_layer_moments_match_quadrature_on_an_irregular_grid():
