@@ -80,7 +80,10 @@ def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
     load_start = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)
-    model = VariationalGPN(sizes, head="softmax")
+    layer_kwargs = {}
+    if config.get("weight_prior_scale") is not None:
+        layer_kwargs["weight_prior_scale"] = config["weight_prior_scale"]
+    model = VariationalGPN(sizes, head="softmax", **layer_kwargs)
     fit = fit_vgpn(
         model,
         data.x_train,
@@ -247,6 +250,30 @@ def summary(out: Path, paper_runs: Path) -> str:
     return "\n".join(lines)
 
 
+def validation_table(out: Path, seed: int = 0) -> str:
+    """Markdown: every Bayesian GPN configuration (tag) run on ``seed``, per set, with the
+    quantities the schedule is chosen by (validation log-likelihood, the stopping criterion;
+    validation and training error for reading) and its cost. No test figure is shown."""
+    cells = [json.loads(p.read_text()) for p in sorted(out.glob(f"*__seed{seed}.json"))]
+    lines = [
+        "| set | tag | batch | steps (epochs) | lr | best step / run | val log-lik | val err "
+        "| train err | CPU s (load) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in SETS:
+        cs = [c for c in cells if c["set"] == name and c.get("tag", "bgpn") != "ml"]
+        for c in sorted(cs, key=lambda c: -c["best_val_log_lik"]):
+            cfg = c["config"]
+            lines.append(
+                f"| {name} | {c.get('tag', 'bgpn')} | {cfg['batch_size']} | {cfg['num_steps']} "
+                f"({c['epochs'] * cfg['num_steps'] / c['num_steps']:.0f}) "
+                f"| {cfg['lr']:g} | {c['best_step']} / {c['num_steps']} | "
+                f"{c['best_val_log_lik']:.3f} | {c['val_error']:.4f} | {c['train_error']:.4f} | "
+                f"{c['cell_cpu_s']:.0f} ({c['load_avg_1m_end']:.1f}) |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=list(SETS[:3]), choices=SETS)
@@ -257,6 +284,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=VGPN.large_batch_size)
     p.add_argument("--eval-every", type=int, default=VGPN.eval_every)
     p.add_argument("--patience", type=int, default=VGPN.patience)
+    p.add_argument(
+        "--weight-prior-scale",
+        type=float,
+        default=None,
+        help="prior std of W times sqrt(fan_in) (default: the recommendation)",
+    )
     p.add_argument("--tag", default="bgpn", help="names the cells of this configuration")
     p.add_argument(
         "--ml",
@@ -268,11 +301,21 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs/results/bayes_classification_runs"))
     p.add_argument("--paper-runs", default=str(ROOT / "docs/results/paper_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="print the validation rows of every configuration run on SEED and exit",
+    )
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
         print(summary(out, Path(a.paper_runs)))
+        return 0
+    if a.validation is not None:
+        print(validation_table(out, a.validation))
         return 0
     config = {
         "num_steps": a.num_steps,
@@ -282,6 +325,8 @@ def main(argv=None) -> int:
         "eval_every": a.eval_every,
         "patience": a.patience,
     }
+    if a.weight_prior_scale is not None:
+        config["weight_prior_scale"] = a.weight_prior_scale
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"# {platform.node()} torch {torch.__version__} config {config}", flush=True)
     for seed in a.seeds:

@@ -45,3 +45,31 @@ def test_summary_puts_the_bayesian_rows_beside_the_ml_rows(tmp_path):
     assert (
         "0.0900 ± 0.0141" in bayes_row and "0.800 ± 0.707" in bayes_row and "| 0,1 |" in bayes_row
     )
+
+
+def _cell(tag, seed, val_log_lik, batch, steps, run, epochs):
+    config = dict(num_steps=steps, batch_size=batch, lr=0.01)
+    return dict(
+        tag=tag, set="connect4", seed=seed, config=config, best_step=run, num_steps=run,
+        epochs=epochs, best_val_log_lik=val_log_lik, val_error=0.17, train_error=0.16,
+        test_error=0.5, test_nll=9.0, cell_cpu_s=100.0, load_avg_1m_end=2.0,
+    )  # fmt: skip
+
+
+def test_validation_table_ranks_one_seeds_configurations_and_shows_no_test_figure(tmp_path):
+    from benchmarks.bayes_classification import validation_table
+
+    cells = {
+        "short__connect4__seed0.json": _cell("short", 0, -0.45, 512, 6000, 6000, 76.0),
+        # stopped early at 10,000 of 20,000 steps of 128 rows: 40 epochs run, a budget of 80
+        "b128__connect4__seed0.json": _cell("b128", 0, -0.40, 128, 20000, 10000, 40.0),
+        "b128__connect4__seed1.json": _cell("b128", 1, -0.10, 128, 20000, 20000, 80.0),
+        "ml__connect4__seed0.json": dict(tag="ml", set="connect4", seed=0),
+    }
+    for name, cell in cells.items():
+        (tmp_path / name).write_text(json.dumps(cell))
+    rows = validation_table(tmp_path, seed=0).splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == ["b128", "short"]  # best first, seed 0 only
+    assert "| 20000 (80) |" in rows[0] and "| 10000 / 10000 |" in rows[0]
+    assert "| -0.400 | 0.1700 | 0.1600 | 100 (2.0) |" in rows[0]
+    assert not any("9.0" in r or "0.5000" in r for r in rows)
