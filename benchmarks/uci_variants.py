@@ -66,6 +66,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # input-dependent noise (pyro_gpn.heads.HeteroscedasticGaussianHead: layers D -> 50 -> 2)
     "hetero": ({}, {"head": "heteroscedastic"}),
     "hetero_s1000": ({"lr": 0.05, "num_steps": 1000}, {"head": "heteroscedastic"}),
+    "hetero_lr02_s6000": ({"lr": 0.02, "num_steps": 6000}, {"head": "heteroscedastic"}),
 }
 
 
