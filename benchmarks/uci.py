@@ -191,6 +191,15 @@ def _width(name: str) -> int:
     return 100 if name == "protein" else 50
 
 
+def noise_std_of(head) -> float:
+    """A fitted Gaussian head's noise standard deviation (standardised units; the first
+    output); for a heteroscedastic head, its value where the noise feature is 0,
+    ``exp(a / 2)``."""
+    if hasattr(head, "noise_std"):
+        return float(head.noise_std.detach().reshape(-1)[0])
+    return float((0.5 * head.noise_offset.detach()).exp().reshape(-1)[0])
+
+
 def fit_bgpn(data, config: dict, seed: int) -> dict:
     """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
     :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
@@ -237,9 +246,6 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
             weights, mean, var = model.head.predictive_mixture(model.hidden(x))
         return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
 
-    noise = getattr(model.head, "noise_std", None)
-    if noise is None:  # heteroscedastic: the noise where the noise feature is 0
-        noise = (0.5 * model.head.noise_offset).exp()
     return {
         "predict": predict,
         "fit_s": fit.wall_time,
@@ -247,7 +253,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
         "steps": fit.num_steps,
         "best_step": fit.best_step,
         "batch_size": batch,
-        "noise_std": float(noise.detach().reshape(-1)[0]),
+        "noise_std": noise_std_of(model.head),
         "config": config,
     }
 

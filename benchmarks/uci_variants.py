@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.uci import DATA_DIR  # noqa: E402
+from benchmarks.uci import DATA_DIR, noise_std_of  # noqa: E402
 from benchmarks.uci_demo_budget import resumable_grid  # noqa: E402
 
 #: variants: name -> (fit_vgpn keywords, model keywords); ``s1000`` is the benchmark's schedule
@@ -111,20 +111,12 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
         "best_step": fit.best_step,
         "steps": fit.num_steps,
         "stopped_early": fit.stopped_early,
-        "noise_std": _noise_std(model.head),
+        "noise_std": noise_std_of(model.head),
         "curve": [(s, round(v - shift, 4)) for s, v in fit.curve[::4]],
         "cpu_s": cpu,
         "wall_s": wall,
         "load_avg_1m_end": os.getloadavg()[0],
     }
-
-
-def _noise_std(head) -> float:
-    """The learned noise standard deviation (standardised units); for a heteroscedastic head,
-    its value where the noise feature is 0, ``exp(a / 2)``."""
-    if hasattr(head, "noise_std"):
-        return float(head.noise_std.detach().reshape(-1)[0])
-    return float((0.5 * head.noise_offset.detach()).exp().reshape(-1)[0])
 
 
 def main(argv=None) -> int:

@@ -138,7 +138,39 @@ class Head(nn.Module):
         raise NotImplementedError
 
 
-class GaussianHead(Head):
+class _RegressionHead(Head):
+    """What the Gaussian regression heads share: targets ``[S, D]``, the prediction from the
+    predictive's moments, the log density of :meth:`predictive_mixture`, and Monte Carlo
+    predictions from the observation site's draws."""
+
+    task = "regression"
+    noisy_features = False
+    has_readout = False
+    num_outputs: int
+
+    def check_target(self, y: Tensor, num_samples: int) -> None:
+        check_tensor("y", y)
+        check_shape("y", y, (num_samples, self.num_outputs))
+        check_finite("y", y)
+
+    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+        """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
+        variances ``[K, S, D]``."""
+        raise NotImplementedError
+
+    def predict(self, features: Moments) -> Prediction:
+        predictive = self.predictive(features)
+        return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
+
+    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
+
+    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
+        draws = samples[obs_site]
+        return Prediction(draws.mean(0), draws.std(0), self.task)
+
+
+class GaussianHead(_RegressionHead):
     """Regression: ``y = F + eps``, ``eps ~ N(0, diag(sigma^2))``.
 
     Args:
@@ -151,10 +183,6 @@ class GaussianHead(Head):
         noise_std: ``[D | 1]``, positive, the observation noise (paper: ``sigma^L``, the noise
             of the last GPN layer); ``exp`` of the parameter ``noise_std_unconstrained``.
     """
-
-    task = "regression"
-    noisy_features = False
-    has_readout = False
 
     def __init__(
         self,
@@ -179,11 +207,6 @@ class GaussianHead(Head):
     def noise_std(self) -> Tensor:
         return self.noise_std_unconstrained.exp()
 
-    def check_target(self, y: Tensor, num_samples: int) -> None:
-        check_tensor("y", y)
-        check_shape("y", y, (num_samples, self.num_outputs))
-        check_finite("y", y)
-
     def predictive(self, features: Moments) -> Moments:
         noise_var = self.noise_std.square().expand(features.num_features)
         if features.cov is not None:
@@ -201,23 +224,12 @@ class GaussianHead(Head):
         scale = (var + self.noise_std.square()).sqrt()
         return dist.Normal(mean, scale).to_event(1)
 
-    def predict(self, features: Moments) -> Prediction:
-        predictive = self.predictive(features)
-        return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
-
     def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
         """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
         variances ``[K, S, D]``; here one component, ``N(mean, var + sigma^2)``."""
         predictive = self.predictive(features)
         one = predictive.mean.new_ones(1)
         return one, predictive.mean.unsqueeze(0), predictive.variance.unsqueeze(0)
-
-    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
-
-    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
-        draws = samples[obs_site]
-        return Prediction(draws.mean(0), draws.std(0), self.task)
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}"
@@ -326,7 +338,7 @@ class SoftmaxHead(Head):
         return f"in_features={self.in_features}, num_classes={self.num_classes}"
 
 
-class HeteroscedasticGaussianHead(Head):
+class HeteroscedasticGaussianHead(_RegressionHead):
     """Regression with input-dependent noise: ``y = F + eps``, ``eps ~ N(0, exp(G))``, where
     the network outputs both ``F`` and the noise features ``H`` and ``G = a + b H`` is the log
     noise variance (DVI's heteroscedastic likelihood; Wu et al. 2019).
@@ -358,10 +370,6 @@ class HeteroscedasticGaussianHead(Head):
         noise_slope: ``[D]`` ``b``.
         in_features: ``2 D``, the width of the last GPN layer.
     """
-
-    task = "regression"
-    noisy_features = False
-    has_readout = False
 
     def __init__(
         self,
@@ -397,11 +405,6 @@ class HeteroscedasticGaussianHead(Head):
         sizes = list(sizes)
         return [*sizes[:-1], 2 * sizes[-1]]
 
-    def check_target(self, y: Tensor, num_samples: int) -> None:
-        check_tensor("y", y)
-        check_shape("y", y, (num_samples, self.num_outputs))
-        check_finite("y", y)
-
     def _moments(self, features: Moments):
         return heteroscedastic_log_noise_moments(features, self.noise_offset, self.noise_slope)
 
@@ -419,10 +422,6 @@ class HeteroscedasticGaussianHead(Head):
         log_var = self.noise_offset + self.noise_slope * features[..., num:]
         return dist.Normal(features[..., :num], (0.5 * log_var).exp()).to_event(1)
 
-    def predict(self, features: Moments) -> Prediction:
-        predictive = self.predictive(features)
-        return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
-
     def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
@@ -437,13 +436,6 @@ class HeteroscedasticGaussianHead(Head):
         comp_mean = mean + slope * z
         comp_var = cond_var + (g_mean + g_std * z).exp()
         return w, comp_mean, comp_var
-
-    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
-
-    def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
-        draws = samples[obs_site]
-        return Prediction(draws.mean(0), draws.std(0), self.task)
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}"
