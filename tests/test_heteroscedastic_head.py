@@ -212,3 +212,23 @@ def test_gaussian_head_log_predictive_is_the_gaussian_density():
     scale = (features.var + 0.16).sqrt()
     expected = torch.distributions.Normal(features.mean, scale).log_prob(y).sum(-1)
     torch.testing.assert_close(head.log_predictive(features, y), expected)
+
+
+def test_float32_agrees_with_float64_in_a_hard_regime():
+    """float32 features and parameters (the library's default dtype) against float64: a log
+    variance of large spread (variance 2.5 before the slope) and correlation -0.99 with the
+    output, targets far in the tails; expected NLL and log predictive to 1e-4 relative."""
+    features = _pair_moments(-0.99, var_f=0.5, var_h=2.5, s=4, seed=3)
+    y = torch.tensor([[4.0], [-3.0], [0.1], [8.0]], dtype=DT)
+    head64 = _head(offset=-3.0, slope=1.2)
+    head32 = HeteroscedasticGaussianHead(1)
+    with torch.no_grad():
+        head32.noise_offset.fill_(-3.0)
+        head32.noise_slope.fill_(1.2)
+        f32 = Moments(features.mean.float(), cov=features.cov.float())
+        for fn in ("expected_nll", "log_predictive"):
+            kwargs = {"reduction": "none"} if fn == "expected_nll" else {}
+            want = getattr(head64, fn)(features, y, **kwargs)
+            got = getattr(head32, fn)(f32, y.float(), **kwargs)
+            assert got.dtype == torch.float32 and torch.isfinite(got).all()
+            torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
