@@ -97,7 +97,14 @@ def atomic_write(
                 handle.flush()
                 os.fsync(handle.fileno())
             digest = file_digest(tmp) if checksum else None
-            if checksum:
+            if not checksum:
+                os.replace(tmp, path)
+                _fsync_directory(path.parent)
+                return None
+            # steps 1-3 under an exclusive lock on the folder: concurrent writers of one file
+            # must not interleave them, or the last data and the last checksum could come from
+            # different writers
+            with _folder_lock(path.parent):
                 side = checksum_path(path)
                 old: list[str] = []
                 if side.exists() and path.exists():
@@ -111,9 +118,9 @@ def atomic_write(
                     )
                 else:  # no valid old pair to protect: record the new digest directly
                     _write_text_atomic(side, _checksum_line(digest, path))
-            os.replace(tmp, path)  # step 2
-            if checksum and old:
-                _write_text_atomic(checksum_path(path), _checksum_line(digest, path))  # step 3
+                os.replace(tmp, path)  # step 2
+                if old:
+                    _write_text_atomic(side, _checksum_line(digest, path))  # step 3
             _fsync_directory(path.parent)
             return digest
         except OSError as error:
@@ -122,6 +129,23 @@ def atomic_write(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _folder_lock(directory: Path):
+    """An exclusive ``flock`` on ``directory`` itself (no lock file left beside the data), for
+    the few steps that must not interleave between processes; a no-op without ``fcntl``."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
