@@ -6,12 +6,15 @@ Regression (predictive mean ``m``, variance ``v`` per target; a data set standar
 * :func:`rmse`: ``sqrt(mean((m - y)^2)) * s`` over all samples and outputs;
 * :func:`gaussian_log_likelihood`: the mean over samples of ``log N(y_orig | s m + mu, s^2 v)``
   ``= log N(y | m, v) - sum_d log s_d`` (a full covariance is scored as a multivariate Gaussian);
-* :func:`central_interval` / :func:`empirical_interval`: the central ``level`` interval of a
-  Gaussian (``m +- z sqrt(v)``, ``z`` the standard normal's ``(1 + level) / 2`` quantile) or of
-  draws (their empirical quantiles); :func:`interval_coverage`: the fraction of targets inside;
+* :func:`central_interval` / :func:`mixture_central_interval` / :func:`empirical_interval`: the
+  central ``level`` interval of a Gaussian (``m +- z sqrt(v)``, ``z`` the standard normal's
+  ``(1 + level) / 2`` quantile), of a Gaussian mixture (its quantiles, by bisection on its
+  distribution function) or of draws (their empirical quantiles); :func:`interval_coverage`: the
+  fraction of targets inside;
 * :func:`central_interval_coverage`: the coverage of the central intervals of a regression
-  :class:`~pyro_gpn.heads.Prediction` at several levels, the regression calibration curve
-  (a calibrated predictive covers a fraction ``level`` of the targets at every level).
+  :class:`~pyro_gpn.heads.Prediction`, or of a head's Gaussian-mixture predictive
+  (``head.predictive_mixture``), at several levels: the regression calibration curve (a
+  calibrated predictive covers a fraction ``level`` of the targets at every level).
 
 Classification (class probabilities ``p`` ``[S, C]`` or logits, labels ``[S]``):
 
@@ -33,6 +36,8 @@ caller accumulate over mini-batches.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +59,7 @@ __all__ = [
     "gaussian_log_likelihood",
     "interval_coverage",
     "mean_squared_error",
+    "mixture_central_interval",
     "reliability_diagram",
     "rmse",
 ]
@@ -88,6 +94,14 @@ def _scale(scale: float | Tensor, like: Tensor) -> Tensor:
 def _check_level(level: float) -> None:
     if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
         raise ValueError(f"level must lie in (0, 1), got {level!r}")
+
+
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _normal_quantile(q: float) -> float:
+    """The standard normal's ``q`` quantile."""
+    return torch.special.ndtri(torch.tensor(q, dtype=torch.float64)).item()
 
 
 # ---------------------------------------------------------------------------------- regression
@@ -141,9 +155,82 @@ def central_interval(mean: Tensor, var: Tensor, level: float = 0.9) -> tuple[Ten
     _same_shape("var", var, mean)
     if bool((var < 0).any()):
         raise ValueError("var must be non-negative")
-    z = torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64)).item()
+    z = _normal_quantile(0.5 + level / 2)
     half = z * var.sqrt()
     return mean - half, mean + half
+
+
+def mixture_central_interval(
+    weights: Tensor, mean: Tensor, var: Tensor, level: float = 0.9, max_steps: int = 100
+) -> tuple[Tensor, Tensor]:
+    """The central ``level`` interval of Gaussian mixtures ``sum_k w_k N(mean_k, var_k)``: their
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles.
+
+    The mixture's distribution function ``F(t) = sum_k w_k Phi((t - mean_k) / sd_k)`` is
+    increasing, so each quantile is its unique root of ``F(t) = q``, found by Newton's method
+    safeguarded by bisection: the bracket starts at ``min_k (mean_k - 10 sd_k)`` and
+    ``max_k (mean_k + 10 sd_k)`` (which holds every quantile between ``1e-23`` and
+    ``1 - 1e-23``) and shrinks at every step; a Newton step that leaves it or fails to halve
+    the step before it (Newton's method can cycle on a mixture's distribution function), or a
+    density that underflows, is replaced by the midpoint. Newton starts at the moment-matched
+    Gaussian's quantile; each entry stops once its step is below the dtype's resolution. One
+    component gives the Gaussian interval of :func:`central_interval` (to rounding). No closed
+    form exists for ``K > 1``, and torch's ``MixtureSameFamily`` has ``cdf`` but no ``icdf``.
+
+    Args:
+        weights: ``[K]`` mixture weights summing to 1 (e.g. from a head's
+            ``predictive_mixture``: Gauss-Hermite weights of the heteroscedastic head).
+        mean, var: ``[K, ...]`` component means and (positive) variances.
+        level: the interval's probability, in ``(0, 1)``.
+        max_steps: the most Newton / bisection steps per quantile.
+
+    Returns:
+        ``lower, upper``, each of ``mean.shape[1:]``.
+    """
+    _check_level(level)
+    if weights.ndim != 1 or mean.ndim < 1 or weights.shape[0] != mean.shape[0]:
+        raise ValueError(
+            f"weights must be [K] and mean [K, ...] with the same K, got {tuple(weights.shape)} "
+            f"and {tuple(mean.shape)}"
+        )
+    _same_shape("var", var, mean)
+    if bool((weights < 0).any()) or not abs(float(weights.sum()) - 1.0) < 1e-4:
+        raise ValueError(f"weights must be non-negative and sum to 1, got {weights}")
+    if bool((var <= 0).any()) or not bool(torch.isfinite(var).all()):
+        raise ValueError("var must be positive and finite")
+    shape = mean.shape[1:]
+    weights = (weights / weights.sum()).reshape(-1, 1)
+    mean, std = mean.reshape(mean.shape[0], -1), var.reshape(var.shape[0], -1).sqrt()
+    mix_mean = (weights * mean).sum(0)
+    mix_var = (weights * (std.square() + mean.square())).sum(0) - mix_mean.square()
+    mix_sd = (mix_var.clamp_min(0) + (weights * std.square()).sum(0) * 1e-12).sqrt()
+    bounds = []
+    for q in (0.5 - level / 2, 0.5 + level / 2):
+        lo, hi = (mean - 10 * std).amin(0), (mean + 10 * std).amax(0)
+        # start at the quantile of the moment-matched Gaussian
+        t = (mix_mean + _normal_quantile(q) * mix_sd).clamp(lo, hi)
+        previous = hi - lo
+        active = torch.arange(t.shape[0], device=t.device)  # the columns still moving
+        for _ in range(max_steps):
+            if active.numel() == 0:
+                break
+            m, s, ta, a, b = mean[:, active], std[:, active], t[active], lo[active], hi[active]
+            z = (ta - m) / s
+            excess = (weights * torch.special.ndtr(z)).sum(0) - q
+            density = (weights * torch.exp(-0.5 * z.square()) / s).sum(0) / _SQRT_2PI
+            a, b = torch.where(excess < 0, ta, a), torch.where(excess < 0, b, ta)
+            newton = ta - excess / density.clamp_min(torch.finfo(ta.dtype).tiny)
+            resolution = 4 * torch.finfo(ta.dtype).eps * (ta.abs() + s.amin(0))
+            # Newton's step if it stays inside the open bracket and is less than half the step
+            # before it (else it may cycle: Numerical Recipes' rtsafe), or once converged
+            move = (newton - ta).abs()
+            fast = (newton > a) & (newton < b) & (move < 0.5 * previous[active].abs())
+            take = (fast | (move <= resolution)) & (density > 0)
+            step = torch.where(take, newton, 0.5 * (a + b)) - ta
+            t[active], lo[active], hi[active], previous[active] = ta + step, a, b, step
+            active = active[step.abs() > resolution]
+        bounds.append(t.reshape(shape))
+    return bounds[0], bounds[1]
 
 
 def empirical_interval(draws: Tensor, level: float = 0.9) -> tuple[Tensor, Tensor]:
@@ -303,40 +390,56 @@ def expected_calibration_error(
 
 # ---------------------------------------------------------------------------------- regression
 def central_interval_coverage(
-    prediction: Prediction,
+    prediction: Prediction | tuple[Tensor, Tensor, Tensor],
     target: Tensor,
     levels: Sequence[float] = (0.5, 0.8, 0.9, 0.95),
 ) -> Tensor:
-    """Coverage of the Gaussian central intervals ``mean +- z std`` at each of ``levels``.
+    """Coverage of the central predictive intervals at each of ``levels``.
 
     The regression counterpart of the reliability diagram: for a calibrated predictive the
     coverage equals the level (below it: over-confident, above: under-confident).
 
     Args:
         prediction: a regression :class:`~pyro_gpn.heads.Prediction` (any route's
-            ``predict``: mean and std ``[S, D]``).
+            ``predict``: mean and std ``[S, D]``; Gaussian intervals ``mean +- z std``), or a
+            Gaussian-mixture predictive ``(weights [K], mean [K, S, D], var [K, S, D])`` as a
+            head's ``predictive_mixture`` returns it (the mixture's own quantiles,
+            :func:`mixture_central_interval`: the heteroscedastic head's predictive is not
+            Gaussian, and its moment-matched Gaussian interval would be too wide).
         target: ``[S, D]`` targets (``[S]`` for ``D = 1``), in the prediction's units.
         levels: the interval levels, each in ``(0, 1)``.
 
     Returns:
         ``[len(levels)]`` float64 coverages (fractions of target entries inside).
     """
-    if not isinstance(prediction, Prediction) or prediction.task != "regression":
-        raise ValueError("prediction must be a regression Prediction (mean and std)")
+    if isinstance(prediction, tuple):
+        if len(prediction) != 3:
+            raise ValueError("a mixture prediction must be (weights, mean, var)")
+        weights, mean, var = (t.detach() for t in prediction)
+        interval = functools.partial(mixture_central_interval, weights, mean, var)
+        reference = mean[0]
+    elif isinstance(prediction, Prediction) and prediction.task == "regression":
+        mean, var = prediction.mean.detach(), prediction.std.detach().square()
+        interval = functools.partial(central_interval, mean, var)
+        reference = mean
+    else:
+        raise ValueError(
+            "prediction must be a regression Prediction (mean and std) or a Gaussian mixture "
+            "(weights, mean, var)"
+        )
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a tensor, got {type(target).__name__}")
-    if target.shape != prediction.mean.shape and target.numel() == prediction.mean.numel():
-        target = target.reshape(prediction.mean.shape)
-    _same_shape("target", target, prediction.mean)
+    if target.shape != reference.shape and target.numel() == reference.numel():
+        target = target.reshape(reference.shape)
+    _same_shape("target", target, reference)
     if target.numel() == 0:
         raise ValueError("target is empty: coverage needs at least one sample")
     levels = list(levels)
     if not levels:
         raise ValueError("levels must hold at least one level")
-    var = prediction.std.detach().square()
-    mean = prediction.mean.detach()
+    target = target.detach().to(reference.dtype)
     out = []
     for level in levels:
-        lower, upper = central_interval(mean, var, level)
-        out.append(interval_coverage(target.detach().to(mean.dtype), lower, upper))
+        lower, upper = interval(level)
+        out.append(interval_coverage(target, lower, upper))
     return torch.stack(out)

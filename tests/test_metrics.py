@@ -220,3 +220,121 @@ def test_calibration_functions_refuse_the_wrong_task():
     regression = Prediction(torch.zeros(3, 1), torch.ones(3, 1), "regression")
     with pytest.raises(ValueError, match="probs is a regression Prediction"):
         reliability_diagram(regression, torch.tensor([0, 1, 0]))
+
+
+# ---------------------------------------------------------------------------------- mixtures
+def _scipy_mixture_quantile(weights, means, stds, q):
+    """The ``q`` quantile of ``sum_k w_k N(m_k, s_k^2)`` by Brent's method on scipy's CDF."""
+    from scipy.optimize import brentq
+
+    def cdf(t):
+        return float(np.sum(weights * stats.norm.cdf(t, loc=means, scale=stds))) - q
+
+    lo, hi = float(np.min(means - 12 * stds)), float(np.max(means + 12 * stds))
+    return brentq(cdf, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
+
+
+@pytest.mark.parametrize(
+    "weights, means, stds",
+    [
+        # two well-separated modes: the 90 % interval spans the gap between them
+        ([0.5, 0.5], [-4.0, 4.0], [0.3, 0.3]),
+        # a heavy-tailed scale mixture (as the heteroscedastic head's log-variance nodes)
+        ([0.7, 0.25, 0.05], [0.0, 0.0, 0.0], [0.5, 2.0, 20.0]),
+        # a tiny component far away, and a very narrow one
+        ([0.98, 0.02], [0.0, 1e3], [1e-4, 1.0]),
+        # unequal weights, unequal means and scales
+        ([0.2, 0.3, 0.5], [-1.0, 0.5, 3.0], [0.1, 1.5, 0.7]),
+    ],
+)
+@pytest.mark.parametrize("level", [0.5, 0.9, 0.99])
+def test_mixture_central_interval_matches_scipy_quantiles(weights, means, stds, level):
+    from pyro_gpn.metrics import mixture_central_interval
+
+    w, m, s = (np.array(v, dtype=np.float64) for v in (weights, means, stds))
+    lower, upper = mixture_central_interval(
+        torch.tensor(w), torch.tensor(m)[:, None], torch.tensor(s)[:, None] ** 2, level
+    )
+    expected = [_scipy_mixture_quantile(w, m, s, q) for q in (0.5 - level / 2, 0.5 + level / 2)]
+    assert lower.shape == upper.shape == (1,)
+    scale = float(np.max(s))
+    assert float(lower) == pytest.approx(expected[0], abs=1e-9 * scale, rel=1e-9)
+    assert float(upper) == pytest.approx(expected[1], abs=1e-9 * scale, rel=1e-9)
+
+
+def test_mixture_central_interval_of_one_component_is_the_gaussian_interval(regression):
+    from pyro_gpn.metrics import mixture_central_interval
+
+    mean, var, _ = regression
+    lower, upper = mixture_central_interval(
+        torch.ones(1, dtype=torch.float64), mean[None], var[None]
+    )
+    reference = central_interval(mean, var, 0.9)
+    torch.testing.assert_close(lower, reference[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(upper, reference[1], atol=1e-12, rtol=0)
+
+
+def test_mixture_central_interval_in_float32_against_float64():
+    from pyro_gpn.metrics import mixture_central_interval
+
+    g = torch.Generator().manual_seed(1)
+    weights = torch.softmax(torch.randn(16, generator=g, dtype=torch.float64), 0)
+    mean = torch.randn(16, 300, generator=g, dtype=torch.float64) * 3
+    var = torch.exp(2 * torch.randn(16, 300, generator=g, dtype=torch.float64))
+    lower64, upper64 = mixture_central_interval(weights, mean, var, 0.9)
+    lower32, upper32 = mixture_central_interval(weights.float(), mean.float(), var.float(), 0.9)
+    assert lower32.dtype == torch.float32
+    width = (upper64 - lower64).abs()
+    assert ((lower32.double() - lower64).abs() <= 1e-5 * width + 1e-5).all()
+    assert ((upper32.double() - upper64).abs() <= 1e-5 * width + 1e-5).all()
+
+
+def test_mixture_coverage_of_draws_from_the_heteroscedastic_predictive_matches_its_levels():
+    """Draw targets from the heteroscedastic head's own generative model (``F``, ``G`` jointly
+    Gaussian, ``y ~ N(F, e^G)``, by Monte Carlo, not through the mixture); the Gauss-Hermite
+    mixture's central intervals must cover them at their levels, and the moment-matched
+    Gaussian's must not (a heavy-tailed predictive: its 50 % interval too wide)."""
+    from pyro_gpn.heads import HeteroscedasticGaussianHead
+    from pyro_gpn.metrics import central_interval_coverage
+
+    torch.manual_seed(0)
+    head = HeteroscedasticGaussianHead(1, dtype=torch.float64)
+    with torch.no_grad():
+        head.noise_slope.fill_(3.0)  # a wide log-variance: strongly non-Gaussian predictive
+    n = 20_000
+    g = torch.Generator().manual_seed(2)
+    mean = torch.randn(n, 2, generator=g, dtype=torch.float64)
+    std = 0.2 + torch.rand(n, 2, generator=g, dtype=torch.float64)
+    rho = torch.full((n,), 0.6, dtype=torch.float64)
+    cov = torch.zeros(n, 2, 2, dtype=torch.float64)
+    cov[:, 0, 0], cov[:, 1, 1] = std[:, 0] ** 2, std[:, 1] ** 2
+    cov[:, 0, 1] = cov[:, 1, 0] = rho * std[:, 0] * std[:, 1]
+    features = Moments(mean, cov=cov)
+    fg = torch.distributions.MultivariateNormal(mean, cov).sample()
+    log_var = head.noise_offset.detach() + head.noise_slope.detach() * fg[:, 1:]
+    y = fg[:, :1] + (0.5 * log_var).exp() * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    levels = (0.5, 0.9, 0.99)
+    mixture = head.predictive_mixture(features)
+    coverage = central_interval_coverage(mixture, y, levels)
+    # binomial standard error at n = 20,000 is at most 0.0036
+    assert torch.allclose(coverage, torch.tensor(levels, dtype=torch.float64), atol=0.012)
+    gaussian = central_interval_coverage(head.predict(features), y, (0.5,))
+    assert float(gaussian[0]) > 0.55  # 0.62 at n = 40,000
+
+
+def test_mixture_interval_rejects_bad_arguments():
+    from pyro_gpn.metrics import central_interval_coverage, mixture_central_interval
+
+    mean, var = torch.zeros(2, 3), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="weights must be"):
+        mixture_central_interval(torch.ones(3) / 3, mean, var)
+    with pytest.raises(ValueError, match="weights must be non-negative"):
+        mixture_central_interval(torch.tensor([0.7, 0.7]), mean, var)
+    with pytest.raises(ValueError, match="var must be positive"):
+        mixture_central_interval(torch.ones(2) / 2, mean, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="var must have the shape"):
+        mixture_central_interval(torch.ones(2) / 2, mean, torch.ones(2, 4))
+    with pytest.raises(ValueError, match="level must lie"):
+        mixture_central_interval(torch.ones(2) / 2, mean, var, 1.0)
+    with pytest.raises(ValueError, match="a mixture prediction must be"):
+        central_interval_coverage((torch.ones(2) / 2, mean), torch.zeros(3))

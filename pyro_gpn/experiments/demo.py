@@ -2,14 +2,17 @@
 
 The GPN runs on the route that is best for it (``docs/results/uci.md``): the closed-form
 variational GPN (:class:`~pyro_gpn.models.VariationalGPN`, variational weights and targets,
-the library's recommendations :data:`pyro_gpn.recommended.VGPN`) trained by
+the library's recommendations :data:`pyro_gpn.recommended.VGPN`) with input-dependent noise
+(:class:`~pyro_gpn.heads.HeteroscedasticGaussianHead`, chosen on yacht's validation rows;
+``--head gaussian`` for one noise level), trained by
 :func:`~pyro_gpn.inference.fit_vgpn` with the UCI benchmark's schedule
 :data:`pyro_gpn.recommended.VGPN` (at most 2000 steps, about 20 CPU-seconds on yacht;
 docs/results/demo.md) until the validation log-likelihood stops improving (best state
 restored). The tanh network of the same shape is trained by the
 :class:`~pyro_gpn.inference.Trainer` with its own validation schedule. The command prints test
-RMSE, log-likelihood (original units) and the coverage of the central 90 % predictive interval
-of both, and saves
+RMSE, log-likelihood (original units; under each model's own predictive, the GPN's a
+Gauss-Hermite mixture over its log noise variance) and the coverage of the central 90 %
+predictive interval (the mixture's quantiles) of both, and saves
 
 * ``predictive.png``: (a) the test targets against the Froude number with each model's 90 %
   predictive interval; (b) calibration: the observed coverage of the central ``p`` interval
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..metrics import central_interval_coverage, mixture_central_interval
 from ..recommended import VGPN
 from .options import (
     HelpFormatter,
@@ -59,22 +63,32 @@ LEVELS = tuple(round(0.05 * k, 2) for k in range(1, 20))
 FROUDE = 5
 
 
-def calibration(mean: Tensor, std: Tensor, y: Tensor, levels=LEVELS) -> list[float]:
-    """Share of ``y`` inside the central ``p`` interval of ``N(mean, std^2)`` for each ``p``."""
-    z = (y.reshape(-1) - mean.reshape(-1)).abs() / std.reshape(-1)
-    normal = torch.distributions.Normal(0.0, 1.0)
-    return [float((z <= normal.icdf(torch.tensor(0.5 + p / 2))).double().mean()) for p in levels]
+#: ``--head``: the likelihood of the GPN's targets
+DEMO_HEADS = ("heteroscedastic", "gaussian")
+
+Mixture = tuple[Tensor, Tensor, Tensor]
 
 
-def _predict(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+def _predictive(model: nn.Module, x: Tensor) -> Mixture:
+    """The model's predictive on ``x`` as a Gaussian mixture (weights ``[K]``, means and
+    variances ``[K, S, 1]``): one component for a Gaussian head, the Gauss-Hermite mixture over
+    the log noise variance for a heteroscedastic one."""
+    was_training = model.training
     model.eval()
-    with torch.no_grad():
-        out = model(x)
-    model.train()
-    return out.mean.reshape(-1), out.variance.reshape(-1).sqrt()
+    try:
+        with torch.no_grad():
+            return model.head.predictive_mixture(model.hidden(x))
+    finally:
+        model.train(was_training)
 
 
-def _plot(path: Path, data: Any, predictions: dict[str, tuple[Tensor, Tensor]], curves) -> None:
+def calibration(predictive: Mixture, y: Tensor, levels=LEVELS) -> list[float]:
+    """Share of ``y`` inside the central ``p`` interval of the predictive mixture for each
+    ``p`` (:func:`pyro_gpn.metrics.central_interval_coverage`)."""
+    return central_interval_coverage(predictive, y, levels).tolist()
+
+
+def _plot(path: Path, data: Any, predictions: dict[str, Mixture], curves) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,10 +100,16 @@ def _plot(path: Path, data: Any, predictions: dict[str, tuple[Tensor, Tensor]], 
     fig, (ax, cal) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = {"gpn": "C0", "tanh": "C1"}
     labels = {"gpn": "Bayesian GPN", "tanh": "tanh network"}
-    for k, (name, (mean, std)) in enumerate(predictions.items()):
-        m, s = mean * scale + shift, 1.6449 * std * scale
+    for k, (name, (weights, means, variances)) in enumerate(predictions.items()):
+        lower, upper = mixture_central_interval(weights, means, variances, 0.9)
+        m = (weights.view(-1, 1, 1) * means).sum(0).reshape(-1) * scale + shift
+        below, above = (
+            m - (lower.reshape(-1) * scale + shift),
+            upper.reshape(-1) * scale + shift - m,
+        )
         offset = (k - 0.5) * 0.02
-        ax.errorbar(froude + offset, m, yerr=s, fmt="o", ms=3, capsize=2, color=colours[name],
+        ax.errorbar(froude + offset, m, yerr=torch.stack([below, above]), fmt="o", ms=3,
+                    capsize=2, color=colours[name],
                     label=f"{labels[name]}: mean and 90 % interval")  # fmt: skip
         cal.plot(LEVELS, curves[name], "o-", ms=3, color=colours[name], label=labels[name])
     ax.plot(froude, y, "kx", ms=5, label="test target")
@@ -152,6 +172,7 @@ def run_demo(args: argparse.Namespace) -> int:
     import pyro
 
     from ..data import load_dataset
+    from ..heads import GaussianHead, HeteroscedasticGaussianHead
     from ..inference import fit_vgpn
     from ..inference.trainer import Trainer, seed_everything
     from ..models import VariationalGPN
@@ -170,15 +191,22 @@ def run_demo(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         if name == "gpn":
             pyro.clear_param_store()
-            model = VariationalGPN(sizes, head="gaussian")
+            head = (
+                HeteroscedasticGaussianHead(1)
+                if args.head == "heteroscedastic"
+                else GaussianHead(1)
+            )
+            model = VariationalGPN(sizes, head=head)
             fit = fit_vgpn(
                 model, data.x_train, data.y_train, data.x_val, data.y_val,
                 num_steps=args.steps, lr=args.gpn_lr, eval_every=VGPN.eval_every,
                 patience=VGPN.patience, seed=args.seed,
             )  # fmt: skip
             facts = {
+                "head": args.head,
                 "steps": fit.num_steps,
                 "best_step": fit.best_step,
+                "val_log_likelihood": fit.best_val_log_lik - math.log(float(data.y_std[0])),
                 "schedule": {
                     "lr": args.gpn_lr,
                     "lr_decay": VGPN.lr_decay,
@@ -198,8 +226,8 @@ def run_demo(args: argparse.Namespace) -> int:
             how = f"{res.epochs} epochs, best {res.best_epoch}"
         wall = time.perf_counter() - start
         metrics = split_metrics(model, data, "test")
-        predictions[name] = _predict(model, data.x_test)
-        curves[name] = calibration(*predictions[name], data.y_test)
+        predictions[name] = _predictive(model, data.x_test)
+        curves[name] = calibration(predictions[name], data.y_test)
         metrics["coverage90"] = curves[name][LEVELS.index(0.9)]
         label = "Bayesian GPN" if name == "gpn" else "tanh network"
         print(
@@ -258,6 +286,14 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         default=VGPN.num_steps,
         help="step budget of the GPN (stops earlier on validation; "
         "pyro_gpn.recommended.VGPN.num_steps, as the UCI benchmark)",
+    )
+    parser.add_argument(
+        "--head",
+        choices=DEMO_HEADS,
+        default=DEMO_HEADS[0],
+        help="the GPN's likelihood: input-dependent noise (pyro_gpn.heads."
+        "HeteroscedasticGaussianHead, chosen on yacht's validation rows, docs/results/demo.md) "
+        "or one noise level",
     )
     parser.add_argument(
         "--gpn-lr",

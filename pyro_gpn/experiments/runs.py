@@ -176,12 +176,14 @@ def split_metrics(model: nn.Module, data: Any, split: str, device: str = "cpu") 
 
     Classification: ``{"error": ...}`` (misclassification rate). Regression:
     ``{"rmse": ..., "log_likelihood": ...}`` in the original units of the targets
-    (:func:`~pyro_gpn.metrics.rmse`, :func:`~pyro_gpn.metrics.gaussian_log_likelihood` with
-    ``scale=data.y_std``; a full output covariance is reduced to its diagonal).
+    (:func:`~pyro_gpn.metrics.rmse` of the predictive mean; the mean log predictive density
+    under the model's head, :meth:`~pyro_gpn.heads.Head.log_predictive`, minus
+    ``sum_d log y_std_d``: the Gaussian ``N(mean, var)`` of a Gaussian head, a full output
+    covariance reduced to its diagonal, and the Gauss-Hermite mixture of a heteroscedastic
+    head, whose predictive is not Gaussian).
     """
     from ..inference.trainer import evaluate
-    from ..metrics import gaussian_log_likelihood, rmse
-    from ..moments.gaussian import Moments
+    from ..metrics import rmse
 
     x = getattr(data, f"x_{split}").to(device)
     y = getattr(data, f"y_{split}").to(device)
@@ -190,14 +192,16 @@ def split_metrics(model: nn.Module, data: Any, split: str, device: str = "cpu") 
     was_training = model.training
     model.eval()
     try:
-        prediction = model(x)
+        features = model.hidden(x)
+        mean = model.head.predictive(features).mean
+        log_density = model.head.log_predictive(features, y)
     finally:
         model.train(was_training)
-    gaussian = Moments(prediction.mean, var=prediction.variance)
-    scale = data.y_std.to(device)
+    scale = data.y_std.to(device=device, dtype=mean.dtype)
+    log_scale = scale.log().expand(mean.shape[-1:]).sum()
     return {
-        "rmse": float(rmse(gaussian.mean, y, scale)),
-        "log_likelihood": float(gaussian_log_likelihood(gaussian, y, scale)),
+        "rmse": float(rmse(mean, y.reshape(mean.shape).to(mean.dtype), scale)),
+        "log_likelihood": float(log_density.mean() - log_scale),
     }
 
 

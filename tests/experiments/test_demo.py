@@ -23,21 +23,49 @@ def test_demo_schedule_is_the_recommendation():
     assert VGPN_QUICK.num_steps < VGPN.num_steps
 
 
+def _gaussian(mean, std):
+    """A one-component predictive mixture (weights, means, variances)."""
+    return torch.ones(1, dtype=mean.dtype), mean[None, :, None], std[None, :, None] ** 2
+
+
 def test_calibration_of_the_true_predictive_is_the_diagonal():
     gen = torch.Generator().manual_seed(0)
     mean = torch.randn(200_000, generator=gen, dtype=torch.float64)
     std = 0.1 + torch.rand(200_000, generator=gen, dtype=torch.float64)
     y = mean + std * torch.randn(200_000, generator=gen, dtype=torch.float64)
-    curve = calibration(mean, std, y)
+    curve = calibration(_gaussian(mean, std), y)
     # binomial standard error at n = 200,000 is at most 0.0012
     assert curve == pytest.approx(list(LEVELS), abs=0.005)
     # a predictive twice too narrow covers what the true one covers at the scaled level
-    narrow = calibration(mean, std / 2, y)
+    narrow = calibration(_gaussian(mean, std / 2), y)
     normal = torch.distributions.Normal(0.0, 1.0)
     expected = [
         float(2 * normal.cdf(normal.icdf(torch.tensor(0.5 + p / 2)) / 2) - 1) for p in LEVELS
     ]
     assert narrow == pytest.approx(expected, abs=0.005)
+
+
+def test_calibration_of_a_two_component_mixture_is_the_diagonal():
+    """Targets drawn from an equal mixture of N(-2, 0.5^2) and N(2, 1): the mixture's own
+    intervals are calibrated; the moment-matched Gaussian's are not (its 50 % interval covers
+    the gap between the modes)."""
+    gen = torch.Generator().manual_seed(1)
+    n = 100_000
+    pick = torch.rand(n, generator=gen, dtype=torch.float64) < 0.5
+    means = torch.tensor([-2.0, 2.0], dtype=torch.float64)
+    stds = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    y = torch.where(pick, means[0], means[1]) + torch.where(pick, stds[0], stds[1]) * torch.randn(
+        n, generator=gen, dtype=torch.float64
+    )
+    mixture = (
+        torch.full((2,), 0.5, dtype=torch.float64),
+        means.view(2, 1, 1).expand(2, n, 1),
+        stds.square().view(2, 1, 1).expand(2, n, 1),
+    )
+    assert calibration(mixture, y) == pytest.approx(list(LEVELS), abs=0.01)
+    matched_std = (0.5 * (stds.square() + means.square()).sum()).sqrt()
+    gaussian = calibration(_gaussian(torch.zeros(n, dtype=torch.float64), matched_std.expand(n)), y)
+    assert gaussian[LEVELS.index(0.5)] < 0.4
 
 
 def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
@@ -49,6 +77,7 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
     assert "Bayesian GPN: test RMSE" in printed and "tanh network: test RMSE" in printed
     record = json.loads((out / "demo.json").read_text())
     gpn = record["results"]["gpn"]
+    assert gpn["head"] == "heteroscedastic" and gpn["val_log_likelihood"] < 0
     assert gpn["steps"] == 12 and 1 <= gpn["best_step"] <= 12
     assert gpn["schedule"]["lr"] == 0.02 and gpn["schedule"]["num_steps"] == 12
     assert gpn["schedule"]["eval_every"] == VGPN.eval_every

@@ -51,3 +51,34 @@ def test_split_metrics_regression_in_original_units():
     assert metrics["log_likelihood"] == pytest.approx(float(log_density.mean()), rel=1e-5)
     assert metrics["rmse"] == pytest.approx(float((mean - target).square().mean().sqrt()), 1e-5)
     assert set(split_metrics(net, data, "val")) == {"rmse", "log_likelihood"}
+
+
+def test_split_metrics_scores_a_heteroscedastic_head_by_its_mixture_not_a_gaussian():
+    """The heteroscedastic head's predictive is a mixture over the log noise variance: the
+    split's log-likelihood must be its density (``head.log_predictive``, checked against
+    scipy's ``dblquad`` in ``tests/test_heteroscedastic_head.py``), in original units, not the
+    moment-matched Gaussian's."""
+    import pyro
+
+    from pyro_gpn.heads import HeteroscedasticGaussianHead
+    from pyro_gpn.models import VariationalGPN
+
+    pyro.clear_param_store()  # earlier tests' VariationalGPNs share the parameter names
+    data = load_dataset("yacht")
+    torch.manual_seed(0)
+    head = HeteroscedasticGaussianHead(1, noise_std_init=0.3, noise_slope_init=3.0)
+    net = VariationalGPN([data.num_features, 4, 1], head=head)
+    metrics = split_metrics(net, data, "test")
+    with torch.no_grad():
+        features = net.eval().hidden(data.x_test)
+        gaussian = net.head.predictive(features)
+        mixture = head.log_predictive(features, data.y_test)
+    shift = math.log(float(data.y_std[0]))
+    assert metrics["log_likelihood"] == pytest.approx(float(mixture.mean()) - shift, rel=1e-6)
+    y = data.y_test.reshape(-1, 1).to(gaussian.mean.dtype)
+    var = gaussian.variance
+    moment_matched = -0.5 * (math.log(2 * math.pi) + var.log() + (y - gaussian.mean) ** 2 / var)
+    assert abs(metrics["log_likelihood"] - (float(moment_matched.mean()) - shift)) > 0.05
+    assert metrics["rmse"] == pytest.approx(
+        float((gaussian.mean - y).square().mean().sqrt()) * float(data.y_std[0]), rel=1e-6
+    )
