@@ -23,6 +23,9 @@ Models (hidden width 50, 100 for protein):
   HeteroscedasticGaussianHead`, layers ``D -> 50 -> 2``: the output and its log noise
   variance; DVI's heteroscedastic likelihood), chosen on validation (``uci_variants.py
   --variants hetero``, docs/results/uci.md section 6);
+* ``bgpn_trace``: ``bgpn`` trained on Pyro's sampled ``Trace_ELBO`` (``fit_vgpn(...,
+  elbo="trace")``: one reparameterised particle per step) instead of the closed form, all else
+  equal (issue 15's "variational GPN with ``Trace_ELBO`` on a subset");
 * ``bgpn_issue``: the same model as issue 15 ran it (point weights, no validation);
 * ``clt``: :class:`pyro_gpn.GPNNet` (central-limit GPN, identity targets) by
   :class:`pyro_gpn.inference.Trainer` (lr 1e-2, batch 32, <= 300 epochs, validation schedule);
@@ -62,6 +65,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from pyro_gpn.metrics import mixture_central_interval  # noqa: E402
 from pyro_gpn.recommended import VGPN  # noqa: E402
 
 #: the datasets folder: $PYRO_GPN_UCI_DIR, else $PYRO_GPN_TEST_DATA, else ../shared/datasets beside
@@ -71,8 +75,17 @@ DATA_DIR = os.environ.get(
     os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets")),
 )
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
-MODELS = ("bgpn", "bgpn_het", "bgpn_long", "bgpn_issue", "clt", "mcdrop", "ensemble", "dgp")
-Z90 = 1.6448536269514722
+MODELS = (
+    "bgpn",
+    "bgpn_het",
+    "bgpn_long",
+    "bgpn_trace",
+    "bgpn_issue",
+    "clt",
+    "mcdrop",
+    "ensemble",
+    "dgp",
+)
 METRICS = ("log_lik", "rmse", "coverage90")
 #: the large sets: mini-batches (the same number of optimiser steps, not fewer rows)
 LARGE = ("kin8nm", "naval", "power", "protein")
@@ -127,10 +140,6 @@ PUBLISHED = {
 
 
 # ---------------------------------------------------------------------------------- metrics
-def _mixture_cdf(t: Tensor, mean: Tensor, std: Tensor, weights: Tensor) -> Tensor:
-    return (weights[:, None] * torch.special.ndtr((t[None] - mean) / std)).sum(0)
-
-
 def metrics_of(
     mean: Tensor, var: Tensor, y: Tensor, y_std: float, weights: Tensor | None = None
 ) -> dict[str, float]:
@@ -146,8 +155,8 @@ def metrics_of(
     Returns:
         ``log_lik`` (mean log predictive density, original units: standardised minus
         ``log y_std``), ``rmse`` (of the mixture mean, original units) and ``coverage90`` (share
-        of targets inside the central 90 % interval of the mixture, its 5 % and 95 % quantiles
-        found by bisection; exact ``mean +- 1.645 sd`` for ``T = 1``).
+        of targets inside the central 90 % interval of the mixture, its 5 % and 95 % quantiles:
+        :func:`pyro_gpn.metrics.mixture_central_interval`; ``mean +- 1.645 sd`` for ``T = 1``).
     """
     mean, var = mean.double(), var.double().clamp_min(1e-12)
     if mean.dim() != 2 or var.shape != mean.shape:
@@ -164,20 +173,7 @@ def metrics_of(
     comp = -0.5 * (math.log(2 * math.pi) + var.log() + (y[None] - mean).square() / var)
     log_lik = torch.logsumexp(comp + weights.log()[:, None], 0)
     mix_mean = (weights[:, None] * mean).sum(0)
-    std = var.sqrt()
-    if mean.shape[0] == 1:
-        lower, upper = mean[0] - Z90 * std[0], mean[0] + Z90 * std[0]
-    else:
-        bounds = []
-        for q in (0.05, 0.95):
-            lo = (mean - 10 * std).min(0).values
-            hi = (mean + 10 * std).max(0).values
-            for _ in range(60):
-                mid = 0.5 * (lo + hi)
-                below = _mixture_cdf(mid, mean, std, weights) < q
-                lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
-            bounds.append(0.5 * (lo + hi))
-        lower, upper = bounds
+    lower, upper = mixture_central_interval(weights, mean, var, 0.9)
     inside = (y >= lower) & (y <= upper)
     return {
         "log_lik": float(log_lik.mean()) - math.log(y_std),
@@ -238,6 +234,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
         eval_every=config["eval_every"],
         patience=config["patience"],
         seed=seed,
+        elbo=config.get("elbo", "closed_form"),
     )
     steps_per_epoch = 1 if not batch else max(1, math.ceil(data.x_train.shape[0] / batch))
 
@@ -516,6 +513,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
         fit = fit_bgpn(data, config, seed + split)
     elif model == "bgpn_het":
         fit = fit_bgpn(data, BGPN_HET_CONFIG, seed + split)
+    elif model == "bgpn_trace":
+        fit = fit_bgpn(data, {**BGPN_CONFIG, "elbo": "trace"}, seed + split)
     elif model == "bgpn_issue":
         fit = fit_bgpn(data, ISSUE_CONFIG, seed + split)
     elif model == "clt":

@@ -318,6 +318,9 @@ def test_fit_vgpn_lowers_the_negative_elbo_and_reads_the_recommendations():
         (dict(eval_every=0), "eval_every"),
         (dict(batch_size=0), "batch_size"),
         (dict(val_fraction=1.5), "val_fraction"),
+        (dict(elbo="trace_meanfield"), "elbo"),
+        (dict(elbo="trace", num_particles=0), "num_particles"),
+        (dict(num_particles=4), "num_particles"),
     ],
 )
 def test_fit_vgpn_rejects_bad_arguments(kwargs, match):
@@ -328,6 +331,46 @@ def test_fit_vgpn_rejects_bad_arguments(kwargs, match):
         fit_vgpn(_net([2, 1]), x, y, **kwargs)
     with pytest.raises(ValueError, match="x_val"):
         fit_vgpn(_net([2, 1]), x, y, x_val=x)
+
+
+def test_fit_vgpn_trace_elbo_estimates_the_closed_form_objective():
+    """``elbo="trace"``: the first step's loss is Pyro's ``Trace_ELBO`` estimate of the same
+    per-sample negative ELBO (one GPN layer: the closed form is its exact expectation), so its
+    mean over many particles lands on the closed-form loss within the Monte Carlo error; the
+    particles are drawn afresh (two seeds give different losses)."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=30, seed=8)
+    closed = fit_vgpn(_net([2, 3, 1]), x, y, num_steps=1, val_fraction=0.0).losses[0]
+    sampled = []
+    for seed in range(4):
+        fit = fit_vgpn(
+            _net([2, 3, 1]), x, y, num_steps=1, val_fraction=0.0, elbo="trace",
+            num_particles=2000, seed=seed,
+        )  # fmt: skip
+        sampled.append(fit.losses[0])
+    mean = sum(sampled) / len(sampled)
+    spread = (sum((v - mean) ** 2 for v in sampled) / (len(sampled) - 1)) ** 0.5
+    assert spread > 0
+    assert abs(mean - closed) < 5 * spread / len(sampled) ** 0.5 + 1e-3
+
+
+def test_fit_vgpn_trace_elbo_fits_as_well_as_the_closed_form():
+    """Same model, schedule and stopping rule; only the objective differs. On a noisy sine
+    the sampled objective learns (validation log-likelihood well above the start), and the
+    deterministic closed form, free of the sampled objective's gradient noise, is at least as
+    good after the same 300 steps (measured: 0.82 against 0.42)."""
+    from pyro_gpn.inference import fit_vgpn
+    from pyro_gpn.inference.closed_form import validation_log_lik
+
+    x, y = _regression_data(n=80, seed=9)
+    x_val, y_val = _regression_data(n=40, seed=10)
+    start = validation_log_lik(_net([2, 4, 1]), x_val, y_val)
+    common = dict(num_steps=300, lr=0.05, eval_every=10, patience=10)
+    closed = fit_vgpn(_net([2, 4, 1]), x, y, x_val, y_val, **common)
+    trace = fit_vgpn(_net([2, 4, 1]), x, y, x_val, y_val, elbo="trace", num_particles=4, **common)
+    assert trace.best_val_log_lik > start + 0.3
+    assert closed.best_val_log_lik > trace.best_val_log_lik - 0.05
 
 
 def test_fit_vgpn_checks_the_data_once_on_entry():
