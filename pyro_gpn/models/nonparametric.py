@@ -236,6 +236,16 @@ class NonParametricGPN(PyroModule):
                 names.append(f"lengthscale{l}")
         return names
 
+    def activation_sites(self, with_test: bool = False) -> list[str]:
+        """Names of the collapsed last-layer activation sites (``collapse=True`` and at least two
+        layers; else none): ``A{L}_train`` / ``Za{L}_train``, and the ``_test`` site when the
+        test rows are sampled in the chain."""
+        if not (self.collapse and self.num_layers >= 2):
+            return []
+        prefix = "Za" if self.activations == "whitened" else "A"
+        names = [f"{prefix}{self.num_layers}_train"]
+        return names + [f"{prefix}{self.num_layers}_test"] if with_test else names
+
     def check_data(
         self, x_train: Tensor, y_train: Tensor | None, x_test: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:

@@ -426,3 +426,11 @@ def test_activations_argument_is_checked():
     with pytest.raises(ValueError, match="activations"):
         NonParametricGPN([1, 3, 1], activations="white")
     assert NonParametricGPN([1, 3, 1], whiten=False).activations == "centred"
+
+
+def test_activation_sites():
+    assert NonParametricGPN([1, 3, 1]).activation_sites() == ["Za2_train"]
+    gpn = NonParametricGPN([2, 3, 2, 1], activations="centred")
+    assert gpn.activation_sites(with_test=True) == ["A3_train", "A3_test"]
+    assert NonParametricGPN([1, 3, 1], collapse=False).activation_sites() == []
+    assert NonParametricGPN([1, 1]).activation_sites() == []
