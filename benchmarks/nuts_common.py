@@ -103,6 +103,11 @@ def add_problem_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-train", type=int, default=100)
     parser.add_argument("--model", default="nonparametric")
     parser.add_argument("--num-inducing", type=int, default=10)
+    parser.add_argument(
+        "--activations",
+        default=None,
+        help="NonParametricGPN(activations=...): 'whitened' or 'centred' (default: the model's)",
+    )
 
 
 def _moons(n_train: int, n_test: int, seed: int):
@@ -147,5 +152,6 @@ def build_problem(args: argparse.Namespace):
         model = SampledTargetsGPN(args.sizes, likelihood=likelihood, num_inducing=args.num_inducing)
     else:
         rows = len(x) + len(x_test)
-        model = NonParametricGPN(args.sizes, max_samples=rows, likelihood=likelihood)
+        extra = {} if args.activations is None else {"activations": args.activations}
+        model = NonParametricGPN(args.sizes, max_samples=rows, likelihood=likelihood, **extra)
     return model, x, y, x_test, y_test, y_std, task

@@ -106,7 +106,7 @@ __all__ = [
 INITS = ("fit-prior-noise", "fit", "uniform")
 """Where :func:`run_nuts` starts its chains (``init=``)."""
 
-METRICS = ("laplace", "laplace-dense", "dense-block", "dense", "diag")
+METRICS = ("laplace", "laplace-dense", "dense-block", "dense-activations", "dense", "diag")
 """NUTS metrics (mass matrices) offered by :func:`run_nuts`."""
 
 METRIC_STARTS = ("hessian-diag", "identity")
@@ -171,6 +171,12 @@ def run_nuts(
             parameters (weights, noise scales, lengthscales), which are strongly correlated
             (a unit's weight scale trades off against the next layer's weights and the noise),
             and diagonal for the per-row latent outputs, whose number grows with the rows;
+            ``"dense-activations"``: dense for the per-unit parameters and the collapsed
+            last-layer activations together (:meth:`NonParametricGPN.activation_sites`; with
+            centred activations, ``activations="centred"``, their posterior correlations across
+            rows are those of a smooth function, which a fixed dense metric captures:
+            ``docs/results/nuts.md``), diagonal for the other latent outputs; the same as
+            ``"dense-block"`` for models without collapsed activations;
             ``"dense"``: adapted, dense for everything; ``"diag"``: adapted, diagonal (Pyro's
             default); ``"laplace"`` (needs a fitted start): dense and fixed to the inverse
             Hessian of the potential at each chain's fitted start
@@ -268,8 +274,11 @@ def run_nuts(
         raise ValueError(
             f"metric={metric!r} needs a fitted start (the Hessian there), not init='uniform'"
         )
-    elif metric == "dense-block":
-        block = tuple(sorted(model.parameter_sites()))
+    elif metric in ("dense-block", "dense-activations"):
+        block = model.parameter_sites()
+        if metric == "dense-activations" and isinstance(model, NonParametricGPN):
+            block = block + model.activation_sites(with_test=joint and x_test is not None)
+        block = tuple(sorted(block))
         kernel_kwargs["full_mass"] = [block] if block else False
     elif metric == "dense":
         kernel_kwargs["full_mass"] = True

@@ -84,7 +84,7 @@ site                      shape                meaning
 ``Za{L}_train``/``_test``  ``[S_* N_L]``        whitened last-layer activations, rows major
                                                (``collapse=True`` and ``L >= 2``; replace
                                                layer ``L-1``'s hidden outputs)
-``A{L}_train``/``_test``  ``[S_* N_L]``        the same, centred (``whiten=False``)
+``A{L}_train``/``_test``  ``[S_* N_L]``        the same, centred (``activations="centred"``)
 ``y_train``               ``[N_L, S_train]``   observed outputs (transposed targets);
                           ``[S_train]``        labels (classification)
 ``y_test``                ``[N_L, S_test]``    predicted outputs, noise included;
@@ -117,12 +117,16 @@ from .nuts_inputs import (
 )
 
 __all__ = [
+    "ACTIVATIONS",
     "DEFAULT_MAX_SAMPLES",
     "LIKELIHOODS",
     "NonParametricGPN",
     "conditional_rows",
     "layer_cholesky",
 ]
+
+ACTIVATIONS = ("whitened", "centred")
+"""Parametrisations of the collapsed last-layer activations (``activations=``)."""
 
 DEFAULT_MAX_SAMPLES = 500
 """Default limit on train + test rows for exact inference (see the module docstring)."""
@@ -149,6 +153,10 @@ class NonParametricGPN(PyroModule):
             of the noise.
         collapse: sample the last layer's activations instead of the last hidden layer's
             outputs (exact; see the module docstring).
+        activations: how the collapsed activations are sampled: ``"whitened"`` (``Za{L}``,
+            ``A = L z``) or ``"centred"`` (``A{L}``, ``A ~ N(0, L L^T)``); ``None`` follows
+            ``whiten``. Both give the same posterior of every model quantity (a linear change
+            of variables given the parameters); they differ in the geometry NUTS sees.
 
     Call :meth:`model` with ``x_train [S_train, M]``, ``y_train [S_train]`` (when ``N_L = 1``)
     or ``[S_train, N_L]`` (classification: ``[S_train]`` integer labels; ``None`` samples from
@@ -170,6 +178,7 @@ class NonParametricGPN(PyroModule):
         likelihood: str = "gaussian",
         classification_jitter: float = 1e-4,
         collapse: bool = True,
+        activations: str | None = None,
     ) -> None:
         super().__init__()
         sizes = check_sizes(sizes, likelihood)
@@ -181,6 +190,13 @@ class NonParametricGPN(PyroModule):
             raise ValueError(f"max_samples must be at least 2, got {max_samples}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        if activations is None:
+            activations = "whitened" if whiten else "centred"
+        if activations not in ACTIVATIONS:
+            raise ValueError(
+                f"activations must be one of {ACTIVATIONS} or None, got {activations!r}"
+            )
+        self.activations = activations
         self.likelihood = likelihood
         self.collapse = bool(collapse)
         self.classification_jitter = float(classification_jitter)
@@ -219,6 +235,16 @@ class NonParametricGPN(PyroModule):
             if self.lengthscale_priors[l - 1] is not None:
                 names.append(f"lengthscale{l}")
         return names
+
+    def activation_sites(self, with_test: bool = False) -> list[str]:
+        """Names of the collapsed last-layer activation sites (``collapse=True`` and at least two
+        layers; else none): ``A{L}_train`` / ``Za{L}_train``, and the ``_test`` site when the
+        test rows are sampled in the chain."""
+        if not (self.collapse and self.num_layers >= 2):
+            return []
+        prefix = "Za" if self.activations == "whitened" else "A"
+        names = [f"{prefix}{self.num_layers}_train"]
+        return names + [f"{prefix}{self.num_layers}_test"] if with_test else names
 
     def check_data(
         self, x_train: Tensor, y_train: Tensor | None, x_test: Tensor | None = None
@@ -302,7 +328,7 @@ class NonParametricGPN(PyroModule):
         chol = activation_cholesky(inputs, weight, noise_std, lengthscale, w_top, self.jitter)
         n_train, n_all = num_train * width, rows * width
         batch = chol.shape[:-2]
-        if self.whiten:
+        if self.activations == "whitened":
             normal = dist.Normal(torch.zeros((), dtype=dtype), 1.0)
             z = pyro.sample(f"Za{top}_train", normal.expand([n_train]).to_event(1))
             z = z.reshape(*batch, n_train) if z.dim() > 1 else z

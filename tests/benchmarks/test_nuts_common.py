@@ -60,6 +60,9 @@ def test_problem_options_build_each_run():
         parser.parse_args(["--run", "synthetic", "--sizes", "1", "4", "1"])
     )
     assert isinstance(model, NonParametricGPN) and model.sizes == [1, 4, 1] and x.shape[1] == 1
+    for flag, want in (([], "whitened"), (["--activations", "centred"], "centred")):
+        model, *_ = build_problem(parser.parse_args(["--run", "synthetic", *flag]))
+        assert model.activations == want
 
 
 def test_vgpn_comparison_summary_against_scipy():

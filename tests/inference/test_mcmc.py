@@ -371,3 +371,40 @@ def test_jit_potential_and_gradient_equal_eager_away_from_the_trace_point(model)
         assert abs(float(value_j) - float(potential_grad(eager, init)[1])) > 1e-6  # moved
         for k in grad_e:
             torch.testing.assert_close(grad_j[k], grad_e[k], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("activations", ["centred", "whitened"])
+def test_dense_activations_metric_blocks_parameters_with_activations(activations):
+    """metric="dense-activations": one dense block over the per-unit parameters and the
+    collapsed activations (train rows; test rows too when sampled in the chain)."""
+    x, y, x_test = sine_data(6, 2)
+    model = NonParametricGPN([1, 2, 1], activations=activations)
+    prefix = "A2" if activations == "centred" else "Za2"
+    for joint in (False, True):
+        result = run_nuts(
+            model,
+            x,
+            y,
+            x_test,
+            num_samples=3,
+            warmup_steps=3,
+            num_chains=1,
+            init_steps=5,
+            metric="dense-activations",
+            joint=joint,
+        )
+        want = ["W1", "W2", "sigma1", "sigma2", f"{prefix}_train"]
+        want += [f"{prefix}_test"] if joint else []
+        assert result.mcmc.kernel._adapter.dense_mass == [tuple(sorted(want))]
+        assert set(want) <= set(result.samples)
+    single = run_nuts(  # no collapsed activations: the same block as "dense-block"
+        NonParametricGPN([1, 1]),
+        x,
+        y,
+        num_samples=3,
+        warmup_steps=3,
+        num_chains=1,
+        init_steps=5,
+        metric="dense-activations",
+    )
+    assert single.mcmc.kernel._adapter.dense_mass == [("W1", "sigma1")]

@@ -378,3 +378,59 @@ def test_vectorised_predictive_matches_draw_by_draw(whiten):
         torch.testing.assert_close(vec[d], got)
         got_y = single.nodes["y_test"]["fn"].log_prob(single.nodes["y_test"]["value"]).sum()
         torch.testing.assert_close(vec_y[d], got_y)
+
+
+@pytest.mark.parametrize("sizes", [[1, 3, 1], [2, 3, 2]])
+def test_centred_and_whitened_activations_are_one_density(sizes):
+    """``activations="centred"`` samples ``A`` where ``"whitened"`` samples ``z`` with ``A = L z``
+    (``L`` the Cholesky factor of the activations' covariance given the parameters): the joint
+    densities must agree after the change of variables, ``log p_c(theta, L z) + log|det L| =
+    log p_w(theta, z)``, at random points -- train and test rows, observed and predicted
+    outputs -- so that both parametrisations have the same posterior of every model quantity."""
+    from pyro_gpn.models.gp_rows import activation_cholesky
+
+    x, _, x_test = _data(num_train=5, num_test=3, m=sizes[0])
+    g = torch.Generator().manual_seed(11)
+    n_out, width = sizes[-1], sizes[1]
+    y = torch.randn(5, n_out, generator=g, dtype=F64).squeeze(-1)
+    for _ in range(3):
+        params = {
+            "W1": torch.randn(width, sizes[0], generator=g, dtype=F64),
+            "sigma1": 0.05 + torch.rand(width, generator=g, dtype=F64),
+            "W2": torch.randn(n_out, width, generator=g, dtype=F64),
+            "sigma2": 0.05 + torch.rand(n_out, generator=g, dtype=F64),
+            "y_test": torch.randn(n_out, 3, generator=g, dtype=F64),
+        }
+        z = torch.randn(8 * n_out, generator=g, dtype=F64)
+        gpn_w = NonParametricGPN(sizes, activations="whitened")
+        gpn_c = NonParametricGPN(sizes, activations="centred")
+        chol = activation_cholesky(
+            torch.cat([x, x_test]), params["W1"], params["sigma1"], 1.0, params["W2"], gpn_w.jitter
+        )
+        a = chol @ z
+        n = 5 * n_out
+        white = {**params, "Za2_train": z[:n], "Za2_test": z[n:]}
+        centred = {**params, "A2_train": a[:n], "A2_test": a[n:]}
+        logp = []
+        for gpn, values in ((gpn_w, white), (gpn_c, centred)):
+            trace = poutine.trace(poutine.condition(gpn.model, values)).get_trace(x, y, x_test)
+            assert set(values) <= set(_sites(trace))
+            logp.append(trace.log_prob_sum())
+        log_det = chol.diagonal().log().sum()
+        torch.testing.assert_close(logp[1] + log_det, logp[0], rtol=0.0, atol=1e-8)
+        # and the change of variables matters: without the Jacobian they differ
+        assert abs(float(logp[1] - logp[0])) > 1.0
+
+
+def test_activations_argument_is_checked():
+    with pytest.raises(ValueError, match="activations"):
+        NonParametricGPN([1, 3, 1], activations="white")
+    assert NonParametricGPN([1, 3, 1], whiten=False).activations == "centred"
+
+
+def test_activation_sites():
+    assert NonParametricGPN([1, 3, 1]).activation_sites() == ["Za2_train"]
+    gpn = NonParametricGPN([2, 3, 2, 1], activations="centred")
+    assert gpn.activation_sites(with_test=True) == ["A3_train", "A3_test"]
+    assert NonParametricGPN([1, 3, 1], collapse=False).activation_sites() == []
+    assert NonParametricGPN([1, 1]).activation_sites() == []
