@@ -52,6 +52,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,6 +192,27 @@ def _width(name: str) -> int:
     return 100 if name == "protein" else 50
 
 
+def bgpn_sizes(name: str, num_features: int, hidden: Sequence[int] = (1,)) -> list[int]:
+    """Layer widths ``[D, H_1, ..., H_K, 1]`` of the Bayesian GPN on set ``name``.
+
+    Args:
+        name: the UCI set (its benchmark width: 50 units, 100 for protein).
+        num_features: ``D``.
+        hidden: one entry per hidden GPN layer, its width in units of the set's benchmark
+            width: ``(1,)`` is the benchmark's ``[D, 50, 1]``, ``(1, 1)`` two hidden layers
+            ``[D, 50, 50, 1]``, ``(2,)`` one of twice the width ``[D, 100, 1]``.
+
+    Raises:
+        ValueError: ``hidden`` is empty or holds anything but positive integers.
+    """
+    hidden = tuple(hidden)
+    if not hidden or not all(
+        isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in hidden
+    ):
+        raise ValueError(f"hidden must be a non-empty sequence of positive integers, got {hidden}")
+    return [num_features, *(k * _width(name) for k in hidden), 1]
+
+
 def noise_std_of(head) -> float:
     """A fitted Gaussian head's noise standard deviation (standardised units; the first
     output); for a heteroscedastic head, its value where the noise feature is 0,
@@ -212,8 +234,9 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     head = "gaussian"
     if config.get("head") == "heteroscedastic":
         head = HeteroscedasticGaussianHead(1)
+    sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
-        [data.num_features, _width(data.name), 1],
+        sizes,
         head=head,
         whiten=config["whiten"],
         targets_init=config["targets_init"],
@@ -254,6 +277,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
         "best_step": fit.best_step,
         "batch_size": batch,
         "noise_std": noise_std_of(model.head),
+        "sizes": sizes,
         "config": config,
     }
 
