@@ -78,6 +78,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "wide_lr02": ({"lr": 0.02}, {"hidden": (2,)}),
     "deep_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (1, 1)}),
     "wide_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (2,)}),
+    "deep_s3000": ({"lr": 0.05, "num_steps": 3000}, {"hidden": (1, 1)}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},

@@ -26,7 +26,14 @@ def test_variants_build_the_named_capacity():
     from benchmarks.uci_variants import VARIANTS
 
     hidden = {name: kw.get("hidden", (1,)) for name, (_, kw) in VARIANTS.items()}
-    for name in ("deep", "deep_lr02", "deep_s1000", "hetero_deep", "hetero_deep_s1000"):
+    for name in (
+        "deep",
+        "deep_lr02",
+        "deep_s1000",
+        "deep_s3000",
+        "hetero_deep",
+        "hetero_deep_s1000",
+    ):
         assert bgpn_sizes("concrete", 8, hidden[name]) == [8, 50, 50, 1]
     for name in ("wide", "wide_lr02", "wide_s1000"):
         assert bgpn_sizes("concrete", 8, hidden[name]) == [8, 100, 1]
@@ -121,3 +128,13 @@ def test_variant_run_records_the_sizes(monkeypatch):
     row = variants.run("tiny_hetero_deep", split=0, name="boston")
     assert row["sizes"] == [3, 50, 50, 1] and row["hidden"] == (1, 1)
     assert row["steps"] <= 20 and math.isfinite(row["val_log_lik"]) and row["cpu_s"] > 0
+
+
+def test_capacity_models_are_benchmark_models_and_chosen_ones_exist():
+    from benchmarks.uci import BGPN_CAPACITY_CONFIGS, CHOSEN, MODELS
+
+    assert set(BGPN_CAPACITY_CONFIGS) <= set(MODELS)
+    assert set(CHOSEN.values()) <= set(MODELS)
+    assert bgpn_sizes("kin8nm", 8, BGPN_CAPACITY_CONFIGS["bgpn_wide"]["hidden"]) == [8, 100, 1]
+    for config in BGPN_CAPACITY_CONFIGS.values():  # one change against bgpn: the capacity
+        assert {k: v for k, v in config.items() if k != "hidden"} == BGPN_CONFIG
