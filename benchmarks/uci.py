@@ -115,7 +115,8 @@ BGPN_CAPACITY_CONFIGS: dict[str, dict] = {
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power) among those with test cells (``bgpn``, ``bgpn_long``,
 #: ``bgpn_het``, ``bgpn_wide``; ``benchmarks/uci_variants.py``, docs/results/uci.md sections
-#: 1b, 5, 6 and 7); ``bgpn`` where no alternative was scored on validation
+#: 1b, 5, 6 and 7); ``bgpn`` where no alternative won on validation (concrete: ``deep``, ``wide``,
+#: ``hetero``, ``eb``; protein: ``hetero``, ``deep``; section 7)
 CHOSEN = {
     "boston": "bgpn_long",
     "energy": "bgpn_het",
