@@ -1,9 +1,10 @@
 """Variants of the Bayesian GPN's schedule and model, scored on validation rows only (issue 15).
 
-Each variant changes the benchmark's Bayesian GPN (``VariationalGPN([D, 50, 1])`` with the
-recommendations, ``pyro_gpn.recommended.VGPN``, fitted by ``fit_vgpn``) in one respect: the step
-budget, the learning rate, the initial noise, point weights, the prior scale of ``W`` or its
-empirical-Bayes value (``eb``), or the head (``hetero``: input-dependent noise). It is fitted
+Each variant changes the benchmark's Bayesian GPN (``VariationalGPN([D, 50, 1])``, 100 units on
+protein, with the recommendations, ``pyro_gpn.recommended.VGPN``, fitted by ``fit_vgpn``) in one
+respect: the step budget, the learning rate, the initial noise, point weights, the prior scale of
+``W`` or its empirical-Bayes value (``eb``), the head (``hetero``: input-dependent noise) or the
+capacity (``deep``: two hidden GPN layers, ``wide``: one of twice the width). It is fitted
 on the training rows of a split and scored on its validation rows only (the 10 % of the
 training split that ``load_uci_regression`` holds out, the benchmark's validation set): best
 validation log-likelihood (the restored state's, original units), its step, the learned noise,
@@ -36,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.uci import DATA_DIR, noise_std_of  # noqa: E402
+from benchmarks.uci import DATA_DIR, bgpn_sizes, noise_std_of  # noqa: E402
 from benchmarks.uci_demo_budget import resumable_grid  # noqa: E402
 
 #: variants: name -> (fit_vgpn keywords, model keywords); ``s1000`` is the benchmark's schedule
@@ -67,6 +68,21 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "hetero": ({}, {"head": "heteroscedastic"}),
     "hetero_s1000": ({"lr": 0.05, "num_steps": 1000}, {"head": "heteroscedastic"}),
     "hetero_lr02_s6000": ({"lr": 0.02, "num_steps": 6000}, {"head": "heteroscedastic"}),
+    # capacity (``hidden``: hidden GPN layers in units of the set's width, 50 / protein 100;
+    # ``benchmarks.uci.bgpn_sizes``): two hidden layers [D, 50, 50, 1], or one twice as wide
+    # [D, 100, 1]; the small sets' schedule, boston's chosen lr 0.02, the large sets' s1000
+    "deep": ({}, {"hidden": (1, 1)}),
+    "wide": ({}, {"hidden": (2,)}),
+    "hetero_deep": ({}, {"hidden": (1, 1), "head": "heteroscedastic"}),
+    "deep_lr02": ({"lr": 0.02}, {"hidden": (1, 1)}),
+    "wide_lr02": ({"lr": 0.02}, {"hidden": (2,)}),
+    "deep_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (1, 1)}),
+    "wide_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (2,)}),
+    "deep_s3000": ({"lr": 0.05, "num_steps": 3000}, {"hidden": (1, 1)}),
+    "hetero_deep_s1000": (
+        {"lr": 0.05, "num_steps": 1000},
+        {"hidden": (1, 1), "head": "heteroscedastic"},
+    ),
 }
 
 
@@ -85,7 +101,8 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
         head = HeteroscedasticGaussianHead(1, noise_init)
     else:
         head = GaussianHead(1, noise_init)
-    model = VariationalGPN([data.num_features, 50, 1], head=head, **model_kw)
+    sizes = bgpn_sizes(name, data.num_features, model_kw.pop("hidden", (1,)))
+    model = VariationalGPN(sizes, head=head, **model_kw)
     c0, t0 = time.process_time(), time.perf_counter()
     fit = fit_vgpn(
         model,
@@ -107,6 +124,7 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
         "split": split,
         **VARIANTS[variant][0],
         **VARIANTS[variant][1],
+        "sizes": sizes,
         "val_log_lik": fit.best_val_log_lik - shift,
         "best_step": fit.best_step,
         "steps": fit.num_steps,

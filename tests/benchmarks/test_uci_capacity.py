@@ -1,0 +1,151 @@
+"""The capacity of the UCI benchmark's Bayesian GPN (``benchmarks/uci.py``'s ``bgpn_sizes``, the
+``hidden`` keyword of ``fit_bgpn`` and of ``benchmarks/uci_variants.py``): the sizes built, the
+second hidden layer's start inside the inducing range, and tiny fits of each route."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks.uci import BGPN_CONFIG, bgpn_sizes, fit_bgpn
+
+
+@pytest.fixture(autouse=True)
+def _clean_param_store():
+    """The networks built here put their parameters in Pyro's global store; leave it empty
+    for the next test (a later network with the same names would get these shapes)."""
+    import pyro
+
+    pyro.clear_param_store()
+    yield
+    pyro.clear_param_store()
+
+
+def test_sizes_in_units_of_the_set_width():
+    assert bgpn_sizes("boston", 13) == [13, 50, 1]
+    assert bgpn_sizes("concrete", 8, (1, 1)) == [8, 50, 50, 1]
+    assert bgpn_sizes("kin8nm", 8, (2,)) == [8, 100, 1]
+    assert bgpn_sizes("protein", 9) == [9, 100, 1]
+    assert bgpn_sizes("protein", 9, (1, 1)) == [9, 100, 100, 1]
+    for bad in ((), (0,), (1.5,), (True,), (1, -1)):
+        with pytest.raises(ValueError, match="hidden"):
+            bgpn_sizes("boston", 13, bad)
+
+
+def test_variants_build_the_named_capacity():
+    from benchmarks.uci_variants import VARIANTS
+
+    hidden = {name: kw.get("hidden", (1,)) for name, (_, kw) in VARIANTS.items()}
+    for name in (
+        "deep",
+        "deep_lr02",
+        "deep_s1000",
+        "deep_s3000",
+        "hetero_deep",
+        "hetero_deep_s1000",
+    ):
+        assert bgpn_sizes("concrete", 8, hidden[name]) == [8, 50, 50, 1]
+    for name in ("wide", "wide_lr02", "wide_s1000"):
+        assert bgpn_sizes("concrete", 8, hidden[name]) == [8, 100, 1]
+    # each capacity variant changes one thing against its schedule's baseline
+    assert VARIANTS["deep_s1000"][0] == VARIANTS["s1000"][0]
+    assert VARIANTS["deep_lr02"][0] == VARIANTS["lr02"][0]
+    assert VARIANTS["hetero_deep"][1] == {**VARIANTS["hetero"][1], "hidden": (1, 1)}
+
+
+@pytest.mark.parametrize("hidden", [(1, 1), (2,)])
+def test_every_layer_starts_inside_the_inducing_range(hidden):
+    """With the recommended start (Glorot means of ``q(W)``, identity targets) the activations
+    of standardised inputs stay of order one in every layer of the deeper and wider nets: the
+    second hidden layer needs no other initialisation (its activations would leave the
+    inducing range ``[-2, 2]``, where the activation function decays to the prior mean, if the
+    weights did not scale with the fan-in)."""
+    from pyro_gpn.models import VariationalGPN
+    from pyro_gpn.moments import Moments
+
+    torch.manual_seed(0)
+    sizes = bgpn_sizes("kin8nm", 8, hidden)
+    model = VariationalGPN(sizes)
+    moments = Moments(torch.randn(2000, 8))
+    for layer in model.layers:
+        low, high = float(layer.inducing_points.min()), float(layer.inducing_points.max())
+        acts = layer.activation_moments(moments)
+        spread = acts.mean.std()
+        assert 0.1 < spread < 1.2, spread
+        outside = ((acts.mean < low) | (acts.mean > high)).double().mean()
+        assert outside < 0.01, outside
+        moments = layer._propagate(moments)
+        assert torch.isfinite(moments.mean).all() and (moments.var >= 0).all()
+
+
+def _tiny_data(name="boston", rows=120, features=3):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows + 40, features, generator=gen)
+    y = torch.sin(2 * x[:, :1]) + 0.1 * torch.randn(rows + 40, 1, generator=gen)
+    return SimpleNamespace(
+        name=name,
+        num_features=features,
+        x_train=x[:rows],
+        y_train=y[:rows],
+        x_val=x[rows:],
+        y_val=y[rows:],
+        y_std=torch.tensor(1.0),
+    )
+
+
+@pytest.mark.parametrize(
+    ("hidden", "head", "widths"),
+    [
+        ((1, 1), "gaussian", [(3, 50), (50, 50), (50, 1)]),
+        ((2,), "heteroscedastic", [(3, 100), (100, 2)]),
+    ],
+)
+def test_fit_bgpn_builds_and_fits_the_capacity(monkeypatch, hidden, head, widths):
+    import pyro_gpn.models as models
+
+    built = []
+    original = models.VariationalGPN
+
+    class Recording(original):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(models, "VariationalGPN", Recording)
+    config = {**BGPN_CONFIG, "hidden": hidden, "num_steps": 30, "eval_every": 10}
+    if head == "heteroscedastic":
+        config["head"] = head
+    fit = fit_bgpn(_tiny_data(), config, seed=0)
+    (model,) = built
+    assert [(layer.in_features, layer.out_features) for layer in model.layers] == widths
+    assert fit["sizes"] == bgpn_sizes("boston", 3, hidden)
+    assert 10 <= fit["steps"] <= 30 and fit["best_step"] <= fit["steps"]
+    mean, var, *weights = fit["predict"](torch.zeros(5, 3))
+    assert mean.shape[-1] == 5 and var.shape == mean.shape
+    assert torch.isfinite(mean).all() and (var > 0).all()
+
+
+def test_variant_run_records_the_sizes(monkeypatch):
+    import benchmarks.uci_variants as variants
+    import pyro_gpn.data.uci_regression as uci_regression
+
+    monkeypatch.setitem(
+        variants.VARIANTS,
+        "tiny_hetero_deep",
+        ({"num_steps": 20}, {"hidden": (1, 1), "head": "heteroscedastic"}),
+    )
+    monkeypatch.setattr(uci_regression, "load_uci_regression", lambda *a, **k: _tiny_data())
+    row = variants.run("tiny_hetero_deep", split=0, name="boston")
+    assert row["sizes"] == [3, 50, 50, 1] and row["hidden"] == (1, 1)
+    assert row["steps"] <= 20 and math.isfinite(row["val_log_lik"]) and row["cpu_s"] > 0
+
+
+def test_capacity_models_are_benchmark_models_and_chosen_ones_exist():
+    from benchmarks.uci import BGPN_CAPACITY_CONFIGS, CHOSEN, MODELS
+
+    assert set(BGPN_CAPACITY_CONFIGS) <= set(MODELS)
+    assert set(CHOSEN.values()) <= set(MODELS)
+    assert bgpn_sizes("kin8nm", 8, BGPN_CAPACITY_CONFIGS["bgpn_wide"]["hidden"]) == [8, 100, 1]
+    for config in BGPN_CAPACITY_CONFIGS.values():  # one change against bgpn: the capacity
+        assert {k: v for k, v in config.items() if k != "hidden"} == BGPN_CONFIG
