@@ -79,6 +79,10 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "deep_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (1, 1)}),
     "wide_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (2,)}),
     "deep_s3000": ({"lr": 0.05, "num_steps": 3000}, {"hidden": (1, 1)}),
+    # the predictive log-likelihood objective instead of the ELBO (fit_vgpn(elbo="predictive"),
+    # PPGPR; docs/results/uci.md section 10), with either head
+    "pll": ({"elbo": "predictive"}, {}),
+    "hetero_pll": ({"elbo": "predictive"}, {"head": "heteroscedastic"}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},

@@ -1,6 +1,12 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
-from .closed_form import ClosedFormELBO, VGPNFit, closed_form_elbo, fit_vgpn
+from .closed_form import (
+    ClosedFormELBO,
+    VGPNFit,
+    closed_form_elbo,
+    fit_vgpn,
+    predictive_log_likelihood,
+)
 from .distributed import DistContext, init_distributed
 from .mcmc import NUTSResult, run_nuts
 from .svi import SVIResult, fit_svi
@@ -19,6 +25,7 @@ __all__ = [
     "evaluate",
     "fit_svi",
     "fit_vgpn",
+    "predictive_log_likelihood",
     "init_distributed",
     "run_nuts",
     "seed_everything",
