@@ -79,13 +79,14 @@ DATA_DIR = os.environ.get(
     os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets")),
 )
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
+#: the Bayesian GPN's columns; each also exists trained on the predictive log-likelihood
+#: objective instead of the ELBO, with the suffix ``_pll`` (``fit_vgpn(elbo="predictive")``,
+#: docs/results/uci.md section 10)
+BGPN_MODELS = ("bgpn", "bgpn_het", "bgpn_long", "bgpn_wide", "bgpn_trace", "bgpn_issue")
+PLL = "_pll"
 MODELS = (
-    "bgpn",
-    "bgpn_het",
-    "bgpn_long",
-    "bgpn_wide",
-    "bgpn_trace",
-    "bgpn_issue",
+    *BGPN_MODELS,
+    *(m + PLL for m in BGPN_MODELS if m not in ("bgpn_trace", "bgpn_issue")),
     "clt",
     "mcdrop",
     "ensemble",
@@ -232,6 +233,34 @@ def noise_std_of(head) -> float:
     if hasattr(head, "noise_std"):
         return float(head.noise_std.detach().reshape(-1)[0])
     return float((0.5 * head.noise_offset.detach()).exp().reshape(-1)[0])
+
+
+def bgpn_config(model: str, name: str) -> dict:
+    """The configuration of the Bayesian GPN column ``model`` on set ``name`` (``fit_bgpn``'s
+    ``config``): the recommendations, with the column's schedule, head or capacity; the suffix
+    ``_pll`` trains on the predictive log-likelihood objective instead of the ELBO."""
+    base = model.removesuffix(PLL)
+    if model not in MODELS or base not in BGPN_MODELS:
+        pll = [m for m in MODELS if m.endswith(PLL)]
+        raise ValueError(f"model must be one of {BGPN_MODELS + tuple(pll)}, got {model!r}")
+    if base == "bgpn":
+        config = BGPN_CONFIG
+    elif base == "bgpn_long":
+        schedule = SET_SCHEDULES.get(name, {})
+        config = {**BGPN_CONFIG, **schedule}
+        if "num_steps" in schedule:
+            config["set_steps"] = schedule["num_steps"]
+    elif base == "bgpn_het":
+        config = BGPN_HET_CONFIG
+    elif base in BGPN_CAPACITY_CONFIGS:
+        config = BGPN_CAPACITY_CONFIGS[base]
+    elif base == "bgpn_trace":
+        config = {**BGPN_CONFIG, "elbo": "trace"}
+    else:
+        config = ISSUE_CONFIG
+    if model.endswith(PLL):
+        config = {**config, "elbo": "predictive"}
+    return config
 
 
 def fit_bgpn(data, config: dict, seed: int) -> dict:
@@ -543,22 +572,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
 
     data = load_uci_regression(name, DATA_DIR, split=split, seed=seed, download=False)
     t0, c0 = time.perf_counter(), time.process_time()
-    if model == "bgpn":
-        fit = fit_bgpn(data, BGPN_CONFIG, seed + split)
-    elif model == "bgpn_long":
-        schedule = SET_SCHEDULES.get(name, {})
-        config = {**BGPN_CONFIG, **schedule}
-        if "num_steps" in schedule:
-            config["set_steps"] = schedule["num_steps"]
-        fit = fit_bgpn(data, config, seed + split)
-    elif model == "bgpn_het":
-        fit = fit_bgpn(data, BGPN_HET_CONFIG, seed + split)
-    elif model in BGPN_CAPACITY_CONFIGS:
-        fit = fit_bgpn(data, BGPN_CAPACITY_CONFIGS[model], seed + split)
-    elif model == "bgpn_trace":
-        fit = fit_bgpn(data, {**BGPN_CONFIG, "elbo": "trace"}, seed + split)
-    elif model == "bgpn_issue":
-        fit = fit_bgpn(data, ISSUE_CONFIG, seed + split)
+    if model.removesuffix(PLL) in BGPN_MODELS:
+        fit = fit_bgpn(data, bgpn_config(model, name), seed + split)
     elif model == "clt":
         fit = fit_clt(data, seed + split)
     elif model == "mcdrop":

@@ -83,6 +83,14 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # PPGPR; docs/results/uci.md section 10), with either head
     "pll": ({"elbo": "predictive"}, {}),
     "hetero_pll": ({"elbo": "predictive"}, {"head": "heteroscedastic"}),
+    "pll_s1000": ({"lr": 0.05, "num_steps": 1000, "elbo": "predictive"}, {}),
+    "hetero_pll_s1000": (
+        {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
+        {"head": "heteroscedastic"},
+    ),
+    "wide_pll_s1000": ({"lr": 0.05, "num_steps": 1000, "elbo": "predictive"}, {"hidden": (2,)}),
+    "pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {}),
+    "pll_lr02_s6000": ({"lr": 0.02, "num_steps": 6000, "elbo": "predictive"}, {}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},

@@ -149,3 +149,26 @@ def test_capacity_models_are_benchmark_models_and_chosen_ones_exist():
     assert bgpn_sizes("kin8nm", 8, BGPN_CAPACITY_CONFIGS["bgpn_wide"]["hidden"]) == [8, 100, 1]
     for config in BGPN_CAPACITY_CONFIGS.values():  # one change against bgpn: the capacity
         assert {k: v for k, v in config.items() if k != "hidden"} == BGPN_CONFIG
+
+
+def test_bgpn_config_pll_suffix_changes_the_objective_only():
+    """``<column>_pll`` is the column's configuration with ``elbo="predictive"``; nothing else
+    differs (the schedule of ``bgpn_long`` per set, the head of ``bgpn_het``, the width of
+    ``bgpn_wide``); names that are not Bayesian GPN columns raise."""
+    from benchmarks.uci import BGPN_MODELS, MODELS, PLL, SET_SCHEDULES, bgpn_config
+
+    for base in ("bgpn", "bgpn_het", "bgpn_long", "bgpn_wide"):
+        assert base + PLL in MODELS
+        for name in ("naval", "yacht"):
+            plain, pll = bgpn_config(base, name), bgpn_config(base + PLL, name)
+            assert pll.pop("elbo") == "predictive"
+            assert plain.get("elbo", "closed_form") == "closed_form"
+            plain.pop("elbo", None)
+            assert pll == plain
+    assert bgpn_config("bgpn_long", "naval")["set_steps"] == SET_SCHEDULES["naval"]["num_steps"]
+    assert bgpn_config("bgpn_het", "wine")["head"] == "heteroscedastic"
+    assert bgpn_config("bgpn_trace", "wine")["elbo"] == "trace"
+    assert set(BGPN_MODELS) <= set(MODELS)
+    for bad in ("mcdrop", "bgpn_trace_pll", "bgpn_plll"):
+        with pytest.raises(ValueError, match="model"):
+            bgpn_config(bad, "wine")
