@@ -266,7 +266,7 @@ def bgpn_config(model: str, name: str) -> dict:
 def fit_bgpn(data, config: dict, seed: int) -> dict:
     """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
     :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
-    returns predictions and fit facts."""
+    returns predictions (``predict``), the fitted network (``net``) and fit facts."""
     from pyro_gpn.heads import HeteroscedasticGaussianHead
     from pyro_gpn.inference import fit_vgpn
     from pyro_gpn.models import VariationalGPN
@@ -313,6 +313,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
 
     return {
         "predict": predict,
+        "net": model,
         "fit_s": fit.wall_time,
         "epochs": fit.num_steps / steps_per_epoch,
         "steps": fit.num_steps,
@@ -586,6 +587,7 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     predict = fit.pop("predict")
+    fit.pop("net", None)
     y_std = float(data.y_std)
     test = _score(predict, data.x_test, data.y_test, y_std)
     val = _score(predict, data.x_val, data.y_val, y_std)

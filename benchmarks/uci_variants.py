@@ -83,6 +83,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # PPGPR; docs/results/uci.md section 10), with either head
     "pll": ({"elbo": "predictive"}, {}),
     "hetero_pll": ({"elbo": "predictive"}, {"head": "heteroscedastic"}),
+    "lr02_pll": ({"lr": 0.02, "elbo": "predictive"}, {}),
     "pll_s1000": ({"lr": 0.05, "num_steps": 1000, "elbo": "predictive"}, {}),
     "hetero_pll_s1000": (
         {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
