@@ -181,7 +181,9 @@ def test_bad_targets_and_features_name_the_argument():
 def test_fit_finds_input_dependent_noise():
     """On data whose noise grows tenfold across the input range, the fitted heteroscedastic
     variational GPN predicts a noise level that grows with it, and scores higher on held-out
-    rows than the same network with a Gaussian head."""
+    rows than the same network with a Gaussian head -- under the paper's ELBO (under the
+    predictive objective ``Var[F]`` itself can grow with the input, so the Gaussian head is a
+    closer competitor there)."""
     from pyro_gpn.inference import fit_vgpn
 
     g = torch.Generator().manual_seed(0)
@@ -193,7 +195,10 @@ def test_fit_finds_input_dependent_noise():
     for name, head in (("hetero", HeteroscedasticGaussianHead(1, dtype=DT)), ("homo", "gaussian")):
         torch.manual_seed(0)
         model = VariationalGPN([1, 6, 1], head=head, dtype=DT)
-        fit = fit_vgpn(model, x_tr, y_tr, x_va, y_va, num_steps=250, lr=0.05, eval_every=25, seed=0)
+        fit = fit_vgpn(
+            model, x_tr, y_tr, x_va, y_va, num_steps=250, lr=0.05, eval_every=25, seed=0,
+            elbo="closed_form",
+        )  # fmt: skip
         scores[name] = fit.best_val_log_lik
         if name == "hetero":
             grid = torch.tensor([[-1.8], [1.8]], dtype=DT)

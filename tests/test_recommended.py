@@ -25,6 +25,7 @@ def _identity_targets(layer) -> bool:
 
 def test_recommendations_are_the_documented_values():
     assert (VGPN.whiten, VGPN.targets_init, VGPN.weights) == (True, "identity", "variational")
+    assert VGPN.elbo == "predictive"
     assert GPN.targets_init == "identity"
     assert VGPN.batch_for(VGPN.large_data + 1) == VGPN.large_batch_size
     assert VGPN.batch_for(VGPN.large_data) is None

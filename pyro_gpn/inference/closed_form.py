@@ -268,13 +268,15 @@ def fit_vgpn(
     seed: int | None = 0,
     clear_param_store: bool = True,
     log: Callable[[str], None] | None = None,
-    elbo: str = "closed_form",
+    elbo: str | None = None,
     num_particles: int = 1,
 ) -> VGPNFit:
     """Fit the closed-form variational GPN with validation stopping (the recommended route).
 
-    Adam on the per-sample negative closed-form ELBO, ``-closed_form_elbo / num_data``
-    (mini-batches scaled by ``num_data / B``) -- or, with ``elbo="trace"``, on Pyro's Monte
+    Adam on the per-sample negative objective: by default (the recommendation) the
+    closed-form predictive log-likelihood objective, ``-predictive_log_likelihood / num_data``;
+    with ``elbo="closed_form"`` the paper's closed-form ELBO, ``-closed_form_elbo / num_data``
+    (mini-batches scaled by ``num_data / B``); or, with ``elbo="trace"``, Pyro's Monte
     Carlo estimate of the same ELBO (:class:`~pyro.infer.Trace_ELBO` on ``vgpn.model`` /
     ``vgpn.guide``, ``num_particles`` vectorised particles: reparameterised draws of ``W``,
     ``U`` and every layer's responses; its expectation is the closed form's with one GPN layer,
@@ -304,11 +306,11 @@ def fit_vgpn(
             with the same names replaces this one's (``PyroModule`` parameters live in Pyro's
             global store unless ``module_local_params`` is on).
         log: called with a line of text at every 20th evaluation.
-        elbo: the objective: ``"closed_form"`` (the paper's deterministic ELBO),
-            ``"trace"`` (Pyro's ``Trace_ELBO``, sampled) or ``"predictive"``
-            (:func:`predictive_log_likelihood`: the closed-form predictive log-likelihood
-            minus the KL, not a bound; PPGPR). The validation score is the closed-form
-            predictive of ``q`` in every case.
+        elbo: the objective: ``"predictive"`` (:func:`predictive_log_likelihood`: the
+            closed-form predictive log-likelihood minus the KL, not a bound; PPGPR; the
+            recommendation), ``"closed_form"`` (the paper's deterministic ELBO) or
+            ``"trace"`` (Pyro's ``Trace_ELBO``, sampled). The validation score is the
+            closed-form predictive of ``q`` in every case.
         num_particles: the ``Trace_ELBO``'s particles per step (``elbo="trace"`` only).
 
     Returns:
@@ -332,6 +334,7 @@ def fit_vgpn(
     lr_decay = VGPN.lr_decay if lr_decay is None else lr_decay
     eval_every = VGPN.eval_every if eval_every is None else eval_every
     patience = VGPN.patience if patience is None else patience
+    elbo = VGPN.elbo if elbo is None else elbo
     for name, value in (("num_steps", num_steps), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

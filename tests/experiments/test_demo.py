@@ -15,7 +15,7 @@ from pyro_gpn.recommended import VGPN, VGPN_QUICK
 
 def test_demo_schedule_is_the_recommendation():
     args = build_parser().parse_args(["demo"])
-    assert args.steps == VGPN.num_steps and args.gpn_lr == VGPN.lr
+    assert args.steps == VGPN.num_steps and args.gpn_lr == VGPN.lr and args.elbo == VGPN.elbo
     # the short schedule differs from the benchmark's only in the step budget and the learning
     # rate, not in the model
     for name in ("whiten", "targets_init", "weights", "weight_prior_scale", "lr_decay"):
@@ -78,6 +78,7 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
     record = json.loads((out / "demo.json").read_text())
     gpn = record["results"]["gpn"]
     assert gpn["head"] == "heteroscedastic" and gpn["val_log_likelihood"] < 0
+    assert gpn["elbo"] == VGPN.elbo
     assert gpn["steps"] == 12 and 1 <= gpn["best_step"] <= 12
     assert gpn["schedule"]["lr"] == 0.02 and gpn["schedule"]["num_steps"] == 12
     assert gpn["schedule"]["eval_every"] == VGPN.eval_every
@@ -88,6 +89,12 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
         assert result["coverage90"] == result["calibration"][LEVELS.index(0.9)]
     assert (out / "predictive.png").exists() and (out / "activations.png").exists()
     assert record["command"] == "pyro-gpn " + " ".join(argv)
+
+
+def test_demo_rejects_an_unknown_objective(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--elbo", "trace"])
+    assert "--elbo" in capsys.readouterr().err
 
 
 def test_demo_rejects_a_bad_step_budget(capsys):

@@ -13,6 +13,7 @@ reports the measured gap after training and asserts only a loose bound.
 
 import math
 import time
+from dataclasses import replace
 
 import pyro
 import pytest
@@ -403,6 +404,22 @@ def test_fit_vgpn_lowers_the_negative_elbo_and_reads_the_recommendations():
     fit = fit_vgpn(vgpn, x, y, num_steps=60, val_fraction=0.0)
     assert fit.losses[-1] < fit.losses[0] - 0.2
     assert VGPN.batch_for(10**5) == VGPN.large_batch_size and VGPN.batch_for(100) is None
+
+
+@pytest.mark.parametrize("elbo", ["predictive", "closed_form"])
+def test_fit_vgpn_objective_defaults_to_the_recommendation(monkeypatch, elbo):
+    """Without ``elbo`` the first step's loss is the recommended objective's, per sample, on
+    the untouched start: ``-predictive_log_likelihood / S`` or ``-closed_form_elbo / S``."""
+    import pyro_gpn.recommended as recommended
+    from pyro_gpn.inference import fit_vgpn
+
+    monkeypatch.setattr(recommended, "VGPN", replace(recommended.VGPN, elbo=elbo))
+    x, y = _regression_data(n=30, seed=4)
+    objective = {"predictive": predictive_log_likelihood, "closed_form": closed_form_elbo}[elbo]
+    with torch.no_grad():
+        expected = -objective(_net([2, 3, 1]), x, y, num_data=30) / 30
+    fit = fit_vgpn(_net([2, 3, 1]), x, y, num_steps=1, val_fraction=0.0)
+    assert math.isclose(fit.losses[0], float(expected), rel_tol=1e-9)
 
 
 @pytest.mark.parametrize(
