@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -151,13 +153,61 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
     }
 
 
+def compare(pairs: list[str], runs: Path = ROOT / "docs/results/uci_runs") -> str:
+    """Markdown: for each ``SET:A:B``, variant ``B`` against variant ``A`` on the validation rows
+    of the splits both ran (``<SET>_budget.jsonl``): mean validation log-likelihoods, their
+    paired difference ``B - A`` with its standard error and the splits ``B`` won, the learned
+    noise and the best steps."""
+    lines = [
+        "| set | A | B | splits | A | B | B - A (splits won) | noise std, A ; B "
+        "| best step, A ; B |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for pair in pairs:
+        name, a, b = pair.split(":")
+        rows: dict[str, dict[int, dict]] = {}
+        for line in (runs / f"{name}_budget.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            rows.setdefault(row["variant"], {})[row["split"]] = row
+        splits = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
+        if not splits:
+            lines.append(f"| {name} | `{a}` | `{b}` | – | | | not run | | |")
+            continue
+        va = [rows[a][i]["val_log_lik"] for i in splits]
+        vb = [rows[b][i]["val_log_lik"] for i in splits]
+        diff = [y - x for x, y in zip(va, vb, strict=True)]
+        mean = sum(diff) / len(diff)
+        se = statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+
+        def facts(v, key, fmt, rows=rows, splits=splits):
+            return "/".join(format(rows[v][i][key], fmt) for i in splits)
+
+        lines.append(
+            f"| {name} | `{a}` | `{b}` | {','.join(map(str, splits))} | "
+            f"{sum(va) / len(va):.3f} | {sum(vb) / len(vb):.3f} | {mean:+.3f} ± {se:.3f} "
+            f"({sum(d > 0 for d in diff)}/{len(diff)}) | {facts(a, 'noise_std', '.3f')} ; "
+            f"{facts(b, 'noise_std', '.3f')} | {facts(a, 'best_step', 'd')} ; "
+            f"{facts(b, 'best_step', 'd')} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--splits", nargs="+", type=int, default=[0])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--set", default="naval", help="the UCI set (its validation rows only)")
     p.add_argument("--out", default=None, help="default: uci_runs/SET_budget.jsonl")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="SET:A:B",
+        help="print variant B against variant A on the recorded validation rows and exit",
+    )
     a = p.parse_args(argv)
+    if a.compare:
+        print(compare(a.compare))
+        return 0
     torch.set_num_threads(1)
     out = Path(a.out or ROOT / f"docs/results/uci_runs/{a.set}_budget.jsonl")
     resumable_grid(out, "variant", a.variants, a.splits, functools.partial(run, name=a.set))

@@ -172,3 +172,24 @@ def test_bgpn_config_pll_suffix_changes_the_objective_only():
     for bad in ("mcdrop", "bgpn_trace_pll", "bgpn_plll"):
         with pytest.raises(ValueError, match="model"):
             bgpn_config(bad, "wine")
+
+
+def test_compare_pairs_variants_on_the_splits_both_ran(tmp_path):
+    """``uci_variants.compare``: the paired difference over the common splits only, its
+    standard error and the splits won; a pair with no common split says so."""
+    import json
+
+    from benchmarks.uci_variants import compare
+
+    rows = [
+        ("a", 0, -1.0), ("a", 1, -2.0), ("a", 2, -3.0),
+        ("b", 0, -0.5), ("b", 1, -2.5),
+    ]  # fmt: skip
+    lines = [
+        json.dumps({"variant": v, "split": s, "val_log_lik": ll, "noise_std": 0.1, "best_step": 5})
+        for v, s, ll in rows
+    ]
+    (tmp_path / "toy_budget.jsonl").write_text("\n".join(lines) + "\n")
+    table = compare(["toy:a:b", "toy:a:c"], runs=tmp_path).splitlines()
+    assert table[2].split(" | ")[3:7] == ["0,1", "-1.500", "-1.500", "+0.000 ± 0.500 (1/2)"]
+    assert "not run" in table[3]
