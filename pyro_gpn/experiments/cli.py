@@ -11,7 +11,7 @@ Subcommands (``pyro-gpn <command> --help`` for the options, each with its defaul
 * ``reproduce``: run (or continue) the grid of the paper's Table ``tab:gpn_exp_errors`` and
   write ``paper_table.md`` / ``paper_table.json`` (:mod:`pyro_gpn.experiments.paper`);
 * ``demo``: train a GPN and a tanh network on the bundled yacht regression set (offline, about
-  half a minute of one CPU core), print test RMSE and log-likelihood and plot the learned
+  a minute of one CPU core), print test RMSE and log-likelihood and plot the learned
   activation functions (:mod:`pyro_gpn.experiments.demo`);
 * ``compare``: fit one regression data set with every inference route (NUTS, parametric SVI,
   central-limit ML, variational GPN with ``Trace_ELBO`` and with the closed-form ELBO) and

@@ -277,7 +277,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
             "test RMSE, log-likelihood in original units and 90 % interval coverage, and save "
             "plots of the predictive intervals, the calibration and the GPN's learned "
             "activation functions. --lr, --batch-size, --epochs and --patience are the tanh "
-            "network's schedule. About half a minute of one CPU core (docs/results/demo.md)."
+            "network's schedule. Under a minute of one CPU core (docs/results/demo.md)."
         ),
         formatter_class=HelpFormatter,
     )
