@@ -123,20 +123,21 @@ BGPN_CAPACITY_CONFIGS: dict[str, dict] = {
     "bgpn_wide": {**BGPN_CONFIG, "hidden": (2,)},  # [D, 100, 1]: kin8nm
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
-#: of splits 0-2 (0-1 on power) among those with test cells (``bgpn``, ``bgpn_long``,
-#: ``bgpn_het``, ``bgpn_wide``; ``benchmarks/uci_variants.py``, docs/results/uci.md sections
-#: 1b, 5, 6 and 7); ``bgpn`` where no alternative won on validation (concrete: ``deep``, ``wide``,
-#: ``hetero``, ``eb``; protein: ``hetero``, ``deep``; section 7)
+#: of splits 0-2 (0-1 on power and protein) among those with test cells (``bgpn``,
+#: ``bgpn_long``, ``bgpn_het``, ``bgpn_wide`` and their ``_pll`` twins;
+#: ``benchmarks/uci_variants.py``, docs/results/uci.md sections 1b, 5, 6, 7 and 10); ``bgpn``
+#: where no alternative won on validation (concrete: ``deep``, ``wide``, ``hetero``, ``eb``,
+#: ``pll``)
 CHOSEN = {
-    "boston": "bgpn_long",
-    "energy": "bgpn_het",
+    "boston": "bgpn_long",  # lr02_pll lost on validation (section 10)
+    "energy": "bgpn_het_pll",  # hetero_pll against hetero: +0.27, 3 of 3 (section 10)
     # wide_s1000 against s1000: 1.233 / 1.227 / 1.221 against 1.062 / 1.195 / 1.236 (section 7)
     "kin8nm": "bgpn_wide",
     "naval": "bgpn_long",
-    "power": "bgpn_het",
-    "protein": "bgpn_long",  # 3000 steps (SET_SCHEDULES; section 7)
-    "wine": "bgpn_het",
-    "yacht": "bgpn_het",
+    "power": "bgpn_het_pll",  # hetero_pll_s1000 against hetero_s1000: +0.03, 2 of 2
+    "protein": "bgpn_long_pll",  # pll_s3000 against s3000: +0.09, 2 of 2 (section 10)
+    "wine": "bgpn_het",  # hetero_pll lost on validation (section 10)
+    "yacht": "bgpn_het_pll",  # hetero_pll against hetero: +0.34, 3 of 3 (section 10)
 }
 #: the configuration issue 15 ran (point weights, no validation)
 ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
