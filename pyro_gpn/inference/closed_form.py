@@ -77,13 +77,7 @@ def closed_form_elbo(
         num_data: ``S``, the size of the data set ``x`` is a batch of (default:
             ``vgpn.num_data``, else ``B``); the likelihood is scaled by ``S / B``.
     """
-    if y is None:
-        raise ValueError("the closed-form ELBO needs observations y")
-    batch = x.shape[0]
-    if batch == 0:
-        raise ValueError("x has 0 samples (rows): the ELBO of an empty batch is undefined")
-    num_data = vgpn.num_data if num_data is None else num_data
-    scale = 1.0 if num_data is None else num_data / batch
+    scale = _likelihood_scale(vgpn, x, y, num_data, "the closed-form ELBO")
     return scale * vgpn.expected_log_likelihood(x, y).sum() - vgpn.kl_divergence()
 
 
@@ -112,14 +106,22 @@ def predictive_log_likelihood(
     Args:
         vgpn, x, y, num_data: as :func:`closed_form_elbo`.
     """
+    scale = _likelihood_scale(vgpn, x, y, num_data, "the predictive log-likelihood")
+    return scale * vgpn.log_predictive(x, y).sum() - vgpn.kl_divergence()
+
+
+def _likelihood_scale(
+    vgpn: VariationalGPN, x: Tensor, y: Tensor | None, num_data: int | None, objective: str
+) -> float:
+    """``S / B``, the data term's scale of a batch of ``B`` rows out of ``S`` (``num_data``,
+    else ``vgpn.num_data``, else ``B``); a batch without targets or rows raises."""
     if y is None:
-        raise ValueError("the predictive log-likelihood needs observations y")
+        raise ValueError(f"{objective} needs observations y")
     batch = x.shape[0]
     if batch == 0:
-        raise ValueError("x has 0 samples (rows): the objective of an empty batch is undefined")
+        raise ValueError(f"x has 0 samples (rows): {objective} of an empty batch is undefined")
     num_data = vgpn.num_data if num_data is None else num_data
-    scale = 1.0 if num_data is None else num_data / batch
-    return scale * vgpn.log_predictive(x, y).sum() - vgpn.kl_divergence()
+    return 1.0 if num_data is None else num_data / batch
 
 
 class ClosedFormELBO(ELBO):
