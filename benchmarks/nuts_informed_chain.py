@@ -12,6 +12,12 @@ correlation with the first fit's, and the observed Hessian of ``-log p(y | A)`` 
 integrated out) at the fit's activations against the Gauss-Newton ``diag(kappa) / sigma2^2``
 that the anchor uses (trace, largest and median eigenvalue / entry).
 
+``--laplace N``: also the Laplace approximation of ``log p(theta | y)``
+(``benchmarks.nuts_noise_geometry.laplace``) at ``N`` evenly spaced draws of the chain.
+``--restart WARMUP SAMPLES``: also one whitened chain (the library's default parametrisation,
+``run_nuts`` defaults otherwise) started at the chain's last draw (``init_to_value``): does the
+default sampler stay in the region the chain sampled?
+
 Example::
 
     OMP_NUM_THREADS=1 python -m benchmarks.nuts_informed_chain --checkpoint-dir DIR --chain 0 \\
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-chains", type=int, default=2, help="of the run (its fits)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fits", action="store_true", help="the fits' curvature, no chain")
+    parser.add_argument("--laplace", type=int, default=0, help="Laplace marginal at N draws")
+    parser.add_argument("--restart", type=int, nargs=2, default=None, metavar=("WARMUP", "N"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     cpu = time.process_time()
@@ -95,13 +103,71 @@ def main(argv: list[str] | None = None) -> dict:
         "mean_leapfrog_steps": round(float(np.mean(stats["n_steps"])), 1),
         "step_size": round(float(stats["step_size"][-1]), 4),
         "chain_cpu_s": round(chain["cpu_s"], 1),
-        "cpu_s_this_script": round(time.process_time() - cpu, 1),
     }
+    if args.laplace:
+        from benchmarks.nuts_noise_geometry import laplace, potential
+
+        pot = potential("whitened", x, y)
+        picks = np.linspace(0, len(norms) - 1, args.laplace).round().astype(int)
+        points = []
+        for i in picks:
+            draw = {k: v[0, i].clone() for k, v in white.items()}
+            draw["sigma1"], draw["sigma2"] = draw["sigma1"].log(), draw["sigma2"].log()
+            points.append(laplace(pot, draw))
+        report["laplace"] = points
+    if args.restart is not None:
+        report["restart_whitened"] = restart(model, white, x, y, x_test, y_test, y_std, args)
+    report["cpu_s_this_script"] = round(time.process_time() - cpu, 1)
     print(json.dumps(report))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def restart(model, white, x, y, x_test, y_test, y_std, args) -> dict:
+    """One whitened chain from the last draw of ``white`` (``init_to_value``)."""
+    from pyro.infer.autoguide.initialization import init_to_value
+
+    from pyro_gpn.inference.mcmc import run_nuts
+
+    cpu = time.process_time()
+    values = {k: v[0, -1].clone() for k, v in white.items()}
+    warmup, num = args.restart
+    result = run_nuts(
+        twin(model, "whitened"),
+        x,
+        y,
+        x_test,
+        num_samples=num,
+        warmup_steps=warmup,
+        num_chains=1,
+        seed=args.seed,
+        init_strategy=init_to_value(values=values),
+        progress_every=50,
+    )
+    s = result.samples
+    mean = result.y_test.reshape(num, -1).mean(0)
+    s_a = (s["W2"][:, 0] ** 2 * s["sigma1"] ** 2).sum(-1).sqrt()
+    stats = result.sample_stats[0]
+    half = num // 2
+    return {
+        "warmup_samples": [warmup, num],
+        "sigma2_median_first_second_half": [
+            round(float(s["sigma2"][:half, 0].median()), 4),
+            round(float(s["sigma2"][half:, 0].median()), 4),
+        ],
+        "s_A_median_first_second_half": [
+            round(float(s_a[:half].median()), 4),
+            round(float(s_a[half:].median()), 4),
+        ],
+        "test_rmse": round(float((mean - y_test).square().mean().sqrt()) * y_std, 4),
+        "divergences": int(result.num_divergences),
+        "step_size": round(float(stats["step_size"][-1]), 4),
+        "mean_leapfrog_steps": round(float(np.mean(stats["n_steps"])), 1),
+        "chain_cpu_s": result.chain_cpu_s,
+        "cpu_s": round(time.process_time() - cpu, 1),
+    }
 
 
 def fit_curvature(models: list[NonParametricGPN], y: torch.Tensor) -> dict:
