@@ -277,12 +277,15 @@ class NonParametricGPN(PyroModule):
             z = M^{-T}(e + M^{-1} L^T D \hat a), \qquad M M^T = I + L^T D L, \qquad
             e \sim \mathcal{N}(0, I) \text{ (site ``Ea{L}_train``)},
 
-        so that ``Cov(A | e-free) = L (I + L^T D L)^{-1} L^T = P^{-1}`` and the mean is the
-        approximation's. The map is exact for any ``a_hat`` and ``kappa`` (they are constants):
-        the model adds ``log N(z; 0, I) - log N(e; 0, I) - log det M`` (the Jacobian
-        ``dz/de = M^{-T}``) as a factor, so the posterior of every model quantity is unchanged;
-        only the width of ``e``'s conditional no longer follows the noise levels where the
-        approximation holds. Test rows stay whitened (``D = 0`` there). Costs one more Cholesky
+        so that ``A`` given the parameters has covariance ``L (I + L^T D L)^{-1} L^T = P^{-1}``
+        and the approximation's mean when ``e ~ N(0, I)`` (where the approximation holds,
+        ``e`` is a standard normal whatever the noise levels). The map is exact for any
+        ``a_hat`` and ``kappa`` (they are constants): the model adds ``log N(z; 0, I) -
+        log N(e; 0, I) - log det M`` (the Jacobian ``dz/de = M^{-T}``) as a factor, so the
+        posterior of every model quantity is unchanged. It helps only while the chain stays
+        near the anchor: on the ``[1, 4, 1]`` synthetic problem the chains moved far from it
+        (``docs/results/nuts.md``, session of 2026-11-24 17:15 UTC), so it is not the
+        default. Test rows stay whitened (``D = 0`` there). Costs one more Cholesky
         of the ``[S_train N_L]`` square matrix ``I + L^T D L`` per gradient.
 
         Args:
