@@ -106,7 +106,8 @@ def add_problem_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--activations",
         default=None,
-        help="NonParametricGPN(activations=...): 'whitened' or 'centred' (default: the model's)",
+        help="NonParametricGPN(activations=...): 'whitened', 'centred' or 'likelihood-informed' "
+        "(default: the model's)",
     )
 
 

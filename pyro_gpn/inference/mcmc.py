@@ -84,6 +84,7 @@ from pyro_gpn.models.nonparametric import NonParametricGPN
 from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 
 from .nuts_chains import ChainSpec, merge_chains, run_chains
+from .nuts_informed import informed_chain_models, twin, whitened_samples
 from .nuts_kernel import RecordingNUTS
 from .nuts_result import NUTSResult
 from .nuts_setup import (
@@ -166,6 +167,12 @@ def run_nuts(
             more curved (``docs/results/nuts.md``: step sizes of 4e-4, 1023 leapfrog steps per
             iteration); ``"uniform"``: Pyro's ``init_to_uniform`` (radius 2 in the
             unconstrained space). Ignored when ``init_strategy`` is given.
+            With ``NonParametricGPN(activations="likelihood-informed")`` and no anchor set,
+            each chain runs on a copy of the model anchored at its own fitted start
+            (:func:`~pyro_gpn.inference.nuts_informed.informed_chain_models`), and the
+            draws are returned in the whitened coordinates (``Za{L}_train``) with the
+            whitened twin of the model as ``NUTSResult.model``; with ``init="uniform"`` and no
+            anchor that parametrisation is the whitened one.
         init_steps: Adam steps of each chain's fit (``init="fit-prior-noise"`` or ``"fit"``).
         metric: the mass matrix. ``"dense-block"`` (default): adapted, dense for the per-unit
             parameters (weights, noise scales, lengthscales), which are strongly correlated
@@ -262,6 +269,17 @@ def run_nuts(
             jit_compile=jit_compile,
             hold=hold,
         )
+    chain_models = None
+    if (
+        isinstance(model, NonParametricGPN)
+        and model.activations == "likelihood-informed"
+        and model.activation_anchor is None
+        and initial_params is not None
+        and model.activation_sites()
+    ):
+        chain_models, initial_params = informed_chain_models(
+            model, x_train, y_train, x_test if joint else None, initial_params
+        )
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     inverse_mass = None
@@ -296,7 +314,7 @@ def run_nuts(
     args = (x_train, y_train, x_test if joint else None)
     specs = [
         ChainSpec(
-            model=model.model,
+            model=model.model if chain_models is None else chain_models[c].model,
             args=args,
             num_samples=num_samples,
             warmup_steps=warmup_steps,
@@ -317,6 +335,13 @@ def run_nuts(
     start = time.perf_counter()
     chains = run_chains(specs, workers=workers, checkpoint_dir=checkpoint_dir)
     wall_time = time.perf_counter() - start
+    if chain_models is not None:  # each chain's own anchor: back to one set of coordinates
+        chains = [
+            {**ch, "samples": whitened_samples(m, ch["samples"], args)}
+            for m, ch in zip(chain_models, chains, strict=True)
+        ]
+        model = twin(model, "whitened")
+        kernel_kwargs = {k: v for k, v in kernel_kwargs.items() if k != "full_mass"}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
         template = MCMC(

@@ -85,6 +85,11 @@ site                      shape                meaning
                                                (``collapse=True`` and ``L >= 2``; replace
                                                layer ``L-1``'s hidden outputs)
 ``A{L}_train``/``_test``  ``[S_* N_L]``        the same, centred (``activations="centred"``)
+``Ea{L}_train``/``_test``  ``[S_* N_L]``        the same, likelihood-informed
+                                               (``activations="likelihood-informed"``, with
+                                               the factor ``Ea{L}_jacobian``, the
+                                               deterministic ``A{L}`` ``[S, N_L]`` and, with
+                                               an anchor, ``Za{L}_train_whitened``)
 ``y_train``               ``[N_L, S_train]``   observed outputs (transposed targets);
                           ``[S_train]``        labels (classification)
 ``y_test``                ``[N_L, S_test]``    predicted outputs, noise included;
@@ -125,7 +130,7 @@ __all__ = [
     "layer_cholesky",
 ]
 
-ACTIVATIONS = ("whitened", "centred")
+ACTIVATIONS = ("whitened", "centred", "likelihood-informed")
 """Parametrisations of the collapsed last-layer activations (``activations=``)."""
 
 DEFAULT_MAX_SAMPLES = 500
@@ -154,9 +159,13 @@ class NonParametricGPN(PyroModule):
         collapse: sample the last layer's activations instead of the last hidden layer's
             outputs (exact; see the module docstring).
         activations: how the collapsed activations are sampled: ``"whitened"`` (``Za{L}``,
-            ``A = L z``) or ``"centred"`` (``A{L}``, ``A ~ N(0, L L^T)``); ``None`` follows
-            ``whiten``. Both give the same posterior of every model quantity (a linear change
-            of variables given the parameters); they differ in the geometry NUTS sees.
+            ``A = L z``), ``"centred"`` (``A{L}``, ``A ~ N(0, L L^T)``) or
+            ``"likelihood-informed"`` (``Ea{L}``, non-centred against a Gaussian approximation
+            of the activations' conditional posterior, see :meth:`set_activation_anchor`; the
+            same as whitened until an anchor is set; regression only); ``None`` follows
+            ``whiten``. All give the same posterior of every model quantity (a change of
+            variables given the parameters, with its Jacobian); they differ in the geometry
+            NUTS sees.
 
     Call :meth:`model` with ``x_train [S_train, M]``, ``y_train [S_train]`` (when ``N_L = 1``)
     or ``[S_train, N_L]`` (classification: ``[S_train]`` integer labels; ``None`` samples from
@@ -196,7 +205,13 @@ class NonParametricGPN(PyroModule):
             raise ValueError(
                 f"activations must be one of {ACTIVATIONS} or None, got {activations!r}"
             )
+        if activations == "likelihood-informed" and likelihood != "gaussian":
+            raise ValueError(
+                "activations='likelihood-informed' needs likelihood='gaussian' (its conditional "
+                f"width follows the output noise), got likelihood={likelihood!r}"
+            )
         self.activations = activations
+        self.activation_anchor: tuple[Tensor, Tensor] | None = None
         self.likelihood = likelihood
         self.collapse = bool(collapse)
         self.classification_jitter = float(classification_jitter)
@@ -242,9 +257,93 @@ class NonParametricGPN(PyroModule):
         test rows are sampled in the chain."""
         if not (self.collapse and self.num_layers >= 2):
             return []
-        prefix = "Za" if self.activations == "whitened" else "A"
+        prefix = {"whitened": "Za", "centred": "A", "likelihood-informed": "Ea"}[self.activations]
         names = [f"{prefix}{self.num_layers}_train"]
         return names + [f"{prefix}{self.num_layers}_test"] if with_test else names
+
+    def set_activation_anchor(self, a_hat: Tensor | None, kappa: Tensor | float = 1.0) -> None:
+        r"""Set (or with ``None`` clear) the Gaussian approximation that
+        ``activations="likelihood-informed"`` non-centres the training rows' activations against.
+
+        The likelihood sees the last layer's activations through ``y_s ~ f(A_s) + noise``; its
+        Gauss-Newton curvature in ``A_s`` is ``f'(A_s)^2 / sigma_L^2``. With ``D = diag(kappa) /
+        sigma_L^2`` (``sigma_L`` the current output noise, ``kappa`` fixed) and pseudo-observations
+        ``a_hat ~ N(A, D^{-1})``, the activations' conditional given the parameters is
+        approximated by ``N(m, P^{-1})``, ``P = C^{-1} + D`` (``C = L L^T`` their prior
+        covariance), and sampled as ``A = L z``,
+
+        .. math::
+
+            z = M^{-T}(e + M^{-1} L^T D \hat a), \qquad M M^T = I + L^T D L, \qquad
+            e \sim \mathcal{N}(0, I) \text{ (site ``Ea{L}_train``)},
+
+        so that ``A`` given the parameters has covariance ``L (I + L^T D L)^{-1} L^T = P^{-1}``
+        and the approximation's mean when ``e ~ N(0, I)`` (where the approximation holds,
+        ``e`` is a standard normal whatever the noise levels). The map is exact for any
+        ``a_hat`` and ``kappa`` (they are constants): the model adds ``log N(z; 0, I) -
+        log N(e; 0, I) - log det M`` (the Jacobian ``dz/de = M^{-T}``) as a factor, so the
+        posterior of every model quantity is unchanged. It helps only while the chain stays
+        near the anchor: on the ``[1, 4, 1]`` synthetic problem the chains moved far from it
+        (``docs/results/nuts.md``, session of 2026-11-24 17:15 UTC), so it is not the
+        default. Test rows stay whitened (``D = 0`` there). Costs one more Cholesky
+        of the ``[S_train N_L]`` square matrix ``I + L^T D L`` per gradient.
+
+        Args:
+            a_hat: ``[S_train, N_L]`` (or ``[S_train]`` for one output) pseudo-observations,
+                e.g. the activations of a fit; ``None`` clears the anchor (then ``e = z``).
+            kappa: ``[S_train, N_L]`` (or broadcastable) non-negative curvature weights, e.g.
+                ``f'(a_hat)^2`` of the fitted output function.
+        """
+        if a_hat is None:
+            self.activation_anchor = None
+            return
+        if self.activations != "likelihood-informed":
+            raise ValueError(
+                "set_activation_anchor needs activations='likelihood-informed', got "
+                f"{self.activations!r}"
+            )
+        a_hat = torch.as_tensor(a_hat, dtype=self.dtype)
+        if a_hat.dim() == 1:
+            a_hat = a_hat.unsqueeze(-1)
+        if a_hat.dim() != 2 or a_hat.shape[-1] != self.num_outputs:
+            raise ValueError(
+                f"a_hat must have shape [S_train, {self.num_outputs}], got {tuple(a_hat.shape)}"
+            )
+        kappa = torch.as_tensor(kappa, dtype=self.dtype)
+        if kappa.dim() == 1 and self.num_outputs == 1 and kappa.numel() == a_hat.shape[0]:
+            kappa = kappa.unsqueeze(-1)
+        try:
+            kappa = kappa.expand_as(a_hat)
+        except RuntimeError as err:
+            raise ValueError(
+                f"kappa must broadcast to a_hat's shape {tuple(a_hat.shape)}, got "
+                f"{tuple(kappa.shape)}"
+            ) from err
+        if not (torch.isfinite(a_hat).all() and torch.isfinite(kappa).all() and (kappa >= 0).all()):
+            raise ValueError("a_hat must be finite and kappa finite and non-negative")
+        self.activation_anchor = (a_hat.reshape(-1).clone(), kappa.reshape(-1).clone())
+
+    def informed_factor(self, l11: Tensor, noise_std: Tensor) -> tuple[Tensor, Tensor]:
+        """``M`` (lower Cholesky factor of ``I + L^T D L``) and ``c = M^{-1} L^T D a_hat`` of
+        :meth:`set_activation_anchor`, for the training rows' activation factor
+        ``l11 [..., n, n]`` (``n = S_train N_L``) and the output noise ``noise_std [..., N_L]``;
+        ``z = M^{-T} (e + c)``. NaN where the factorisation fails."""
+        a_hat, kappa = self.activation_anchor
+        n = a_hat.shape[0]
+        if l11.shape[-1] != n:
+            raise ValueError(
+                f"the activation anchor has {n} entries, but the training rows have "
+                f"{l11.shape[-1]} activations: set it for these x_train"
+            )
+        var = noise_std.square().unsqueeze(-2)  # [..., 1, N_L]
+        var = var.expand(*var.shape[:-2], n // self.num_outputs, self.num_outputs)
+        d = kappa / var.reshape(*var.shape[:-2], n)  # [..., n]
+        lt_d = l11.mT * d.unsqueeze(-2)
+        eye = torch.eye(n, dtype=l11.dtype)
+        m, info = torch.linalg.cholesky_ex(eye + lt_d @ l11)
+        m = torch.where((info > 0)[..., None, None], torch.nan, m)
+        c = torch.linalg.solve_triangular(m, (lt_d @ a_hat).unsqueeze(-1), upper=False)
+        return m, c.squeeze(-1)
 
     def check_data(
         self, x_train: Tensor, y_train: Tensor | None, x_test: Tensor | None = None
@@ -291,22 +390,30 @@ class NonParametricGPN(PyroModule):
         return noise_std, pyro.sample(f"lengthscale{l}", prior.expand([width])).to(dtype)
 
     def _layer_factor(
-        self, l: int, inputs: Tensor, noise: bool = True, weight: Tensor | None = None
+        self,
+        l: int,
+        inputs: Tensor,
+        noise: bool = True,
+        weight: Tensor | None = None,
+        sampled: tuple[Tensor, Tensor | float] | None = None,
     ) -> Tensor:
         """Sample layer ``l``'s parameters inside its unit plate and return its Cholesky factor.
 
         ``noise=False``: no noise site, the jitter ``classification_jitter`` only. ``weight``:
         use these projections instead of sampling ``W{l}`` (the identity when ``inputs`` are
-        already the layer's activations, see :meth:`_collapsed_activations`).
+        already the layer's activations, see :meth:`_collapsed_activations`). ``sampled``: the
+        layer's noise and lengthscale, already sampled.
         """
         if weight is None:
             weight = self._sample_weight(l)
-        noise_std, lengthscale = self._noise_and_lengthscale(l, noise)
+        if sampled is None:
+            sampled = self._noise_and_lengthscale(l, noise)
+        noise_std, lengthscale = sampled
         return layer_cholesky(inputs, weight, noise_std, lengthscale, self.jitter)
 
     def _collapsed_activations(
         self, inputs: Tensor, num_train: int, top_units: pyro.plate
-    ) -> Tensor:
+    ) -> tuple[Tensor, tuple[Tensor, Tensor | float] | None]:
         r"""Sample the last layer's activations ``A^L = X^{L-1} (W^L)^T`` instead of the last
         hidden layer's outputs (``collapse=True``); returns ``[..., S, N_L]``.
 
@@ -317,26 +424,50 @@ class NonParametricGPN(PyroModule):
         (whitened by the Cholesky factor of that covariance, rows major) integrates out the
         ``N_{L-1} - N_L`` directions per row that the likelihood cannot see, exactly: the
         posterior of everything else is unchanged.
+
+        Also returns the last layer's noise and lengthscale where they were sampled here
+        (``activations="likelihood-informed"``, whose map depends on the output noise), else
+        ``None``.
         """
         l, top = self.num_layers - 1, self.num_layers
+        informed = self.activations == "likelihood-informed"
+        top_sampled = None
         width, dtype, rows = self.sizes[top], self.dtype, inputs.shape[-2]
         with pyro.plate(f"units{l}", self.sizes[l], dim=-1):
             weight = self._sample_weight(l)
             noise_std, lengthscale = self._noise_and_lengthscale(l, True)
         with top_units:
             w_top = self._sample_weight(top)  # [..., K, N]
+            if informed:
+                top_sampled = self._noise_and_lengthscale(top, True)
         chol = activation_cholesky(inputs, weight, noise_std, lengthscale, w_top, self.jitter)
         n_train, n_all = num_train * width, rows * width
         batch = chol.shape[:-2]
-        if self.activations == "whitened":
+        if self.activations in ("whitened", "likelihood-informed"):
+            prefix = "Ea" if informed else "Za"
             normal = dist.Normal(torch.zeros((), dtype=dtype), 1.0)
-            z = pyro.sample(f"Za{top}_train", normal.expand([n_train]).to_event(1))
+            z = pyro.sample(f"{prefix}{top}_train", normal.expand([n_train]).to_event(1))
             z = z.reshape(*batch, n_train) if z.dim() > 1 else z
+            if informed and self.activation_anchor is not None:
+                e = z
+                m, c = self.informed_factor(chol[..., :n_train, :n_train], top_sampled[0])
+                z = torch.linalg.solve_triangular(m.mT, (e + c).unsqueeze(-1), upper=True)
+                z = z.squeeze(-1)
+                log_det = m.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+                # N(z; 0, I) |dz/de| / N(e; 0, I): the density of e under the change of variables
+                pyro.factor(
+                    f"Ea{top}_jacobian", 0.5 * (e.square().sum(-1) - z.square().sum(-1)) - log_det
+                )
+                pyro.deterministic(f"Za{top}_train_whitened", z)
             if n_all > n_train:
-                z_test = pyro.sample(f"Za{top}_test", normal.expand([n_all - n_train]).to_event(1))
+                z_test = pyro.sample(
+                    f"{prefix}{top}_test", normal.expand([n_all - n_train]).to_event(1)
+                )
                 z_test = z_test.reshape(*batch, n_all - n_train) if z_test.dim() > 1 else z_test
                 z = cat_rows(z, z_test)
             a = (chol @ z.unsqueeze(-1)).squeeze(-1)
+            if informed:
+                pyro.deterministic(f"A{top}", a.reshape(*a.shape[:-1], rows, width))
         else:
             # draw dimensions (vectorised Predictive) belong one dimension left of the unit
             # plates, which these sites sum over: give the normals batch shape [..., 1]
@@ -359,7 +490,7 @@ class NonParametricGPN(PyroModule):
                 )
                 a_test = a_test.reshape(*batch, n_all - n_train) if a_test.dim() > 1 else a_test
                 a = cat_rows(a, a_test)
-        return a.reshape(*a.shape[:-1], rows, width)
+        return a.reshape(*a.shape[:-1], rows, width), top_sampled
 
     def _hidden_outputs(self, l: int, chol: Tensor, num_train: int) -> Tensor:
         """Sample layer ``l``'s outputs of all rows; returns ``[..., N_l, S]``."""
@@ -408,17 +539,17 @@ class NonParametricGPN(PyroModule):
             with pyro.plate(f"units{l}", self.sizes[l], dim=-1):
                 chol = self._layer_factor(l, inputs)
                 inputs = self._hidden_outputs(l, chol, num_train).mT
-        last_weight = None
+        last_weight = top_sampled = None
         top_units = pyro.plate(f"units{last}", self.num_outputs, dim=-1)
         if collapse:
-            inputs = self._collapsed_activations(inputs, num_train, top_units)
+            inputs, top_sampled = self._collapsed_activations(inputs, num_train, top_units)
             last_weight = torch.eye(self.sizes[last], dtype=self.dtype)
         if self.likelihood != "gaussian":
             return self._classify(
                 inputs, num_train, y_train, x_test is not None, last_weight, top_units
             )
         with top_units:
-            chol = self._layer_factor(last, inputs, weight=last_weight)
+            chol = self._layer_factor(last, inputs, weight=last_weight, sampled=top_sampled)
             train_chol = chol[..., :num_train, :num_train]
             y = pyro.sample(
                 "y_train",

@@ -434,3 +434,96 @@ def test_activation_sites():
     assert gpn.activation_sites(with_test=True) == ["A3_train", "A3_test"]
     assert NonParametricGPN([1, 3, 1], collapse=False).activation_sites() == []
     assert NonParametricGPN([1, 1]).activation_sites() == []
+
+
+@pytest.mark.parametrize("sizes", [[1, 3, 1], [2, 3, 2]])
+def test_likelihood_informed_activations_are_the_centred_density(sizes):
+    """``activations="likelihood-informed"`` samples ``e`` with ``A = L M^{-T}(e + c)`` on the
+    training rows (whitened test rows). Against the centred density and an autograd Jacobian of
+    the map ``e -> A`` (read from the deterministic site ``A2``, not from the model's own log
+    determinant): ``log p_i(theta, e) = log p_c(theta, A(e)) + log|det dA/de|`` to 1e-8 at random
+    points, with anchors far from the activations and large curvature weights, so that the mean
+    shift and the Jacobian factor both matter."""
+    x, _, x_test = _data(num_train=5, num_test=3, m=sizes[0])
+    g = torch.Generator().manual_seed(12)
+    n_out, width = sizes[-1], sizes[1]
+    y = torch.randn(5, n_out, generator=g, dtype=F64).squeeze(-1)
+    n, n_all = 5 * n_out, 8 * n_out
+    for _ in range(3):
+        params = {
+            "W1": torch.randn(width, sizes[0], generator=g, dtype=F64),
+            "sigma1": 0.05 + torch.rand(width, generator=g, dtype=F64),
+            "W2": torch.randn(n_out, width, generator=g, dtype=F64),
+            "sigma2": 0.05 + torch.rand(n_out, generator=g, dtype=F64),
+            "y_test": torch.randn(n_out, 3, generator=g, dtype=F64),
+        }
+        gpn_i = NonParametricGPN(sizes, activations="likelihood-informed")
+        gpn_i.set_activation_anchor(
+            2 * torch.randn(5, n_out, generator=g, dtype=F64),
+            0.5 + 5 * torch.rand(5, n_out, generator=g, dtype=F64),
+        )
+        gpn_c = NonParametricGPN(sizes, activations="centred")
+        e = torch.randn(n_all, generator=g, dtype=F64)
+
+        def trace_of(e_all, params=params, gpn_i=gpn_i):
+            values = {**params, "Ea2_train": e_all[:n], "Ea2_test": e_all[n:]}
+            return poutine.trace(poutine.condition(gpn_i.model, values)).get_trace(x, y, x_test)
+
+        def activations(e_all, trace_of=trace_of):
+            return trace_of(e_all).nodes["A2"]["value"].reshape(-1)
+
+        trace = trace_of(e)
+        a = activations(e)
+        jac = torch.autograd.functional.jacobian(activations, e)
+        log_det = torch.linalg.slogdet(jac)[1]
+        centred = {**params, "A2_train": a[:n], "A2_test": a[n:]}
+        trace_c = poutine.trace(poutine.condition(gpn_c.model, centred)).get_trace(x, y, x_test)
+        torch.testing.assert_close(
+            trace.log_prob_sum(), trace_c.log_prob_sum() + log_det, rtol=0.0, atol=1e-8
+        )
+        # neither the Jacobian nor the mean shift is trivial here
+        m, c = gpn_i.informed_factor(trace_c.nodes["A2_train"]["fn"].scale_tril, params["sigma2"])
+        assert float(m.diagonal().log().sum()) > 1.0 and float(c.abs().max()) > 1.0
+
+
+def test_likelihood_informed_without_anchor_is_whitened():
+    """No anchor (or ``kappa = 0`` with any ``a_hat``): ``e = z``, the whitened density."""
+    x, y, x_test = _data(num_train=5, num_test=3, m=1)
+    g = torch.Generator().manual_seed(13)
+    params = {
+        "W1": torch.randn(3, 1, generator=g, dtype=F64),
+        "sigma1": 0.05 + torch.rand(3, generator=g, dtype=F64),
+        "W2": torch.randn(1, 3, generator=g, dtype=F64),
+        "sigma2": 0.05 + torch.rand(1, generator=g, dtype=F64),
+        "y_test": torch.randn(1, 3, generator=g, dtype=F64),
+    }
+    z = torch.randn(8, generator=g, dtype=F64)
+    white = {**params, "Za2_train": z[:5], "Za2_test": z[5:]}
+    informed = {**params, "Ea2_train": z[:5], "Ea2_test": z[5:]}
+    gpn_w = NonParametricGPN([1, 3, 1])
+    gpn_i = NonParametricGPN([1, 3, 1], activations="likelihood-informed")
+    ref = poutine.trace(poutine.condition(gpn_w.model, white)).get_trace(x, y, x_test)
+    for anchor in (None, (torch.randn(5, generator=g, dtype=F64), 0.0)):
+        if anchor is not None:
+            gpn_i.set_activation_anchor(*anchor)
+        trace = poutine.trace(poutine.condition(gpn_i.model, informed)).get_trace(x, y, x_test)
+        torch.testing.assert_close(trace.log_prob_sum(), ref.log_prob_sum(), rtol=0.0, atol=1e-10)
+
+
+def test_activation_anchor_is_checked():
+    gpn = NonParametricGPN([1, 3, 1], activations="likelihood-informed")
+    with pytest.raises(ValueError, match="a_hat"):
+        gpn.set_activation_anchor(torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="kappa"):
+        gpn.set_activation_anchor(torch.zeros(4), -torch.ones(4))
+    with pytest.raises(ValueError, match="kappa"):
+        gpn.set_activation_anchor(torch.zeros(4), torch.ones(3))
+    with pytest.raises(ValueError, match="likelihood-informed"):
+        NonParametricGPN([1, 3, 1]).set_activation_anchor(torch.zeros(4))
+    with pytest.raises(ValueError, match="likelihood"):
+        NonParametricGPN([1, 3, 1], likelihood="bernoulli", activations="likelihood-informed")
+    gpn.set_activation_anchor(torch.zeros(4), 1.0)
+    x, y, _ = _data(num_train=6, num_test=1, m=1)
+    with pytest.raises(ValueError, match="anchor"):
+        poutine.trace(gpn.model).get_trace(x, y)
+    assert gpn.activation_sites(with_test=True) == ["Ea2_train", "Ea2_test"]
