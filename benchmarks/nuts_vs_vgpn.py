@@ -80,10 +80,16 @@ def main(argv: list[str] | None = None) -> dict:
     cpu = time.process_time()
     if task == "regression":
         vgpn = VariationalGPN(args.sizes, head="gaussian")
-        fit = fit_vgpn(vgpn, x, y[:, None], num_steps=args.vgpn_steps, seed=args.seed)
+        # the paper's ELBO: q is compared as a posterior approximation (the predictive
+        # objective, the library's default since uci.md section 10, is not one)
+        fit = fit_vgpn(
+            vgpn, x, y[:, None], num_steps=args.vgpn_steps, seed=args.seed, elbo="closed_form"
+        )
     else:  # the Bernoulli NUTS model against a two-class softmax head
         vgpn = VariationalGPN([*args.sizes[:-1], 2], head="softmax")
-        fit = fit_vgpn(vgpn, x, y.long(), num_steps=args.vgpn_steps, seed=args.seed)
+        fit = fit_vgpn(
+            vgpn, x, y.long(), num_steps=args.vgpn_steps, seed=args.seed, elbo="closed_form"
+        )
     vgpn_cpu = time.process_time() - cpu
     pred = vgpn.predict(x_test)
     if task == "regression":
