@@ -274,6 +274,23 @@ def validation_table(out: Path, seed: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _prior_scale(text: str) -> float | str:
+    """``--weight-prior-scale``: a positive finite number or ``"empirical"``."""
+    from pyro_gpn.layers.variational import EMPIRICAL
+
+    if text == EMPIRICAL:
+        return EMPIRICAL
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (np.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"--weight-prior-scale must be a positive number or '{EMPIRICAL}', got {text!r}"
+        )
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=list(SETS[:3]), choices=SETS)
@@ -286,9 +303,10 @@ def main(argv=None) -> int:
     p.add_argument("--patience", type=int, default=VGPN.patience)
     p.add_argument(
         "--weight-prior-scale",
-        type=float,
+        type=_prior_scale,
         default=None,
-        help="prior std of W times sqrt(fan_in) (default: the recommendation)",
+        help="prior std of W times sqrt(fan_in), a positive number or 'empirical' (the "
+        "empirical-Bayes prior variance of each layer; default: the recommendation)",
     )
     p.add_argument("--tag", default="bgpn", help="names the cells of this configuration")
     p.add_argument(

@@ -73,3 +73,55 @@ def test_validation_table_ranks_one_seeds_configurations_and_shows_no_test_figur
     assert "| 20000 (80) |" in rows[0] and "| 10000 / 10000 |" in rows[0]
     assert "| -0.400 | 0.1700 | 0.1600 | 100 (2.0) |" in rows[0]
     assert not any("9.0" in r or "0.5000" in r for r in rows)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "loose"])
+def test_weight_prior_scale_option_rejects_bad_values_naming_the_argument(bad, capsys):
+    from benchmarks.bayes_classification import main
+
+    with pytest.raises(SystemExit):
+        main(["--weight-prior-scale", bad, "--summary"])
+    assert "--weight-prior-scale" in capsys.readouterr().err
+
+
+def _tiny_data():
+    """A 3-class problem of 60 / 20 / 20 rows with 4 features in [0, 1] (``load_dataset``'s
+    fields that ``run_cell`` reads)."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(0)
+    parts = {}
+    for split, n in (("train", 60), ("val", 20), ("test", 20)):
+        x = torch.rand(n, 4, generator=gen)
+        parts[f"x_{split}"], parts[f"y_{split}"] = x, (x[:, 0] * 3).long().clamp_max(2)
+    return SimpleNamespace(num_features=4, num_classes=3, description="tiny", **parts)
+
+
+@pytest.mark.parametrize("scale", ["empirical", "10"])
+def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it(
+    scale, tmp_path, monkeypatch
+):
+    import pyro_gpn.data
+    import pyro_gpn.models
+    from benchmarks.bayes_classification import main
+
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
+    built = []
+    original = pyro_gpn.models.VariationalGPN
+
+    def spy(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(pyro_gpn.models, "VariationalGPN", spy)
+    argv = ["--sets", "connect4", "--seeds", "0", "--num-steps", "4", "--eval-every", "2"]
+    argv += ["--batch-size", "16", "--weight-prior-scale", scale, "--tag", "tiny"]
+    assert main([*argv, "--out", str(tmp_path), "--paper-runs", str(tmp_path)]) == 0
+    cell = json.loads((tmp_path / "tiny__connect4__seed0.json").read_text())
+    expected = "empirical" if scale == "empirical" else 10.0
+    assert cell["config"]["weight_prior_scale"] == expected
+    assert cell["sizes"] == [4, 30, 15, 3] and cell["num_steps"] == 4
+    assert 0.0 <= cell["test_error"] <= 1.0 and np.isfinite(cell["test_nll"])
+    (model,) = built
+    layers = [m for m in model.modules() if hasattr(m, "weight_prior_scale")]
+    assert len(layers) == 2 and {m.weight_prior_scale for m in layers} == {expected}
