@@ -434,7 +434,11 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         cond_var = (var - slope.square()).clamp_min(0)
         z = z.view(-1, 1, 1)
         comp_mean = mean + slope * z
-        comp_var = cond_var + (g_mean + g_std * z).exp()
+        # the extreme nodes of a wide G would overflow exp (float32: above 88.7) and turn the
+        # gradient into inf * 0 = NaN; capped at half the largest finite log (a noise
+        # variance of e^44 in float32), where a component's density is negligible
+        log_noise = (g_mean + g_std * z).clamp(max=0.5 * math.log(torch.finfo(g_mean.dtype).max))
+        comp_var = cond_var + log_noise.exp()
         return w, comp_mean, comp_var
 
     def extra_repr(self) -> str:

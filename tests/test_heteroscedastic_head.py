@@ -237,3 +237,25 @@ def test_float32_agrees_with_float64_in_a_hard_regime():
             got = getattr(head32, fn)(f32, y.float(), **kwargs)
             assert got.dtype == torch.float32 and torch.isfinite(got).all()
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_log_predictive_gradient_stays_finite_for_a_very_wide_log_variance():
+    """A trained network reached a log-variance feature of mean -20 and standard deviation 7.1
+    (energy, split 3, float32): the outer Gauss-Hermite nodes then put ``G`` near 89, where
+    ``exp`` overflows in float32 and its backward gave inf * 0 = NaN. The log predictive and
+    its gradient must stay finite, and agree with float64 (where nothing overflows)."""
+    features = _pair_moments(0.3, var_f=0.05, var_h=1.0, s=4, seed=5)
+    y = torch.tensor([[0.1], [-0.2], [0.3], [1.5]], dtype=DT)
+    values = {}
+    for dtype in (torch.float32, torch.float64):
+        head = HeteroscedasticGaussianHead(1, dtype=dtype)
+        with torch.no_grad():
+            head.noise_offset.fill_(-20.0)
+            head.noise_slope.fill_(7.1)
+        mean = features.mean.to(dtype).requires_grad_()
+        log_p = head.log_predictive(Moments(mean, cov=features.cov.to(dtype)), y.to(dtype))
+        grads = torch.autograd.grad(log_p.sum(), [mean, head.noise_slope, head.noise_offset])
+        assert torch.isfinite(log_p).all()
+        assert all(torch.isfinite(g).all() for g in grads), grads
+        values[dtype] = log_p.double()
+    torch.testing.assert_close(values[torch.float32], values[torch.float64], rtol=1e-4, atol=1e-4)
