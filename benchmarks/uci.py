@@ -131,8 +131,9 @@ BGPN_CAPACITY_CONFIGS: dict[str, dict] = {
 CHOSEN = {
     "boston": "bgpn_long",  # lr02_pll lost on validation (section 10)
     "energy": "bgpn_het_pll",  # hetero_pll against hetero: +0.27, 3 of 3 (section 10)
-    # wide_s1000 against s1000: 1.233 / 1.227 / 1.221 against 1.062 / 1.195 / 1.236 (section 7)
-    "kin8nm": "bgpn_wide",
+    # wide_s1000 against s1000: 1.233 / 1.227 / 1.221 against 1.062 / 1.195 / 1.236 (section 7);
+    # wide_pll_s1000 against wide_s1000: +0.008, 1 of 3 (section 10)
+    "kin8nm": "bgpn_wide_pll",
     "naval": "bgpn_long",
     "power": "bgpn_het_pll",  # hetero_pll_s1000 against hetero_s1000: +0.03, 2 of 2
     "protein": "bgpn_long_pll",  # pll_s3000 against s3000: +0.09, 2 of 2 (section 10)
