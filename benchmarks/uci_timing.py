@@ -59,8 +59,12 @@ def main(argv=None) -> int:
 def time_set(name: str, a: argparse.Namespace) -> dict:
     """Alternating timing blocks on one set (module docstring)."""
     import gpytorch
+    import pyro
     from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
 
+    # the networks' PyroParams live in Pyro's global store: start from an empty one, so that
+    # no parameter of an earlier network with the same name (another shape) is picked up
+    pyro.clear_param_store()
     data = load_uci_regression(name, DATA_DIR, split=0, download=False)
     x, y = data.x_train, data.y_train
     n = x.shape[0]

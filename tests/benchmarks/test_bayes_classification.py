@@ -10,6 +10,17 @@ from sklearn.metrics import log_loss
 from benchmarks.bayes_classification import class_metrics, summary
 
 
+@pytest.fixture(autouse=True)
+def _clean_param_store():
+    """The tiny runs here build networks whose parameters live in Pyro's global store: leave
+    it empty for the next test (a later network with the same names would get these shapes)."""
+    import pyro
+
+    pyro.clear_param_store()
+    yield
+    pyro.clear_param_store()
+
+
 def test_class_metrics_match_sklearn():
     gen = torch.Generator().manual_seed(0)
     probs = torch.rand(200, 5, generator=gen, dtype=torch.float64).softmax(-1)
