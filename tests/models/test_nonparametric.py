@@ -380,6 +380,20 @@ def test_vectorised_predictive_matches_draw_by_draw(whiten):
         torch.testing.assert_close(vec_y[d], got_y)
 
 
+def _random_parameters(sizes, num_test, generator):
+    """Random values of a ``[M, N, D]`` network's parameter sites (and ``y_test``), float64,
+    for density comparisons at points away from any fit."""
+    m, width, n_out = sizes
+    g = generator
+    return {
+        "W1": torch.randn(width, m, generator=g, dtype=F64),
+        "sigma1": 0.05 + torch.rand(width, generator=g, dtype=F64),
+        "W2": torch.randn(n_out, width, generator=g, dtype=F64),
+        "sigma2": 0.05 + torch.rand(n_out, generator=g, dtype=F64),
+        "y_test": torch.randn(n_out, num_test, generator=g, dtype=F64),
+    }
+
+
 @pytest.mark.parametrize("sizes", [[1, 3, 1], [2, 3, 2]])
 def test_centred_and_whitened_activations_are_one_density(sizes):
     """``activations="centred"`` samples ``A`` where ``"whitened"`` samples ``z`` with ``A = L z``
@@ -391,16 +405,10 @@ def test_centred_and_whitened_activations_are_one_density(sizes):
 
     x, _, x_test = _data(num_train=5, num_test=3, m=sizes[0])
     g = torch.Generator().manual_seed(11)
-    n_out, width = sizes[-1], sizes[1]
+    n_out = sizes[-1]
     y = torch.randn(5, n_out, generator=g, dtype=F64).squeeze(-1)
     for _ in range(3):
-        params = {
-            "W1": torch.randn(width, sizes[0], generator=g, dtype=F64),
-            "sigma1": 0.05 + torch.rand(width, generator=g, dtype=F64),
-            "W2": torch.randn(n_out, width, generator=g, dtype=F64),
-            "sigma2": 0.05 + torch.rand(n_out, generator=g, dtype=F64),
-            "y_test": torch.randn(n_out, 3, generator=g, dtype=F64),
-        }
+        params = _random_parameters(sizes, num_test=3, generator=g)
         z = torch.randn(8 * n_out, generator=g, dtype=F64)
         gpn_w = NonParametricGPN(sizes, activations="whitened")
         gpn_c = NonParametricGPN(sizes, activations="centred")
@@ -446,17 +454,11 @@ def test_likelihood_informed_activations_are_the_centred_density(sizes):
     shift and the Jacobian factor both matter."""
     x, _, x_test = _data(num_train=5, num_test=3, m=sizes[0])
     g = torch.Generator().manual_seed(12)
-    n_out, width = sizes[-1], sizes[1]
+    n_out = sizes[-1]
     y = torch.randn(5, n_out, generator=g, dtype=F64).squeeze(-1)
     n, n_all = 5 * n_out, 8 * n_out
     for _ in range(3):
-        params = {
-            "W1": torch.randn(width, sizes[0], generator=g, dtype=F64),
-            "sigma1": 0.05 + torch.rand(width, generator=g, dtype=F64),
-            "W2": torch.randn(n_out, width, generator=g, dtype=F64),
-            "sigma2": 0.05 + torch.rand(n_out, generator=g, dtype=F64),
-            "y_test": torch.randn(n_out, 3, generator=g, dtype=F64),
-        }
+        params = _random_parameters(sizes, num_test=3, generator=g)
         gpn_i = NonParametricGPN(sizes, activations="likelihood-informed")
         gpn_i.set_activation_anchor(
             2 * torch.randn(5, n_out, generator=g, dtype=F64),
