@@ -26,6 +26,10 @@ Models (hidden width 50, 100 for protein):
 * ``bgpn_wide``: ``bgpn`` with one hidden layer of twice the width (``[D, 100, 1]``;
   :data:`BGPN_CAPACITY_CONFIGS`, :func:`bgpn_sizes`), chosen on validation
   (``uci_variants.py --variants wide_s1000``, docs/results/uci.md section 7);
+* ``bgpn_wide_long``: ``bgpn_wide`` with the per-set schedule of ``bgpn_long`` (protein:
+  ``[9, 200, 1]``, 3000 steps; ``uci_variants.py --variants wide_pll_s3000``, uci.md section 11);
+* ``bgpn_het_point``: ``bgpn_het`` with point-estimated weights (no ``q(W)``;
+  ``uci_variants.py --variants hetero_point``, uci.md section 11);
 * ``bgpn_trace``: ``bgpn`` trained on Pyro's sampled ``Trace_ELBO`` (``fit_vgpn(...,
   elbo="trace")``: one reparameterised particle per step) instead of the closed form, all else
   equal (issue 15's "variational GPN with ``Trace_ELBO`` on a subset");
@@ -82,7 +86,16 @@ SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "
 #: the Bayesian GPN's columns; each also exists trained on the predictive log-likelihood
 #: objective instead of the ELBO, with the suffix ``_pll`` (``fit_vgpn(elbo="predictive")``,
 #: docs/results/uci.md section 10)
-BGPN_MODELS = ("bgpn", "bgpn_het", "bgpn_long", "bgpn_wide", "bgpn_trace", "bgpn_issue")
+BGPN_MODELS = (
+    "bgpn",
+    "bgpn_het",
+    "bgpn_het_point",
+    "bgpn_long",
+    "bgpn_wide",
+    "bgpn_wide_long",
+    "bgpn_trace",
+    "bgpn_issue",
+)
 PLL = "_pll"
 MODELS = (
     *BGPN_MODELS,
@@ -117,11 +130,26 @@ SET_SCHEDULES: dict[str, dict] = {
 }
 #: ``bgpn`` with the heteroscedastic head (chosen on validation, docs/results/uci.md section 6)
 BGPN_HET_CONFIG = {**BGPN_CONFIG, "head": "heteroscedastic"}
+#: ``bgpn_het`` with point-estimated weights (``weights="point"``: no ``q(W)``; the first
+#: layer's mean-field ``q(W)`` sat on its prior, docs/results/uci.md sections 10 and 11)
+BGPN_HET_POINT_CONFIG = {**BGPN_HET_CONFIG, "weights": "point"}
 #: ``bgpn`` with more capacity (``hidden`` of :func:`bgpn_sizes`), each chosen on validation
 #: (``benchmarks/uci_variants.py``, docs/results/uci.md section 7)
 BGPN_CAPACITY_CONFIGS: dict[str, dict] = {
     "bgpn_wide": {**BGPN_CONFIG, "hidden": (2,)},  # [D, 100, 1]: kin8nm
 }
+
+
+def _with_set_schedule(config: dict, name: str) -> dict:
+    """``config`` with set ``name``'s schedule of :data:`SET_SCHEDULES` (``set_steps``: its step
+    budget overrides the large sets' :data:`LARGE_STEPS`)."""
+    schedule = SET_SCHEDULES.get(name, {})
+    config = {**config, **schedule}
+    if "num_steps" in schedule:
+        config["set_steps"] = schedule["num_steps"]
+    return config
+
+
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power and protein) among those with test cells (``bgpn``,
 #: ``bgpn_long``, ``bgpn_het``, ``bgpn_wide`` and their ``_pll`` twins;
@@ -250,12 +278,13 @@ def bgpn_config(model: str, name: str) -> dict:
     if base == "bgpn":
         config = BGPN_CONFIG
     elif base == "bgpn_long":
-        schedule = SET_SCHEDULES.get(name, {})
-        config = {**BGPN_CONFIG, **schedule}
-        if "num_steps" in schedule:
-            config["set_steps"] = schedule["num_steps"]
+        config = _with_set_schedule(BGPN_CONFIG, name)
+    elif base == "bgpn_wide_long":
+        config = _with_set_schedule(BGPN_CAPACITY_CONFIGS["bgpn_wide"], name)
     elif base == "bgpn_het":
         config = BGPN_HET_CONFIG
+    elif base == "bgpn_het_point":
+        config = BGPN_HET_POINT_CONFIG
     elif base in BGPN_CAPACITY_CONFIGS:
         config = BGPN_CAPACITY_CONFIGS[base]
     elif base == "bgpn_trace":

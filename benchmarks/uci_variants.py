@@ -94,6 +94,18 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "wide_pll_s1000": ({"lr": 0.05, "num_steps": 1000, "elbo": "predictive"}, {"hidden": (2,)}),
     "pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {}),
     "pll_lr02_s6000": ({"lr": 0.02, "num_steps": 6000, "elbo": "predictive"}, {}),
+    # session 2026-11-24 (evening): point weights (the first layer's q(W) sat on its prior,
+    # section 10), a slower rate on wine, longer or wider fits on kin8nm and protein
+    "point": ({}, {"weights": "point"}),
+    "point_pll": ({"elbo": "predictive"}, {"weights": "point"}),
+    "point_lr02": ({"lr": 0.02}, {"weights": "point"}),
+    "hetero_lr02": ({"lr": 0.02}, {"head": "heteroscedastic"}),
+    "hetero_point": ({}, {"head": "heteroscedastic", "weights": "point"}),
+    "hetero_point_pll": ({"elbo": "predictive"}, {"head": "heteroscedastic", "weights": "point"}),
+    "hetero_point_lr02": ({"lr": 0.02}, {"head": "heteroscedastic", "weights": "point"}),
+    "wide_pll_s2000": ({"lr": 0.05, "num_steps": 2000, "elbo": "predictive"}, {"hidden": (2,)}),
+    "wide_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (2,)}),
+    "deep_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (1, 1)}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},

@@ -157,7 +157,7 @@ def test_bgpn_config_pll_suffix_changes_the_objective_only():
     ``bgpn_wide``); names that are not Bayesian GPN columns raise."""
     from benchmarks.uci import BGPN_MODELS, MODELS, PLL, SET_SCHEDULES, bgpn_config
 
-    for base in ("bgpn", "bgpn_het", "bgpn_long", "bgpn_wide"):
+    for base in ("bgpn", "bgpn_het", "bgpn_het_point", "bgpn_long", "bgpn_wide", "bgpn_wide_long"):
         assert base + PLL in MODELS
         for name in ("naval", "yacht"):
             plain, pll = bgpn_config(base, name), bgpn_config(base + PLL, name)
@@ -167,6 +167,14 @@ def test_bgpn_config_pll_suffix_changes_the_objective_only():
             assert pll == plain
     assert bgpn_config("bgpn_long", "naval")["set_steps"] == SET_SCHEDULES["naval"]["num_steps"]
     assert bgpn_config("bgpn_het", "wine")["head"] == "heteroscedastic"
+    het_point = bgpn_config("bgpn_het_point", "wine")  # one change against bgpn_het: no q(W)
+    assert het_point.pop("weights") == "point"
+    assert het_point == {k: v for k, v in bgpn_config("bgpn_het", "wine").items() if k != "weights"}
+    # bgpn_wide_long: bgpn_wide with bgpn_long's schedule of the set (none on wine)
+    wide_long = bgpn_config("bgpn_wide_long", "protein")
+    assert wide_long["hidden"] == (2,) and wide_long["set_steps"] == 3000
+    assert wide_long == {**bgpn_config("bgpn_long", "protein"), "hidden": (2,)}
+    assert bgpn_config("bgpn_wide_long", "wine") == bgpn_config("bgpn_wide", "wine")
     assert bgpn_config("bgpn_trace", "wine")["elbo"] == "trace"
     assert set(BGPN_MODELS) <= set(MODELS)
     for bad in ("mcdrop", "bgpn_trace_pll", "bgpn_plll"):
