@@ -27,9 +27,9 @@ Models (hidden width 50, 100 for protein):
   :data:`BGPN_CAPACITY_CONFIGS`, :func:`bgpn_sizes`), chosen on validation
   (``uci_variants.py --variants wide_s1000``, docs/results/uci.md section 7);
 * ``bgpn_wide_long``: ``bgpn_wide`` with the per-set schedule of ``bgpn_long`` (protein:
-  ``[9, 200, 1]``, 3000 steps; ``uci_variants.py --variants wide_pll_s3000``, uci.md section 11);
+  ``[9, 200, 1]``, 3000 steps; ``uci_variants.py --variants wide_pll_s3000``, uci.md section 12);
 * ``bgpn_het_point``: ``bgpn_het`` with point-estimated weights (no ``q(W)``;
-  ``uci_variants.py --variants hetero_point``, uci.md section 11);
+  ``uci_variants.py --variants hetero_point``, uci.md section 12);
 * ``bgpn_trace``: ``bgpn`` trained on Pyro's sampled ``Trace_ELBO`` (``fit_vgpn(...,
   elbo="trace")``: one reparameterised particle per step) instead of the closed form, all else
   equal (issue 15's "variational GPN with ``Trace_ELBO`` on a subset");
@@ -131,7 +131,7 @@ SET_SCHEDULES: dict[str, dict] = {
 #: ``bgpn`` with the heteroscedastic head (chosen on validation, docs/results/uci.md section 6)
 BGPN_HET_CONFIG = {**BGPN_CONFIG, "head": "heteroscedastic"}
 #: ``bgpn_het`` with point-estimated weights (``weights="point"``: no ``q(W)``; the first
-#: layer's mean-field ``q(W)`` sat on its prior, docs/results/uci.md sections 10 and 11)
+#: layer's mean-field ``q(W)`` sat on its prior, docs/results/uci.md sections 10 and 12)
 BGPN_HET_POINT_CONFIG = {**BGPN_HET_CONFIG, "weights": "point"}
 #: ``bgpn`` with more capacity (``hidden`` of :func:`bgpn_sizes`), each chosen on validation
 #: (``benchmarks/uci_variants.py``, docs/results/uci.md section 7)

@@ -106,6 +106,14 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "wide_pll_s2000": ({"lr": 0.05, "num_steps": 2000, "elbo": "predictive"}, {"hidden": (2,)}),
     "wide_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (2,)}),
     "deep_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (1, 1)}),
+    "wide_point_pll_s2000": (
+        {"lr": 0.05, "num_steps": 2000, "elbo": "predictive"},
+        {"hidden": (2,), "weights": "point"},
+    ),
+    "hetero_point_pll_s1000": (
+        {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": "point"},
+    ),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},
