@@ -1,0 +1,140 @@
+"""The variational GPN's training step through ``fit_vgpn``, now against an older revision, side
+by side in one process, with the numbers compared (the step-overhead work of issue 15: faster,
+the same values).
+
+Both packages build ``VariationalGPN([D, 50, 1])`` at the recommended defaults (variational
+weights, whitened, identity start) with the same initial state, and train it with
+:func:`~pyro_gpn.inference.fit_vgpn` on the same rows (the training rows of split 0 of a UCI
+set) in alternating blocks of ``--block`` steps (no validation hold-out, so that no best state
+is restored between blocks; each block is one ``fit_vgpn`` call with its own seed, the same for
+both packages). The first ``--warm`` steps are untimed: the cost of a step depends on the state
+(rows whose activations are narrow against the lengthscale take the Gauss-Hermite path of the
+row kernels, and their share grows during a fit). Reports the median process-CPU seconds per
+step of each package, their ratio, seconds per epoch, and the largest relative difference of
+the two packages' per-step losses (the same arithmetic gives equal numbers)::
+
+    OMP_NUM_THREADS=1 python benchmarks/profile_vgpn_fit.py --sets boston kin8nm --baseline HEAD
+
+``--profile`` prints a ``cProfile`` of one block of the current package instead of timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.layer_speed import load_baseline  # noqa: E402
+from benchmarks.uci import DATA_DIR  # noqa: E402
+from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
+from pyro_gpn.heads import HeteroscedasticGaussianHead  # noqa: E402
+from pyro_gpn.inference.closed_form import fit_vgpn  # noqa: E402
+from pyro_gpn.models import VariationalGPN  # noqa: E402
+
+
+def build(package, d: int, n: int, head: str, state: dict | None):
+    """``VariationalGPN([d, 50, 1])`` of ``package`` (``None``: this checkout), loaded with
+    ``state`` (the other package's initial state) when given."""
+    if package is None:
+        cls, het = VariationalGPN, HeteroscedasticGaussianHead
+    else:
+        cls, het = package.models.VariationalGPN, package.heads.HeteroscedasticGaussianHead
+    model = cls([d, 50, 1], head=het(1) if head == "heteroscedastic" else head, num_data=n)
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=["boston", "kin8nm"])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--baseline", default="HEAD", help="git revision to compare with")
+    parser.add_argument("--elbo", default="predictive", choices=["predictive", "closed_form"])
+    parser.add_argument("--head", default="gaussian", choices=["gaussian", "heteroscedastic"])
+    parser.add_argument("--warm", type=int, default=0, help="untimed steps first")
+    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    pyro.settings.set(module_local_params=True)
+    base = load_baseline(args.baseline)
+    import pyro_gpn_base.heads
+    import pyro_gpn_base.inference.closed_form
+    import pyro_gpn_base.models
+
+    base_fit = base.inference.closed_form.fit_vgpn
+    print(f"load {os.getloadavg()}, torch {torch.__version__}, one thread, elbo {args.elbo}, "
+          f"head {args.head}, lr {args.lr}, baseline {args.baseline}")
+    for name in args.sets:
+        data = load_uci_regression(name, DATA_DIR, split=0, download=False)
+        x, y = data.x_train, data.y_train
+        n, d = x.shape
+        torch.manual_seed(0)
+        new = build(None, d, n, args.head, None)
+        old = build(base, d, n, args.head, copy.deepcopy(new.state_dict()))
+        variants = {"new": (new, fit_vgpn), f"@{args.baseline}": (old, base_fit)}
+        losses = {k: [] for k in variants}
+        cpu = {k: [] for k in variants}
+        options = dict(
+            batch_size=args.batch, val_fraction=0, lr=args.lr, lr_decay=1.0,
+            elbo=args.elbo, clear_param_store=False,
+        )  # fmt: skip
+
+        def run(key, steps, seed):
+            model, fit = variants[key]
+            t = time.process_time()
+            out = fit(model, x, y, num_steps=steps, seed=seed, **options)
+            losses[key].extend(out.losses)
+            return time.process_time() - t
+
+        if args.warm:
+            for key in variants:
+                run(key, args.warm, 10_000)
+        if args.profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            run("new", args.block, 1)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            continue
+        for key in variants:  # warm-up block (kernel loading), untimed
+            run(key, 2, 20_000)
+        for r in range(args.repeats):
+            for key in variants:
+                cpu[key].append(run(key, args.block, r) / args.block)
+        per_epoch = math.ceil(n / min(args.batch, n))
+        med = {k: statistics.median(v) for k, v in cpu.items()}
+        a, b = losses.values()
+        rel = max(abs(p - q) / max(abs(q), 1e-300) for p, q in zip(a, b, strict=True))
+        print(f"{name}: {n} rows, {per_epoch} steps per epoch (batch {min(args.batch, n)}), "
+              f"{args.warm} warm steps, {args.repeats} x {args.block} timed steps")
+        for key, value in med.items():
+            spread = f"{min(cpu[key]) * 1e3:.2f}-{max(cpu[key]) * 1e3:.2f}"
+            print(f"  {key:14s} CPU {value * 1e3:7.3f} ms/step ({spread}), "
+                  f"{value * per_epoch:.4f} s/epoch")
+        old_key = f"@{args.baseline}"
+        print(f"  speed-up (old / new CPU per step): {med[old_key] / med['new']:.3f}x; "
+              f"largest relative loss difference {rel:.2e} over {len(a)} steps", flush=True)
+    print(f"load at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
