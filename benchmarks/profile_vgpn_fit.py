@@ -18,6 +18,14 @@ blocks (where rounding differences grow: Adam's normalised steps amplify them)::
     OMP_NUM_THREADS=1 python benchmarks/profile_vgpn_fit.py --sets boston kin8nm --baseline HEAD
 
 ``--profile`` prints a ``cProfile`` of one block of the current package instead of timing.
+``--full`` runs one whole recommended fit per package instead (``fit_vgpn`` with every default:
+the 10 % validation hold-out, validation stopping, the step budget and schedule; the new package
+first), and reports its process-CPU seconds, steps, seconds per step and per epoch of the
+training rows, and the best validation log-likelihood (rounding differences grow over a fit, so
+the two fits agree only closely, not exactly). ``--trajectory N`` trains both packages from
+the same initial state for ``N`` steps in one ``fit_vgpn`` call each (no hold-out, constant
+rate) and reports the first step at which their losses differ by more than ``1e-9 ... 1e-2``
+relative: where a rounding difference first reaches a float32 loss, and how fast it grows.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
 from pyro_gpn.heads import HeteroscedasticGaussianHead  # noqa: E402
 from pyro_gpn.inference.closed_form import fit_vgpn  # noqa: E402
 from pyro_gpn.models import VariationalGPN  # noqa: E402
+from pyro_gpn.recommended import VGPN  # noqa: E402
 
 
 def build(package, d: int, n: int, head: str, state: dict | None):
@@ -71,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--full", action="store_true", help="one whole recommended fit each")
+    parser.add_argument("--trajectory", type=int, default=0, help="steps of one long run each")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.settings.set(module_local_params=True)
@@ -105,6 +116,28 @@ def main(argv: list[str] | None = None) -> None:
         def sync(new=new, old=old):  # the old package's network takes the new one's state
             old.load_state_dict(copy.deepcopy(new.state_dict()))
 
+        if args.full:
+            for key, (model, fit) in variants.items():
+                t = time.process_time()
+                out = fit(model, x, y, clear_param_store=False, elbo=args.elbo)
+                seconds = time.process_time() - t
+                per_step = seconds / out.num_steps
+                epochs = out.num_steps * min(VGPN.batch_for(out.num_train) or n, n) / out.num_train
+                print(f"{name} {key:10s}: {seconds:.1f} s CPU, {out.num_steps} steps "
+                      f"({per_step * 1e3:.2f} ms/step, {seconds / epochs:.4f} s/epoch), best "
+                      f"validation log-lik {out.best_val_log_lik:.4f} at step {out.best_step}",
+                      flush=True)  # fmt: skip
+            continue
+        if args.trajectory:
+            (_, a), (_, b) = (run(key, args.trajectory, 0) for key in variants)
+            rel = [abs(p - q) / max(abs(q), 1e-300) for p, q in zip(a, b, strict=True)]
+            first = {
+                t: next((i + 1 for i, r in enumerate(rel) if r > t), None)
+                for t in (1e-9, 1e-7, 1e-5, 1e-3, 1e-2)
+            }
+            print(f"{name}: {args.trajectory} steps from the same state; first step with a "
+                  f"relative loss difference above {first}")  # fmt: skip
+            continue
         if args.warm:
             run("new", args.warm, 10_000)
             sync()
