@@ -24,8 +24,9 @@ first), and reports its process-CPU seconds, steps, seconds per step and per epo
 training rows, and the best validation log-likelihood (rounding differences grow over a fit, so
 the two fits agree only closely, not exactly). ``--trajectory N`` trains both packages from
 the same initial state for ``N`` steps in one ``fit_vgpn`` call each (no hold-out, constant
-rate) and reports the first step at which their losses differ by more than ``1e-9 ... 1e-2``
-relative: where a rounding difference first reaches a float32 loss, and how fast it grows.
+rate; ``--lr-decay`` to decay it) and reports their CPU time per step and the first step at
+which their losses differ by more than ``1e-9 ... 1e-2`` relative: where a rounding
+difference first reaches a float32 loss, and how fast it grows.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr-decay", type=float, default=1.0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--full", action="store_true", help="one whole recommended fit each")
     parser.add_argument("--trajectory", type=int, default=0, help="steps of one long run each")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         old = build(base, d, n, args.head, copy.deepcopy(new.state_dict()))
         variants = {"new": (new, fit_vgpn), f"@{args.baseline}": (old, base_fit)}
         options = dict(
-            batch_size=args.batch, val_fraction=0, lr=args.lr, lr_decay=1.0,
+            batch_size=args.batch, val_fraction=0, lr=args.lr, lr_decay=args.lr_decay,
             elbo=args.elbo, clear_param_store=False,
         )  # fmt: skip
 
@@ -129,8 +131,10 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)  # fmt: skip
             continue
         if args.trajectory:
-            (_, a), (_, b) = (run(key, args.trajectory, 0) for key in variants)
+            (ta, a), (tb, b) = (run(key, args.trajectory, 0) for key in variants)
             rel = [abs(p - q) / max(abs(q), 1e-300) for p, q in zip(a, b, strict=True)]
+            print(f"{name}: CPU {ta / len(a) * 1e3:.2f} ms/step (new), {tb / len(b) * 1e3:.2f} "
+                  f"(@{args.baseline}): {tb / ta:.3f}x")  # fmt: skip
             first = {
                 t: next((i + 1 for i, r in enumerate(rel) if r > t), None)
                 for t in (1e-9, 1e-7, 1e-5, 1e-3, 1e-2)
