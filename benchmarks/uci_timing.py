@@ -11,6 +11,14 @@ their ratios and torch's thread count at the end (the pool fix of ``cpu_kernels.
 stay 1 under ``OMP_NUM_THREADS=1``). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/uci_timing.py --sets boston concrete --batch 0
+
+The GPN's step depends on its state: rows whose activations are narrow against the lengthscale
+take the Gauss-Hermite path of the row kernels, and their share grows during a fit (none at the
+initial state). ``--warm N`` trains every model for ``N`` untimed steps first, so that the
+timing sees a state a fit spends its steps in. ``--elbo predictive`` times the library's
+default objective (:func:`~pyro_gpn.inference.predictive_log_likelihood`) instead of the
+closed-form ELBO, ``--head heteroscedastic`` the input-dependent noise head, ``--lr`` sets
+every model's Adam rate (``pyro_gpn.recommended.VGPN.lr`` is 0.05).
 """
 
 from __future__ import annotations
@@ -33,14 +41,19 @@ import torch  # noqa: E402
 
 from benchmarks.uci import DATA_DIR, build_dgp  # noqa: E402
 from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
-from pyro_gpn.inference.closed_form import closed_form_elbo  # noqa: E402
+from pyro_gpn.heads import HeteroscedasticGaussianHead  # noqa: E402
+from pyro_gpn.inference.closed_form import (  # noqa: E402
+    closed_form_elbo,
+    predictive_log_likelihood,
+)
 from pyro_gpn.models import VariationalGPN  # noqa: E402
 from pyro_gpn.models.baselines import FixedActivationNet  # noqa: E402
 
 MODELS = ("gpn_point", "gpn_variational", "dgp", "mlp")
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (its defaults fill the options a caller of :func:`time_set` omits)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=["boston", "concrete"])
     p.add_argument("--batch", type=int, default=0, help="batch size (0: full batch)")
@@ -48,7 +61,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    a = p.parse_args(argv)
+    p.add_argument("--warm", type=int, default=1, help="untimed training steps per model first")
+    p.add_argument("--elbo", default="closed_form", choices=["closed_form", "predictive"])
+    p.add_argument("--head", default="gaussian", choices=["gaussian", "heteroscedastic"])
+    p.add_argument("--lr", type=float, default=1e-2)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     pyro.settings.set(module_local_params=True)
     results = [time_set(name, a) for name in a.sets]
     if a.out:
@@ -57,7 +78,9 @@ def main(argv=None) -> int:
 
 
 def time_set(name: str, a: argparse.Namespace) -> dict:
-    """Alternating timing blocks on one set (module docstring)."""
+    """Alternating timing blocks on one set (module docstring); options missing from ``a``
+    take the command line's defaults."""
+    a = argparse.Namespace(**{**vars(parser().parse_args([])), **vars(a)})
     import gpytorch
     import pyro
     from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
@@ -71,16 +94,21 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
     batch = n if a.batch <= 0 else min(a.batch, n)
     steps_per_epoch = math.ceil(n / batch)
     torch.manual_seed(0)
+
+    def head():
+        return HeteroscedasticGaussianHead(1) if a.head == "heteroscedastic" else "gaussian"
+
     gpn = {
-        w: VariationalGPN([data.num_features, 50, 1], head="gaussian", weights=w, num_data=n)
+        w: VariationalGPN([data.num_features, 50, 1], head=head(), weights=w, num_data=n)
         for w in ("point", "variational")
     }
-    gpn_opt = {w: torch.optim.Adam(m.parameters(), lr=1e-2) for w, m in gpn.items()}
+    gpn_opt = {w: torch.optim.Adam(m.parameters(), lr=a.lr) for w, m in gpn.items()}
+    objective = predictive_log_likelihood if a.elbo == "predictive" else closed_form_elbo
     dgp = build_dgp(data.num_features)
-    dgp_opt = torch.optim.Adam(dgp.parameters(), lr=1e-2)
+    dgp_opt = torch.optim.Adam(dgp.parameters(), lr=a.lr)
     mll = DeepApproximateMLL(VariationalELBO(dgp.likelihood, dgp, n))
     mlp = FixedActivationNet([data.num_features, 50, 1], head="gaussian", dropout=0.05).train()
-    mlp_opt = torch.optim.Adam(mlp.parameters(), lr=1e-2)
+    mlp_opt = torch.optim.Adam(mlp.parameters(), lr=a.lr)
 
     def mlp_step(idx):
         loss = mlp.loss(x[idx], y[idx]) + mlp.penalty()
@@ -89,7 +117,7 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
         mlp_opt.step()
 
     def gpn_step(w, idx):
-        loss = -closed_form_elbo(gpn[w], x[idx], y[idx]) / n
+        loss = -objective(gpn[w], x[idx], y[idx]) / n
         gpn_opt[w].zero_grad()
         loss.backward()
         gpn_opt[w].step()
@@ -111,8 +139,9 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
 
     times = {key: [] for key in a.models}
     cpu = {key: [] for key in times}
-    for key in times:  # warm-up, untimed (Numba's compilation, first allocations)
-        step(key, torch.randperm(n)[:batch])
+    for key in times:  # warm-up, untimed (Numba's compilation, first allocations; --warm)
+        for _ in range(a.warm):
+            step(key, torch.randperm(n)[:batch])
     for _ in range(a.repeats):
         for key in times:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -124,6 +153,10 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
         "set": name,
         "num_train": n,
         "batch": batch,
+        "warm_steps": a.warm,
+        "elbo": a.elbo,
+        "head": a.head,
+        "lr": a.lr,
         "s_per_epoch_median": {k: statistics.median(v) for k, v in times.items()},
         "s_per_epoch_all": times,
         "cpu_s_per_epoch_median": {k: statistics.median(v) for k, v in cpu.items()},

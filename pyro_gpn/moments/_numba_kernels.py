@@ -139,7 +139,7 @@ def progression_ratios(delta, h, K, j0, w):
 def gsum(x, h, K, w, wts, acc, coef, grad):
     """``sum_k wts[k] E_k`` with ``E_k = exp(-(x - k h)^2 / w)`` and its first two
     moments ``sum wts E e``, ``sum wts E e^2`` (``e = x - k h``); if ``grad``,
-    ``acc[k] += coef * E_k``."""
+    ``acc[k] += coef * E_k`` (``coef = 1`` on a zeroed ``acc``: a record of the exponentials)."""
     f = np.floor(x / h + 0.5)  # nearest centre, clamped in floating point (NaN -> 0)
     if not f > 0.0:
         f = 0.0
@@ -404,6 +404,48 @@ def block_exponentials(
     vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
 
 
+@njit(inline="always", **_OPTS)
+def node_buffers(Q, R):
+    """One unit's work arrays of the Gauss-Hermite rows (up to ``Q`` nodes): the nodes' mean
+    values and moments, the anchors of both sums, the exponent arguments, exponentials and
+    :func:`vexp` scratch (``8 Q``), and the mean sums' exponentials ``[Q, R]``."""
+    return (
+        np.empty(Q),
+        np.empty(Q),
+        np.empty(Q),
+        np.empty(Q, dtype=np.int64),
+        np.empty(Q),
+        np.empty(Q, dtype=np.int64),
+        np.empty(Q),
+        np.empty(8 * Q),
+        np.empty(8 * Q),
+        np.empty(8 * Q),
+        np.empty(8 * Q, dtype=np.int64),
+        np.empty((Q, R)),
+    )
+
+
+@njit(inline="always", **_OPTS)
+def node_exponentials(x, sd, zs, lo, hi, h, R, K, l2, ja, da, jb, db, args, ex, tbuf, ebuf):
+    """Anchors and progression exponentials of both Gaussian sums at the Gauss-Hermite nodes
+    ``x + sd zs[i]``, ``i = lo..hi - 1`` (node ``c = i - lo``): the mean's (spacing ``h``, ``R``
+    centres, width ``2 lambda^2``) at ``ex[c + j nq]``, the conditional variance's (spacing
+    ``h / 2``, ``K`` centres, width ``lambda^2``) at ``ex[4 nq + c + j nq]``, ``nq = hi - lo``,
+    in one vectorised pass (as :func:`block_exponentials` for the rows)."""
+    nq = hi - lo
+    for c in range(nq):
+        xi = x + sd * zs[lo + c]
+        j, d = anchor(xi, h, R)
+        ja[c] = j
+        da[c] = d
+        progression_args(d, h, R, j, 2.0 * l2, args, c, nq)
+        j, d = anchor(xi, 0.5 * h, K)
+        jb[c] = j
+        db[c] = d
+        progression_args(d, 0.5 * h, K, j, l2, args, 4 * nq + c, nq)
+    vexp(args, ex, 8 * nq, tbuf, ebuf)
+
+
 @njit(parallel=True, **_OPTS)
 def meanvar_fwd(
     mu, v, V, lam, beta, P, PA, PC, zs, ws, offs, tier_r2, ratio2, err_scale, rtol, noise,
@@ -417,7 +459,8 @@ def meanvar_fwd(
     Per (sample, unit): the closed form ``1 - tr[(C - beta beta^T) Omega] - mean^2`` where the
     activation is broad (``v > ratio2 lambda^2``) or where its rounding-error bound
     ``err_scale (1 + tr[PA-terms] + mean^2)`` is at most ``rtol`` times its value (``how = 0``);
-    otherwise Gauss-Hermite with that row's node tier (``how = t + 1``)."""
+    otherwise Gauss-Hermite with that row's node tier (``how = t + 1``), the exponentials of all
+    its nodes' Gaussian sums evaluated together (:func:`node_exponentials`)."""
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
@@ -432,6 +475,7 @@ def meanvar_fwd(
         pc = unit_row(PC, n)
         nz = unit_row(noise, n)
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
+        _, _, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, _ = node_buffers(Q, R)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once
@@ -466,10 +510,20 @@ def meanvar_fwd(
                     hi = offs[tier + 1]
                     mbar = 0.0
                     eq = 0.0
+                    nq = hi - lo
+                    node_exponentials(
+                        x, sd, zs, lo, hi, h, R, K, l2, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf
+                    )
                     for i in range(lo, hi):
                         xi = x + sd * zs[i]
-                        mi, _, _ = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                        qi, _, _ = gsum(xi, 0.5 * h, K, l2, pc, dummy, 0.0, False)
+                        c = i - lo
+                        mi, _, _ = gsum_pre(
+                            xi, h, R, aj[c], ad[c], nex, c, nq, b, b, dummy, 0.0, False, False
+                        )
+                        qi, _, _ = gsum_pre(
+                            xi, 0.5 * h, K, bj[c], bd[c], nex, 4 * nq + c, nq, pc, pc, dummy, 0.0,
+                            False, False,
+                        )  # fmt: skip
                         mvals[i] = mi
                         mbar += ws[i] * mi
                         eq += ws[i] * (1.0 - qi)
@@ -494,7 +548,6 @@ def meanvar_bwd(
     R = V.shape[1]
     K = P.shape[1]
     Q = zs.shape[0]
-    dummy = np.zeros(1)
     for n in prange(N):
         x0, h = grid_origin_spacing(V, n, R)
         lm = unit_row(lam, n)
@@ -507,6 +560,7 @@ def meanvar_bwd(
         acc_pc = dPC[n]
         acc_l2 = 0.0
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
+        m1vals, m2vals, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, evals = node_buffers(Q, R)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once
@@ -546,11 +600,28 @@ def meanvar_bwd(
                         mbar = 0.0
                         da_sum = 0.0
                         dz_sum = 0.0
+                        nq = hi - lo
+                        node_exponentials(
+                            x, sd, zs, lo, hi, h, R, K, l2, aj, ad, bj, bd, nargs, nex, ntbuf,
+                            nebuf,
+                        )  # fmt: skip
                         for i in range(lo, hi):
                             xi = x + sd * zs[i]
-                            mi, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, dummy, 0.0, False)
-                            _, q1, q2 = gsum(xi, 0.5 * h, K, l2, pc, acc_pc, -G * ws[i], True)
+                            c = i - lo
+                            # the node's mean sum, its moments and exponentials (for the spread)
+                            e_i = evals[i]
+                            for k in range(R):
+                                e_i[k] = 0.0
+                            mi, m1, m2 = gsum_pre(
+                                xi, h, R, aj[c], ad[c], nex, c, nq, b, b, e_i, 1.0, True, False
+                            )
+                            _, q1, q2 = gsum_pre(
+                                xi, 0.5 * h, K, bj[c], bd[c], nex, 4 * nq + c, nq, pc, pc, acc_pc,
+                                -G * ws[i], True, False,
+                            )  # fmt: skip
                             mvals[i] = mi
+                            m1vals[i] = m1
+                            m2vals[i] = m2
                             mbar += ws[i] * mi
                             # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
                             da = 2.0 * ws[i] * q1 / l2
@@ -559,9 +630,14 @@ def meanvar_bwd(
                             gl2 -= G * ws[i] * q2 / (l2 * l2)
                         if hi - lo > 1:  # one node: no spread
                             for i in range(lo, hi):
-                                xi = x + sd * zs[i]
                                 coef = 2.0 * ws[i] * (mvals[i] - mbar)
-                                _, m1, m2 = gsum(xi, h, R, 2.0 * l2, b, acc_b, G * coef, True)
+                                # the mean sum's gradient: its exponentials, recorded above
+                                gc = G * coef
+                                e_i = evals[i]
+                                for k in range(R):
+                                    acc_b[k] += gc * e_i[k]
+                                m1 = m1vals[i]
+                                m2 = m2vals[i]
                                 da = -coef * m1 / l2
                                 da_sum += da
                                 dz_sum += da * zs[i]

@@ -499,6 +499,23 @@ def test_fit_vgpn_checks_the_data_once_on_entry():
         fit_vgpn(_net([2, 1]), x, y, num_steps=3, val_fraction=0.0)
 
 
+def test_fit_vgpn_stops_on_a_non_finite_gradient_keeping_the_last_parameters():
+    """The step loop runs without value checks; one reduction over the gradients still finds a
+    NaN in any of them, before the optimiser moves anything, and validation is on again after."""
+    from pyro_gpn import settings
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=20)
+    vgpn = _net([2, 2, 1])
+    target = vgpn.layers[0].response.targets_loc
+    target.register_hook(lambda grad: grad.clone().index_fill_(-1, torch.tensor([0]), math.nan))
+    before = {k: v.clone() for k, v in vgpn.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at step 1"):
+        fit_vgpn(vgpn, x, y, num_steps=3, val_fraction=0.0)
+    assert all(torch.equal(v, before[k]) for k, v in vgpn.state_dict().items())
+    assert settings.is_validation_enabled()
+
+
 def test_fit_vgpn_classifies_with_a_softmax_head_and_scores_validation_by_log_prob():
     """The classification route of the benchmark (``benchmarks/bayes_classification.py``):
     ``fit_vgpn`` on a softmax VGPN learns three separated blobs, and the validation score it
