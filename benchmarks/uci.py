@@ -24,12 +24,15 @@ Models (hidden width 50, 100 for protein):
   variance; DVI's heteroscedastic likelihood), chosen on validation (``uci_variants.py
   --variants hetero``, docs/results/uci.md section 6);
 * ``bgpn_wide``: ``bgpn`` with one hidden layer of twice the width (``[D, 100, 1]``;
-  :data:`BGPN_CAPACITY_CONFIGS`, :func:`bgpn_sizes`), chosen on validation
+  :func:`bgpn_sizes`), chosen on validation
   (``uci_variants.py --variants wide_s1000``, docs/results/uci.md section 7);
 * ``bgpn_wide_long``: ``bgpn_wide`` with the per-set schedule of ``bgpn_long`` (protein:
   ``[9, 200, 1]``, 3000 steps; ``uci_variants.py --variants wide_pll_s3000``, uci.md section 12);
 * ``bgpn_het_point``: ``bgpn_het`` with point-estimated weights (no ``q(W)``;
   ``uci_variants.py --variants hetero_point``, uci.md section 12);
+* ``bgpn_wide_point_long``: ``bgpn_wide`` with point weights and the set's schedule (kin8nm:
+  2000 steps; ``uci_variants.py --variants wide_point_pll_s2000``, uci.md section 12); in
+  general a column's name lists its changes to ``bgpn`` (:data:`BGPN_MODIFIERS`);
 * ``bgpn_trace``: ``bgpn`` trained on Pyro's sampled ``Trace_ELBO`` (``fit_vgpn(...,
   elbo="trace")``: one reparameterised particle per step) instead of the closed form, all else
   equal (issue 15's "variational GPN with ``Trace_ELBO`` on a subset");
@@ -93,6 +96,7 @@ BGPN_MODELS = (
     "bgpn_long",
     "bgpn_wide",
     "bgpn_wide_long",
+    "bgpn_wide_point_long",
     "bgpn_trace",
     "bgpn_issue",
 )
@@ -127,46 +131,38 @@ SET_SCHEDULES: dict[str, dict] = {
     # s3000 against s1000 on the validation rows of splits 0-1: -2.980 / -2.888 against
     # -3.038 / -2.930 (uci.md section 7)
     "protein": {"num_steps": 3000},
+    # wide_point_pll_s2000 against wide_pll_s1000: +0.044 (2 of 3; uci.md section 12)
+    "kin8nm": {"num_steps": 2000},
 }
-#: ``bgpn`` with the heteroscedastic head (chosen on validation, docs/results/uci.md section 6)
-BGPN_HET_CONFIG = {**BGPN_CONFIG, "head": "heteroscedastic"}
-#: ``bgpn_het`` with point-estimated weights (``weights="point"``: no ``q(W)``; the first
-#: layer's mean-field ``q(W)`` sat on its prior, docs/results/uci.md sections 10 and 12)
-BGPN_HET_POINT_CONFIG = {**BGPN_HET_CONFIG, "weights": "point"}
-#: ``bgpn`` with more capacity (``hidden`` of :func:`bgpn_sizes`), each chosen on validation
-#: (``benchmarks/uci_variants.py``, docs/results/uci.md section 7)
-BGPN_CAPACITY_CONFIGS: dict[str, dict] = {
-    "bgpn_wide": {**BGPN_CONFIG, "hidden": (2,)},  # [D, 100, 1]: kin8nm
+#: the changes a Bayesian GPN column's name can make to :data:`BGPN_CONFIG`, each chosen on
+#: validation somewhere (``benchmarks/uci_variants.py``): ``bgpn[_het][_point][_wide][_long]``
+#: and the suffix ``_pll``. ``het``: input-dependent noise (section 6); ``point``: point
+#: weights, no ``q(W)`` (the first layer's mean-field ``q(W)`` sat on its prior, sections 10 and
+#: 12); ``wide``: one hidden layer of twice the width (``[D, 100, 1]``, :func:`bgpn_sizes`;
+#: section 7); ``long``: the set's schedule of :data:`SET_SCHEDULES` (``set_steps``: its step
+#: budget overrides the large sets' :data:`LARGE_STEPS`)
+BGPN_MODIFIERS: dict[str, dict] = {
+    "het": {"head": "heteroscedastic"},
+    "point": {"weights": "point"},
+    "wide": {"hidden": (2,)},
+    "long": {},
 }
-
-
-def _with_set_schedule(config: dict, name: str) -> dict:
-    """``config`` with set ``name``'s schedule of :data:`SET_SCHEDULES` (``set_steps``: its step
-    budget overrides the large sets' :data:`LARGE_STEPS`)."""
-    schedule = SET_SCHEDULES.get(name, {})
-    config = {**config, **schedule}
-    if "num_steps" in schedule:
-        config["set_steps"] = schedule["num_steps"]
-    return config
-
-
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
-#: of splits 0-2 (0-1 on power and protein) among those with test cells (``bgpn``,
-#: ``bgpn_long``, ``bgpn_het``, ``bgpn_wide`` and their ``_pll`` twins;
-#: ``benchmarks/uci_variants.py``, docs/results/uci.md sections 1b, 5, 6, 7 and 10); ``bgpn``
-#: where no alternative won on validation (concrete: ``deep``, ``wide``, ``hetero``, ``eb``,
-#: ``pll``)
+#: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
+#: with test cells (``benchmarks/uci_variants.py``, docs/results/uci.md sections 1b, 5, 6, 7,
+#: 10 and 12); test rows never took part in a choice
 CHOSEN = {
-    "boston": "bgpn_long",  # lr02_pll lost on validation (section 10)
+    "boston": "bgpn_long",  # hetero_point: -0.016 over splits 0-5 (section 12)
+    "concrete": "bgpn_het_point",  # hetero_point against default: +0.083, 4 of 6 (section 12)
     "energy": "bgpn_het_pll",  # hetero_pll against hetero: +0.27, 3 of 3 (section 10)
-    # wide_s1000 against s1000: 1.233 / 1.227 / 1.221 against 1.062 / 1.195 / 1.236 (section 7);
-    # wide_pll_s1000 against wide_s1000: +0.008, 1 of 3 (section 10)
-    "kin8nm": "bgpn_wide_pll",
+    # wide_point_pll_s2000 against wide_pll_s1000: +0.044, 2 of 3 (section 12)
+    "kin8nm": "bgpn_wide_point_long_pll",
     "naval": "bgpn_long",
-    "power": "bgpn_het_pll",  # hetero_pll_s1000 against hetero_s1000: +0.03, 2 of 2
-    "protein": "bgpn_long_pll",  # pll_s3000 against s3000: +0.09, 2 of 2 (section 10)
-    "wine": "bgpn_het",  # hetero_pll lost on validation (section 10)
-    "yacht": "bgpn_het_pll",  # hetero_pll against hetero: +0.34, 3 of 3 (section 10)
+    # hetero_point_pll_s1000 against hetero_pll_s1000: +0.013, 2 of 2 (section 12)
+    "power": "bgpn_het_point_pll",
+    "protein": "bgpn_wide_long_pll",  # wide_pll_s3000 against pll_s3000: +0.063, 2 of 2
+    "wine": "bgpn_het_point",  # hetero_point against hetero: +0.024, 5 of 6 (section 12)
+    "yacht": "bgpn_het_point_pll",  # hetero_point_pll against hetero_pll: +0.92, 3 of 3
 }
 #: the configuration issue 15 ran (point weights, no validation)
 ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
@@ -269,30 +265,28 @@ def noise_std_of(head) -> float:
 
 def bgpn_config(model: str, name: str) -> dict:
     """The configuration of the Bayesian GPN column ``model`` on set ``name`` (``fit_bgpn``'s
-    ``config``): the recommendations, with the column's schedule, head or capacity; the suffix
-    ``_pll`` trains on the predictive log-likelihood objective instead of the ELBO."""
+    ``config``): the recommendations with the changes its name lists
+    (:data:`BGPN_MODIFIERS`); the suffix ``_pll`` trains on the predictive log-likelihood
+    objective instead of the ELBO, ``bgpn_trace`` on Pyro's sampled ``Trace_ELBO`` and
+    ``bgpn_issue`` is the configuration issue 15 ran (:data:`ISSUE_CONFIG`)."""
     base = model.removesuffix(PLL)
     if model not in MODELS or base not in BGPN_MODELS:
         pll = [m for m in MODELS if m.endswith(PLL)]
         raise ValueError(f"model must be one of {BGPN_MODELS + tuple(pll)}, got {model!r}")
-    if base == "bgpn":
-        config = BGPN_CONFIG
-    elif base == "bgpn_long":
-        config = _with_set_schedule(BGPN_CONFIG, name)
-    elif base == "bgpn_wide_long":
-        config = _with_set_schedule(BGPN_CAPACITY_CONFIGS["bgpn_wide"], name)
-    elif base == "bgpn_het":
-        config = BGPN_HET_CONFIG
-    elif base == "bgpn_het_point":
-        config = BGPN_HET_POINT_CONFIG
-    elif base in BGPN_CAPACITY_CONFIGS:
-        config = BGPN_CAPACITY_CONFIGS[base]
-    elif base == "bgpn_trace":
-        config = {**BGPN_CONFIG, "elbo": "trace"}
-    else:
-        config = ISSUE_CONFIG
+    if base == "bgpn_issue":
+        return ISSUE_CONFIG
+    if base == "bgpn_trace":
+        return {**BGPN_CONFIG, "elbo": "trace"}
+    config = dict(BGPN_CONFIG)
+    for modifier in base.split("_")[1:]:
+        config.update(BGPN_MODIFIERS[modifier])
+        if modifier == "long":
+            schedule = SET_SCHEDULES.get(name, {})
+            config.update(schedule)
+            if "num_steps" in schedule:
+                config["set_steps"] = schedule["num_steps"]
     if model.endswith(PLL):
-        config = {**config, "elbo": "predictive"}
+        config["elbo"] = "predictive"
     return config
 
 

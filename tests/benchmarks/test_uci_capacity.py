@@ -141,14 +141,23 @@ def test_variant_run_records_the_sizes(monkeypatch):
     assert row["steps"] <= 20 and math.isfinite(row["val_log_lik"]) and row["cpu_s"] > 0
 
 
-def test_capacity_models_are_benchmark_models_and_chosen_ones_exist():
-    from benchmarks.uci import BGPN_CAPACITY_CONFIGS, CHOSEN, MODELS
+def test_column_names_list_their_changes_and_chosen_columns_exist():
+    """Every ``bgpn_*`` column is ``bgpn`` with the changes its name lists, each one of
+    :data:`BGPN_MODIFIERS` and nothing else; every chosen column is a benchmark model."""
+    from benchmarks.uci import BGPN_MODELS, BGPN_MODIFIERS, CHOSEN, MODELS, bgpn_config
 
-    assert set(BGPN_CAPACITY_CONFIGS) <= set(MODELS)
     assert set(CHOSEN.values()) <= set(MODELS)
-    assert bgpn_sizes("kin8nm", 8, BGPN_CAPACITY_CONFIGS["bgpn_wide"]["hidden"]) == [8, 100, 1]
-    for config in BGPN_CAPACITY_CONFIGS.values():  # one change against bgpn: the capacity
-        assert {k: v for k, v in config.items() if k != "hidden"} == BGPN_CONFIG
+    assert bgpn_sizes("kin8nm", 8, bgpn_config("bgpn_wide", "kin8nm")["hidden"]) == [8, 100, 1]
+    for model in BGPN_MODELS:
+        modifiers = model.split("_")[1:]
+        if modifiers in (["trace"], ["issue"]):
+            continue
+        expected = dict(BGPN_CONFIG)
+        for modifier in modifiers:
+            expected.update(BGPN_MODIFIERS[modifier])
+        config = bgpn_config(model, "wine")  # wine has no set schedule: "long" changes nothing
+        assert config == expected, model
+    assert bgpn_config("bgpn_wide_point_long", "kin8nm")["set_steps"] == 2000
 
 
 def test_bgpn_config_pll_suffix_changes_the_objective_only():
@@ -157,7 +166,7 @@ def test_bgpn_config_pll_suffix_changes_the_objective_only():
     ``bgpn_wide``); names that are not Bayesian GPN columns raise."""
     from benchmarks.uci import BGPN_MODELS, MODELS, PLL, SET_SCHEDULES, bgpn_config
 
-    for base in ("bgpn", "bgpn_het", "bgpn_het_point", "bgpn_long", "bgpn_wide", "bgpn_wide_long"):
+    for base in (m for m in BGPN_MODELS if m not in ("bgpn_trace", "bgpn_issue")):
         assert base + PLL in MODELS
         for name in ("naval", "yacht"):
             plain, pll = bgpn_config(base, name), bgpn_config(base + PLL, name)

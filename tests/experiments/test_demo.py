@@ -78,6 +78,7 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
     record = json.loads((out / "demo.json").read_text())
     gpn = record["results"]["gpn"]
     assert gpn["head"] == "heteroscedastic" and gpn["val_log_likelihood"] < 0
+    assert gpn["weights"] == "point"
     assert gpn["elbo"] == VGPN.elbo
     assert gpn["steps"] == 12 and 1 <= gpn["best_step"] <= 12
     assert gpn["schedule"]["lr"] == 0.02 and gpn["schedule"]["num_steps"] == 12
@@ -89,6 +90,16 @@ def test_tiny_demo_run_writes_metrics_schedule_and_figures(tmp_path, capsys):
         assert result["coverage90"] == result["calibration"][LEVELS.index(0.9)]
     assert (out / "predictive.png").exists() and (out / "activations.png").exists()
     assert record["command"] == "pyro-gpn " + " ".join(argv)
+
+
+def test_demo_weights_default_is_point_and_bad_values_are_refused(capsys):
+    """The demo's GPN has point weights unless ``--weights variational`` asks for the library's
+    default ``q(W)``; an unknown value is refused by the parser, naming the option."""
+    assert build_parser().parse_args(["demo"]).weights == "point"
+    assert build_parser().parse_args(["demo", "--weights", "variational"]).weights == "variational"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--weights", "gaussian"])
+    assert "--weights" in capsys.readouterr().err
 
 
 def test_demo_rejects_an_unknown_objective(capsys):
