@@ -136,3 +136,46 @@ def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it
     (model,) = built
     layers = [m for m in model.modules() if hasattr(m, "weight_prior_scale")]
     assert len(layers) == 2 and {m.weight_prior_scale for m in layers} == {expected}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--elbo", "predictive"],  # the default tag names the ELBO
+        ["--elbo", "predictive", "--tag", "bgpn-wps10"],
+        ["--tag", "bgpn-wps10-pll"],  # a predictive tag on the ELBO
+        ["--elbo", "trace", "--tag", "x"],
+    ],
+)
+def test_the_objective_option_rejects_a_tag_that_misnames_it(argv, capsys):
+    from benchmarks.bayes_classification import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--sets", "adult", "--seeds", "0"])
+    assert "--elbo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "elbo"), [([], "closed_form"), (["--elbo", "predictive"], "predictive")]
+)
+def test_a_tiny_run_trains_on_the_objective_it_records(argv, elbo, tmp_path, monkeypatch):
+    import pyro_gpn.data
+    import pyro_gpn.inference
+    from benchmarks.bayes_classification import main
+
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
+    seen = []
+    original = pyro_gpn.inference.fit_vgpn
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["elbo"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pyro_gpn.inference, "fit_vgpn", spy)
+    tag = "tiny-pll" if elbo == "predictive" else "tiny"
+    argv = [*argv, "--sets", "adult", "--seeds", "0", "--num-steps", "2", "--eval-every", "2"]
+    argv += ["--batch-size", "16", "--tag", tag, "--out", str(tmp_path)]
+    assert main([*argv, "--paper-runs", str(tmp_path)]) == 0
+    cell = json.loads((tmp_path / f"{tag}__adult__seed0.json").read_text())
+    assert seen == [elbo] and cell["config"]["elbo"] == elbo
+    assert np.isfinite(cell["test_nll"]) and np.isfinite(cell["best_val_log_lik"])
