@@ -179,3 +179,20 @@ def test_a_tiny_run_trains_on_the_objective_it_records(argv, elbo, tmp_path, mon
     cell = json.loads((tmp_path / f"{tag}__adult__seed0.json").read_text())
     assert seen == [elbo] and cell["config"]["elbo"] == elbo
     assert np.isfinite(cell["test_nll"]) and np.isfinite(cell["best_val_log_lik"])
+
+
+def test_paired_table_pairs_each_tag_with_the_ml_reruns_seed_by_seed(tmp_path):
+    from benchmarks.bayes_classification import paired_table
+
+    def write(tag, seed, err, nll):
+        cell = dict(tag=tag, set="adult", seed=seed, test_error=err, test_nll=nll)
+        if tag == "ml":
+            cell = dict(cell, test_error=0.9, test_error_probs=err)  # the probs' argmax counts
+        (tmp_path / f"{tag}__adult__seed{seed}.json").write_text(json.dumps(cell))
+
+    write("ml", 0, 0.15, 0.32), write("ml", 1, 0.15, 0.30)
+    write("b", 0, 0.14, 0.31), write("b", 1, 0.16, 0.30), write("b", 2, 0.10, 0.10)  # no ML 2
+    rows = paired_table(tmp_path, ["b"]).splitlines()[2:]
+    assert len(rows) == 3 and rows[0].startswith("| adult | b | 0 | 0.1400 / 0.1500 |")
+    assert "| -0.0100 | -0.0100 |" in rows[0] and "| +0.0100 | +0.0000 |" in rows[1]
+    assert "| 2 paired | lower on 1 of 2 | lower on 1 of 2 | +0.0000 ± 0.0141 |" in rows[2]
