@@ -136,3 +136,63 @@ def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it
     (model,) = built
     layers = [m for m in model.modules() if hasattr(m, "weight_prior_scale")]
     assert len(layers) == 2 and {m.weight_prior_scale for m in layers} == {expected}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--elbo", "predictive"],  # the default tag names the ELBO
+        ["--elbo", "predictive", "--tag", "bgpn-wps10"],
+        ["--tag", "bgpn-wps10-pll"],  # a predictive tag on the ELBO
+        ["--elbo", "trace", "--tag", "x"],
+    ],
+)
+def test_the_objective_option_rejects_a_tag_that_misnames_it(argv, capsys):
+    from benchmarks.bayes_classification import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--sets", "adult", "--seeds", "0"])
+    assert "--elbo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "elbo"), [([], "closed_form"), (["--elbo", "predictive"], "predictive")]
+)
+def test_a_tiny_run_trains_on_the_objective_it_records(argv, elbo, tmp_path, monkeypatch):
+    import pyro_gpn.data
+    import pyro_gpn.inference
+    from benchmarks.bayes_classification import main
+
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
+    seen = []
+    original = pyro_gpn.inference.fit_vgpn
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["elbo"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pyro_gpn.inference, "fit_vgpn", spy)
+    tag = "tiny-pll" if elbo == "predictive" else "tiny"
+    argv = [*argv, "--sets", "adult", "--seeds", "0", "--num-steps", "2", "--eval-every", "2"]
+    argv += ["--batch-size", "16", "--tag", tag, "--out", str(tmp_path)]
+    assert main([*argv, "--paper-runs", str(tmp_path)]) == 0
+    cell = json.loads((tmp_path / f"{tag}__adult__seed0.json").read_text())
+    assert seen == [elbo] and cell["config"]["elbo"] == elbo
+    assert np.isfinite(cell["test_nll"]) and np.isfinite(cell["best_val_log_lik"])
+
+
+def test_paired_table_pairs_each_tag_with_the_ml_reruns_seed_by_seed(tmp_path):
+    from benchmarks.bayes_classification import paired_table
+
+    def write(tag, seed, err, nll):
+        cell = dict(tag=tag, set="adult", seed=seed, test_error=err, test_nll=nll)
+        if tag == "ml":
+            cell = dict(cell, test_error=0.9, test_error_probs=err)  # the probs' argmax counts
+        (tmp_path / f"{tag}__adult__seed{seed}.json").write_text(json.dumps(cell))
+
+    write("ml", 0, 0.15, 0.32), write("ml", 1, 0.15, 0.30)
+    write("b", 0, 0.14, 0.31), write("b", 1, 0.16, 0.30), write("b", 2, 0.10, 0.10)  # no ML 2
+    rows = paired_table(tmp_path, ["b"]).splitlines()[2:]
+    assert len(rows) == 3 and rows[0].startswith("| adult | b | 0 | 0.1400 / 0.1500 |")
+    assert "| -0.0100 | -0.0100 |" in rows[0] and "| +0.0100 | +0.0000 |" in rows[1]
+    assert "| 2 paired | lower on 1 of 2 | lower on 1 of 2 | +0.0000 ± 0.0141 |" in rows[2]
