@@ -96,6 +96,11 @@ def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
         result = _train(job)
     torch.save(result, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
+    # Leave without the interpreter's teardown: once in a full CI run (2026-11-24) a rank
+    # aborted there ("terminate called without an active exception": a C++ thread pool
+    # destroyed while joinable) after its result was saved; the test checks the results,
+    # not the teardown of the libraries' thread pools.
+    os._exit(0)
 
 
 def _free_port() -> int:
