@@ -246,7 +246,7 @@ def validation_log_lik(vgpn: VariationalGPN, x: Tensor, y: Tensor) -> float:
     ``N(mean, var + sigma^2)`` of a Gaussian head, the Gauss-Hermite mixture of a
     heteroscedastic one, the class probabilities of a softmax head."""
     with torch.no_grad():
-        return float(vgpn.head.log_predictive(vgpn.hidden(x), y).mean())
+        return float(vgpn.log_predictive(x, y).mean())
 
 
 def holdout(
