@@ -81,6 +81,16 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "deep_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (1, 1)}),
     "wide_s1000": ({"lr": 0.05, "num_steps": 1000}, {"hidden": (2,)}),
     "deep_s3000": ({"lr": 0.05, "num_steps": 3000}, {"hidden": (1, 1)}),
+    # session 2026-11-25: the two-layer net with point weights (its q(W) runs ended
+    # noise-dominated, uci.md section 7) and the chosen wide net on a longer budget (kin8nm)
+    "deep_point_pll_s3000": (
+        {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
+        {"hidden": (1, 1), "weights": "point"},
+    ),
+    "wide_point_pll_s3000": (
+        {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
+        {"hidden": (2,), "weights": "point"},
+    ),
     # the predictive log-likelihood objective instead of the ELBO (fit_vgpn(elbo="predictive"),
     # PPGPR; docs/results/uci.md section 10), with either head
     "pll": ({"elbo": "predictive"}, {}),

@@ -169,7 +169,8 @@ def test_closed_form_rule_is_as_accurate_as_quadrature_nodes_in_float64(ls, s, k
                                                                          monkeypatch):  # fmt: skip
     """Explicit ``C`` (what the float64 layers pass): the closed form is used in the narrow
     regime wherever its rounding-error bound allows (``CLOSED_FORM_RTOL``); it must then be as
-    accurate as Gauss-Hermite at every row (which ``CLOSED_FORM_RTOL = 0`` forces)."""
+    accurate as Gauss-Hermite at every row (which ``CLOSED_FORM_RTOL = 0`` forces), up to the
+    guaranteed ``CLOSED_FORM_RTOL``."""
     import pyro_gpn.moments.propagate as propagate
     from pyro_gpn.moments.backend import backend, numba_available
 
@@ -187,7 +188,8 @@ def test_closed_form_rule_is_as_accurate_as_quadrature_nodes_in_float64(ls, s, k
                 mean, var = subject_meanvar("newC", unit, mu, v, F64)
                 errs[rtol].append(abs(var - ref_var) / ref_var)
     closed, nodes = np.array(errs[propagate.CLOSED_FORM_RTOL]), np.array(errs[0.0])
-    assert (closed <= 2 * nodes + 1e-9).all(), (closed, nodes)
+    # where the rule keeps the closed form, its error is within the guaranteed CLOSED_FORM_RTOL
+    assert (closed <= 2 * nodes + propagate.CLOSED_FORM_RTOL).all(), (closed, nodes)
     if s >= 1e-4:  # explicit C is accurate in float64 there (docs/results/accuracy.md)
         assert closed.max() < 1e-6
 
