@@ -104,6 +104,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "wide_pll_s1000": ({"lr": 0.05, "num_steps": 1000, "elbo": "predictive"}, {"hidden": (2,)}),
     "pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {}),
     "pll_lr02_s6000": ({"lr": 0.02, "num_steps": 6000, "elbo": "predictive"}, {}),
+    # naval's schedule (bgpn_long) with a patience of 40 evaluations (1000 steps) instead of 12:
+    # on some splits the fit stopped at its first plateau, noise-dominated (uci.md section 14)
+    "lr02_s6000_p40": ({"lr": 0.02, "num_steps": 6000, "patience": 40}, {}),
     # session 2026-11-24 (evening): point weights (the first layer's q(W) sat on its prior,
     # section 10), a slower rate on wine, longer or wider fits on kin8nm and protein
     "point": ({}, {"weights": "point"}),
@@ -158,7 +161,7 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
         data.y_val,
         batch_size=fit_kw.pop("batch_size", VGPN.batch_for(data.x_train.shape[0])),
         eval_every=VGPN.eval_every,
-        patience=VGPN.patience,
+        patience=fit_kw.pop("patience", VGPN.patience),
         seed=seed + split,
         **fit_kw,
     )
