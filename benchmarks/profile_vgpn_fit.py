@@ -17,7 +17,8 @@ blocks (where rounding differences grow: Adam's normalised steps amplify them)::
 
     OMP_NUM_THREADS=1 python benchmarks/profile_vgpn_fit.py --sets boston kin8nm --baseline HEAD
 
-``--profile`` prints a ``cProfile`` of one block of the current package instead of timing.
+``--profile`` prints a ``cProfile`` of one block of the current package instead of timing (sorted
+by the environment variable ``PROFILE_SORT``, default ``tottime``; ``cumtime`` for callers).
 ``--full`` runs one whole recommended fit per package instead (``fit_vgpn`` with every default:
 the 10 % validation hold-out, validation stopping, the step budget and schedule; the new package
 first), and reports its process-CPU seconds, steps, seconds per step and per epoch of the
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
             prof.enable()
             run("new", args.block, 1)
             prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            stats = pstats.Stats(prof)
+            stats.sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(40)
             continue
         for key in variants:  # warm-up (kernel loading), untimed
             run(key, 1, 20_000)
