@@ -30,11 +30,9 @@ Models (hidden width 50, 100 for protein):
   ``[9, 200, 1]``, 3000 steps; ``uci_variants.py --variants wide_pll_s3000``, uci.md section 12);
 * ``bgpn_het_point``: ``bgpn_het`` with point-estimated weights (no ``q(W)``;
   ``uci_variants.py --variants hetero_point``, uci.md section 12);
-* ``bgpn_het_qw1``, ``bgpn_het_point_floor``: guards against the overconfidence of
-  ``bgpn_het_point`` where no training row lies: ``q(W)`` in the first layer only
-  (``VariationalGPN(weights=("variational", "point"))``), or a floor of 0.1 standardised units
-  under the heteroscedastic noise std (``uci_variants.py --variants hetero_qw1
-  hetero_point_fl10``, uci.md section 13);
+* ``bgpn_het_qw2``: ``bgpn_het_point`` with ``q(W)`` back in the last layer (point weights in
+  the first only: ``VariationalGPN(weights=("point", "variational"))``), a guard against point
+  weights' overconfidence (``uci_variants.py --variants hetero_qw2``, uci.md section 13);
 * ``bgpn_wide_point_long``: ``bgpn_wide`` with point weights and the set's schedule (kin8nm:
   2000 steps; ``uci_variants.py --variants wide_point_pll_s2000``, uci.md section 12); in
   general a column's name lists its changes to ``bgpn`` (:data:`BGPN_MODIFIERS`);
@@ -98,8 +96,7 @@ BGPN_MODELS = (
     "bgpn",
     "bgpn_het",
     "bgpn_het_point",
-    "bgpn_het_qw1",
-    "bgpn_het_point_floor",
+    "bgpn_het_qw2",
     "bgpn_long",
     "bgpn_wide",
     "bgpn_wide_long",
@@ -148,14 +145,12 @@ SET_SCHEDULES: dict[str, dict] = {
 #: 12); ``wide``: one hidden layer of twice the width (``[D, 100, 1]``, :func:`bgpn_sizes`;
 #: section 7); ``long``: the set's schedule of :data:`SET_SCHEDULES` (``set_steps``: its step
 #: budget overrides the large sets' :data:`LARGE_STEPS`). Guards against point weights'
-#: overconfidence (section 13): ``qw1``: ``q(W)`` in the first layer only, point weights above
-#: it; ``floor``: the heteroscedastic head's noise std floored at 0.1 standardised units
-#: (``HeteroscedasticGaussianHead(noise_floor=0.1)``; with ``het`` only)
+#: overconfidence (section 13): ``qw2``: point weights in the first layer, ``q(W)`` in the
+#: second (last) one (``VariationalGPN(weights=("point", "variational"))``)
 BGPN_MODIFIERS: dict[str, dict] = {
     "het": {"head": "heteroscedastic"},
     "point": {"weights": "point"},
-    "qw1": {"weights": ("variational", "point")},
-    "floor": {"noise_floor": 0.1},
+    "qw2": {"weights": ("point", "variational")},
     "wide": {"hidden": (2,)},
     "long": {},
 }
@@ -299,8 +294,6 @@ def bgpn_config(model: str, name: str) -> dict:
                 config["set_steps"] = schedule["num_steps"]
     if model.endswith(PLL):
         config["elbo"] = "predictive"
-    if "noise_floor" in config and config.get("head") != "heteroscedastic":
-        raise ValueError(f"model {model!r}: the modifier floor needs het (the noise floor)")
     return config
 
 
@@ -315,7 +308,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     torch.manual_seed(seed)
     head = "gaussian"
     if config.get("head") == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0))
+        head = HeteroscedasticGaussianHead(1)
     sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
         sizes,

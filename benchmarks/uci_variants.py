@@ -3,8 +3,9 @@
 Each variant changes the benchmark's Bayesian GPN (``VariationalGPN([D, 50, 1])``, 100 units on
 protein, with the recommendations, ``pyro_gpn.recommended.VGPN``, fitted by ``fit_vgpn``) in one
 respect: the step budget, the learning rate, the initial noise, point weights (everywhere, or
-above the first layer: ``qw1``), the prior scale of ``W`` or its empirical-Bayes value (``eb``),
-the head (``hetero``: input-dependent noise; ``flNN``: its noise std floored at ``0.NN``) or the
+``q(W)`` in the first layer only: ``qw1``, in the last only: ``qw2``), the prior scale of ``W``
+or its empirical-Bayes value (``eb``), the head (``hetero``: input-dependent noise; ``flNN``:
+its noise std floored at ``0.NN``) or the
 capacity (``deep``: two hidden GPN layers, ``wide``: one of twice the width). It is fitted
 on the training rows of a split and scored on its validation rows only (the 10 % of the
 training split that ``load_uci_regression`` holds out, the benchmark's validation set): best
@@ -121,6 +122,16 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "hetero_qw1_pll": (
         {"elbo": "predictive"},
         {"head": "heteroscedastic", "weights": ("variational", "point")},
+    ),
+    # ... or q(W) in the last layer only (the hidden units' mixing), point weights below it
+    "hetero_qw2": ({}, {"head": "heteroscedastic", "weights": ("point", "variational")}),
+    "hetero_qw2_pll": (
+        {"elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    "hetero_qw2_pll_s1000": (
+        {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
     # ... and a floor under the heteroscedastic head's noise (HeteroscedasticGaussianHead's
     # noise_floor, standardised units: the noise std never falls below it)
