@@ -141,6 +141,15 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"elbo": "predictive"},
         {"head": "heteroscedastic", "weights": "point", "noise_floor": 0.01},
     ),
+    # q(W) in the last layer with a floor (wine's discrete targets: the noise collapsed to 0.003)
+    "hetero_qw2_fl01": (
+        {},
+        {"head": "heteroscedastic", "weights": ("point", "variational"), "noise_floor": 0.01},
+    ),
+    "hetero_qw2_fl05": (
+        {},
+        {"head": "heteroscedastic", "weights": ("point", "variational"), "noise_floor": 0.05},
+    ),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},
