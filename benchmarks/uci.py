@@ -314,7 +314,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     torch.manual_seed(seed)
     head = "gaussian"
     if config.get("head") == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1)
+        head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0))
     sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
         sizes,
