@@ -2,8 +2,10 @@
 
 Each variant changes the benchmark's Bayesian GPN (``VariationalGPN([D, 50, 1])``, 100 units on
 protein, with the recommendations, ``pyro_gpn.recommended.VGPN``, fitted by ``fit_vgpn``) in one
-respect: the step budget, the learning rate, the initial noise, point weights, the prior scale of
-``W`` or its empirical-Bayes value (``eb``), the head (``hetero``: input-dependent noise) or the
+respect: the step budget, the learning rate, the initial noise, point weights (everywhere, or
+``q(W)`` in the first layer only: ``qw1``, in the last only: ``qw2``), the prior scale of ``W``
+or its empirical-Bayes value (``eb``), the head (``hetero``: input-dependent noise; ``flNN``:
+its noise std floored at ``0.NN``) or the
 capacity (``deep``: two hidden GPN layers, ``wide``: one of twice the width). It is fitted
 on the training rows of a split and scored on its validation rows only (the 10 % of the
 training split that ``load_uci_regression`` holds out, the benchmark's validation set): best
@@ -127,6 +129,40 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
         {"head": "heteroscedastic", "weights": "point"},
     ),
+    # session 2026-11-25: a guard against point weights' overconfidence (uci.md section 13):
+    # q(W) in the first layer only, point weights above it (VariationalGPN's per-layer weights)
+    "hetero_qw1": ({}, {"head": "heteroscedastic", "weights": ("variational", "point")}),
+    "hetero_qw1_pll": (
+        {"elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": ("variational", "point")},
+    ),
+    # ... or q(W) in the last layer only (the hidden units' mixing), point weights below it
+    "hetero_qw2": ({}, {"head": "heteroscedastic", "weights": ("point", "variational")}),
+    "hetero_qw2_pll": (
+        {"elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    "hetero_qw2_pll_s1000": (
+        {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    # ... and a floor under the heteroscedastic head's noise (HeteroscedasticGaussianHead's
+    # noise_floor, standardised units: the noise std never falls below it)
+    "hetero_point_fl05": ({}, {"head": "heteroscedastic", "weights": "point", "noise_floor": 0.05}),
+    "hetero_point_fl10": ({}, {"head": "heteroscedastic", "weights": "point", "noise_floor": 0.1}),
+    "hetero_point_pll_fl01": (
+        {"elbo": "predictive"},
+        {"head": "heteroscedastic", "weights": "point", "noise_floor": 0.01},
+    ),
+    # q(W) in the last layer with a floor (wine's discrete targets: the noise collapsed to 0.003)
+    "hetero_qw2_fl01": (
+        {},
+        {"head": "heteroscedastic", "weights": ("point", "variational"), "noise_floor": 0.01},
+    ),
+    "hetero_qw2_fl05": (
+        {},
+        {"head": "heteroscedastic", "weights": ("point", "variational"), "noise_floor": 0.05},
+    ),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},
@@ -146,8 +182,9 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
     data = load_uci_regression(name, DATA_DIR, split=split, seed=seed)
     torch.manual_seed(seed + split)  # the benchmark's model seed
     noise_init = model_kw.pop("noise_std_init", 0.1)
+    floor = model_kw.pop("noise_floor", 0.0)
     if model_kw.pop("head", "gaussian") == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1, noise_init)
+        head = HeteroscedasticGaussianHead(1, noise_init, noise_floor=floor)
     else:
         head = GaussianHead(1, noise_init)
     sizes = bgpn_sizes(name, data.num_features, model_kw.pop("hidden", (1,)))

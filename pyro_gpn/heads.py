@@ -357,18 +357,30 @@ class HeteroscedasticGaussianHead(_RegressionHead):
     * :meth:`predictive` / :meth:`predict`: its mean and variance,
       ``Var[F] + exp(E[G] + Var[G] / 2)`` (moment-matched).
 
+    **Noise floor** (``noise_floor = c > 0``): the noise variance is ``c^2 + exp(G)``, so the
+    input-dependent part can only add to a fixed level and the predictive's standard deviation
+    never falls below ``c``, wherever ``H`` goes (inputs far from the training rows, where point
+    weights extrapolate; ``docs/results/uci.md`` section 13). :meth:`expected_nll` is then the
+    same expectation by Gauss-Hermite quadrature over ``G`` (``num_nodes`` nodes, ``F | G``
+    Gaussian as in the predictive mixture) instead of the closed form; ``c = 0`` (the default)
+    is the head without a floor, closed form.
+
     Args:
         num_outputs: ``D``.
         noise_std_init: the initial noise standard deviation where ``H = 0``
             (``a = 2 log noise_std_init``).
         noise_slope_init: the initial ``b``.
-        num_nodes: Gauss-Hermite nodes of the predictive mixture.
+        num_nodes: Gauss-Hermite nodes of the predictive mixture (and of the expected
+            log-likelihood with a noise floor).
+        noise_floor: ``c >= 0``, the smallest noise standard deviation (in the targets'
+            units): the noise variance is ``c^2 + exp(G)``; 0: no floor.
         dtype, device: of the parameters.
 
     Attributes:
         noise_offset: ``[D]`` ``a``.
         noise_slope: ``[D]`` ``b``.
         in_features: ``2 D``, the width of the last GPN layer.
+        noise_floor: ``c`` (a float, not learned).
     """
 
     def __init__(
@@ -377,10 +389,19 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         noise_std_init: float = 0.1,
         noise_slope_init: float = 0.5,
         num_nodes: int = 64,
+        noise_floor: float = 0.0,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        if not (
+            isinstance(noise_floor, (int, float))
+            and not isinstance(noise_floor, bool)
+            and math.isfinite(noise_floor)
+            and noise_floor >= 0
+        ):
+            raise ValueError(f"noise_floor must be a finite number >= 0, got {noise_floor!r}")
+        self.noise_floor = float(noise_floor)
         for name, value in (("num_outputs", num_outputs), ("num_nodes", num_nodes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -410,22 +431,50 @@ class HeteroscedasticGaussianHead(_RegressionHead):
 
     def predictive(self, features: Moments) -> Moments:
         mean, var, g_mean, g_var, _ = self._moments(features)
-        return Moments(mean, var=var + (g_mean + g_var / 2).exp(), validate=False)
+        noise_var = (g_mean + g_var / 2).exp() + self.noise_floor**2
+        return Moments(mean, var=var + noise_var, validate=False)
 
     def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
-        return heteroscedastic_expected_nll(
-            features, y, self.noise_offset, self.noise_slope, reduction=reduction
-        )
+        """``E[-log N(y | F, c^2 + e^G)]`` summed over outputs, reduced over samples: in
+        closed form without a floor (:func:`~pyro_gpn.losses.heteroscedastic_expected_nll`),
+        by Gauss-Hermite quadrature over ``G`` with one (class docstring)."""
+        if self.noise_floor == 0:
+            return heteroscedastic_expected_nll(
+                features, y, self.noise_offset, self.noise_slope, reduction=reduction
+            )
+        self.check_target(y, features.mean.shape[0])
+        w, comp_mean, cond_var, noise_var = self._nodes(features)
+        y = y.to(comp_mean.dtype)
+        per_node = 0.5 * (
+            math.log(2 * math.pi)
+            + noise_var.log()
+            + ((y - comp_mean).square() + cond_var) / noise_var
+        )  # [K, S, D]
+        per_sample = torch.einsum("k,ksd->s", w, per_node)
+        if reduction == "mean":
+            return per_sample.mean()
+        if reduction == "sum":
+            return per_sample.sum()
+        if reduction == "none":
+            return per_sample
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
     def observation(self, features: Tensor) -> dist.Distribution:
         num = self.num_outputs
         log_var = self.noise_offset + self.noise_slope * features[..., num:]
-        return dist.Normal(features[..., :num], (0.5 * log_var).exp()).to_event(1)
+        scale = (log_var.exp() + self.noise_floor**2).sqrt()
+        return dist.Normal(features[..., :num], scale).to_event(1)
 
     def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
-        Gaussian) plus the noise ``e^{G_k}``."""
+        Gaussian) plus the noise ``c^2 + e^{G_k}``."""
+        w, comp_mean, cond_var, noise_var = self._nodes(features)
+        return w, comp_mean, cond_var + noise_var
+
+    def _nodes(self, features: Moments) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Gauss-Hermite weights ``[K]`` and, at each node ``G_k`` of ``G``, ``E[F | G_k]``,
+        ``Var[F | G_k]`` and the noise variance ``c^2 + e^{G_k}``, each ``[K, S, D]``."""
         mean, var, g_mean, g_var, cross = self._moments(features)
         z, w = gauss_hermite(self.num_nodes, mean.dtype, mean.device)
         g_std = g_var.sqrt()
@@ -438,11 +487,12 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         # gradient into inf * 0 = NaN; capped at half the largest finite log (a noise
         # variance of e^44 in float32), where a component's density is negligible
         log_noise = (g_mean + g_std * z).clamp(max=0.5 * math.log(torch.finfo(g_mean.dtype).max))
-        comp_var = cond_var + log_noise.exp()
-        return w, comp_mean, comp_var
+        noise_var = log_noise.exp() + self.noise_floor**2
+        return w, comp_mean, cond_var.expand_as(comp_mean), noise_var
 
     def extra_repr(self) -> str:
-        return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}"
+        floor = f", noise_floor={self.noise_floor}" if self.noise_floor else ""
+        return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}{floor}"
 
 
 HEADS = {"gaussian": GaussianHead, "softmax": SoftmaxHead}

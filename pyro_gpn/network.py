@@ -140,7 +140,12 @@ class GPNNet(PyroModule):
         widths = kind.feature_sizes(sizes)
         pairs = list(zip(widths[:-1], widths[1:], strict=True))
         self.layers = self.layer_container(
-            layer(m, n, output_noise=(i < len(pairs) - 1 or kind.noisy_features), **layer_kwargs)
+            layer(
+                m,
+                n,
+                output_noise=(i < len(pairs) - 1 or kind.noisy_features),
+                **self._layer_options(i, len(pairs), layer_kwargs),
+            )
             for i, (m, n) in enumerate(pairs)
         )
         weight = self.layers[0].weight
@@ -154,6 +159,13 @@ class GPNNet(PyroModule):
             device=weight.device,
         )
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    @staticmethod
+    def _layer_options(index: int, num_layers: int, layer_kwargs: dict) -> dict:
+        """The keywords of layer ``index`` (0-based, of ``num_layers``) from the network's
+        ``layer_kwargs``: the same for every layer here; a subclass may resolve per-layer
+        options (:class:`~pyro_gpn.models.VariationalGPN`'s ``weights``)."""
+        return layer_kwargs
 
     def _upgrade_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
         """Load v0.1 state dicts: the readout was a ``torch.nn.Linear`` (``weight [C, N]``) and

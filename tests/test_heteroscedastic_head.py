@@ -159,6 +159,9 @@ def test_networks_give_the_last_layer_two_units_per_output():
         (dict(num_outputs=1, num_nodes=0), "num_nodes"),
         (dict(num_outputs=1, noise_std_init=0.0), "noise_std_init"),
         (dict(num_outputs=1, noise_slope_init=float("nan")), "noise_slope_init"),
+        (dict(num_outputs=1, noise_floor=-0.1), "noise_floor"),
+        (dict(num_outputs=1, noise_floor=float("inf")), "noise_floor"),
+        (dict(num_outputs=1, noise_floor="0.1"), "noise_floor"),
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, name):
@@ -259,3 +262,40 @@ def test_log_predictive_gradient_stays_finite_for_a_very_wide_log_variance():
         assert all(torch.isfinite(g).all() for g in grads), grads
         values[dtype] = log_p.double()
     torch.testing.assert_close(values[torch.float32], values[torch.float64], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("corr", [0.0, 0.6])
+def test_noise_floor_quadrature_and_bound(corr):
+    """``noise_floor``: a tiny floor's quadrature is the closed form; a floor's expected NLL
+    matches Monte Carlo with noise variance ``c^2 + e^G``; the predictive std (and every
+    mixture component's) never falls below ``c``, even where ``G`` is very negative."""
+    features = _pair_moments(corr)
+    y = torch.tensor([[0.5], [-1.0], [2.0], [0.0]], dtype=DT)
+    with torch.no_grad():
+        closed = _head().expected_nll(features, y, reduction="none")
+        tiny = _head(noise_floor=1e-9).expected_nll(features, y, reduction="none")
+    torch.testing.assert_close(tiny, closed, rtol=1e-7, atol=1e-7)
+    floor = 0.4
+    head = _head(offset=-6.0, slope=2.0, noise_floor=floor)
+    g = torch.Generator().manual_seed(1)
+    chol = torch.linalg.cholesky(features.cov)
+    draws = features.mean + (chol @ torch.randn(200_000, 4, 2, 1, dtype=DT, generator=g)).squeeze(
+        -1
+    )
+    noise_var = floor**2 + (head.noise_offset + head.noise_slope * draws[..., 1:]).exp()
+    nll = -torch.distributions.Normal(draws[..., :1], noise_var.sqrt()).log_prob(y)
+    with torch.no_grad():
+        quad = head.expected_nll(features, y, reduction="none")
+        assert_mc_mean(nll.sum(-1), quad, n_se=5.0)
+        assert not torch.allclose(
+            quad, _head(offset=-6.0, slope=2.0).expected_nll(features, y, reduction="none")
+        )
+        far = Moments(
+            torch.tensor([[0.0, -5.0]], dtype=DT), var=torch.tensor([[0.0, 0.0]], dtype=DT)
+        )
+        assert float(head.predict(far).std) >= floor
+        assert float(_head(offset=-6.0, slope=2.0).predict(far).std) < floor / 10
+        _, _, comp_var = head.predictive_mixture(features)
+        assert bool((comp_var >= floor**2).all())
+        sample_scale = head.observation(draws[:10]).base_dist.scale
+        assert bool((sample_scale >= floor).all())

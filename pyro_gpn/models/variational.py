@@ -43,7 +43,8 @@ site                       kind        value
 =========================  ==========  ========================================================
 ``layer{l}.weight``        latent      ``W^l [M_l, N_l]`` (event), prior ``N(0, s_l^2)``, guide
                                        ``q(W^l)`` mean-field (``weights="variational"``, the
-                                       default; absent with ``weights="point"``)
+                                       default; absent where the layer's ``weights`` is
+                                       ``"point"``)
 ``layer{l}.targets``       latent      ``U^l`` (``z^l = L^-1 U^l`` with ``whiten=True``),
                                        ``[N_l | 1, R]``; units are an *event* dimension
 ``data``                   plate       the samples (dim ``-1``), scaled by ``num_data / B``
@@ -98,7 +99,7 @@ from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
 from ..heads import HEADS, Head, Prediction
-from ..layers.variational import VariationalGPNLayer
+from ..layers.variational import WEIGHT_TREATMENTS, VariationalGPNLayer
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..network import GPNNet
@@ -130,7 +131,12 @@ class VariationalGPN(GPNNet):
         whiten: parametrise ``q`` in whitened coordinates ``z = L^-1 U`` (default: the
             recommendation, :data:`pyro_gpn.recommended.VGPN`).
         weights: ``"variational"`` (``q(W)`` with a prior; default) or ``"point"``
-            (:class:`~pyro_gpn.layers.VariationalGPNLayer`).
+            (:class:`~pyro_gpn.layers.VariationalGPNLayer`) for every layer, or a sequence
+            with one of them per GPN layer, ``[L]`` (bottom first; a heteroscedastic head's
+            layers are ``M -> N_1 -> 2 D``): e.g. ``("variational", "point")`` keeps ``q(W)``
+            in the first layer only, where inputs far from the training rows become
+            activations, and point-estimates the weights above it (``docs/results/uci.md``
+            section 13). Only layers with ``q(W)`` have a ``layer{l}.weight`` site.
         mode: what the closed-form objective and ``forward`` propagate between layers:
             ``"meanvar"`` (``eq:gpn_vi_marginal_sigma_fl``) or ``"cov"`` (with
             ``eq:gpn_vi_marginal_sigma2_fl``).
@@ -178,6 +184,27 @@ class VariationalGPN(GPNNet):
             **layer_kwargs,
         )
         self.num_data = num_data
+
+    @staticmethod
+    def _layer_options(index: int, num_layers: int, layer_kwargs: dict) -> dict:
+        """Resolve a per-layer ``weights`` sequence to layer ``index``'s entry.
+
+        Raises:
+            ValueError: ``weights`` is a sequence whose length is not the number of GPN layers,
+                or with an entry other than ``"variational"`` / ``"point"``.
+        """
+        weights = layer_kwargs.get("weights")
+        if isinstance(weights, str) or weights is None:
+            return layer_kwargs
+        if not isinstance(weights, Sequence) or len(weights) != num_layers:
+            raise ValueError(
+                f"weights must be one of {WEIGHT_TREATMENTS} or a sequence of them with one "
+                f"entry per GPN layer ({num_layers}), got {weights!r}"
+            )
+        bad = [w for w in weights if w not in WEIGHT_TREATMENTS]
+        if bad:
+            raise ValueError(f"weights entries must be one of {WEIGHT_TREATMENTS}, got {bad!r}")
+        return {**layer_kwargs, "weights": weights[index]}
 
     # ------------------------------------------------------------------ the network's methods,
     # as pyro_methods, so that every parameter goes through Pyro's param store

@@ -21,6 +21,7 @@ CONFIGS = [
     dict(sizes=[2, 3, 4], head="softmax"),
     dict(sizes=[2, 3, 2, 4], head="softmax", whiten=True, q_cov="diag", mode="cov"),
     dict(sizes=[2, 3, 1], head="gaussian", weights="point"),
+    dict(sizes=[2, 3, 1], head="gaussian", weights=("variational", "point")),
 ]
 
 
@@ -67,11 +68,13 @@ def test_trace_elbo_runs_without_site_mismatch(config):
     num_layers = vgpn.num_layers
     assert {f"layer{l}.targets" for l in range(num_layers)} <= latent
     assert {f"layer{l}.response" for l in range(num_layers)} <= latent
+    treatment = config.get("weights", "variational")
+    per_layer = [treatment] * num_layers if isinstance(treatment, str) else list(treatment)
     weights = {f"layer{l}.weight" for l in range(num_layers)}
-    if config.get("weights") == "point":
-        assert not weights & latent
-    else:  # the default: W is latent, q(W) in the guide, outside the data plate
-        assert weights <= latent
+    # W is latent (q(W) in the guide, outside the data plate) exactly where it is variational
+    expected = {f"layer{l}.weight" for l, t in enumerate(per_layer) if t == "variational"}
+    assert weights & latent == expected
+    if expected:
         assert model_trace.nodes["layer0.weight"]["value"].shape == vgpn.layers[0].weight.shape
         assert model_trace.nodes["layer0.weight"]["scale"] == 1.0
     assert model_trace.nodes["obs"]["is_observed"]
@@ -195,3 +198,36 @@ def test_invalid_data():
         vgpn.model(torch.rand(4, 3, dtype=DT))
     with pytest.raises(ValueError, match="y"):
         vgpn.model(torch.rand(4, 2, dtype=DT), torch.rand(4, dtype=DT))
+
+
+def test_per_layer_weights_keep_q_w_where_asked_and_reject_bad_sequences():
+    """``weights=("variational", "point")``: q(W) (and its KL) in the first layer only; the
+    heteroscedastic head's two layers ``M -> N -> 2``; bad sequences raise naming ``weights``."""
+    from pyro_gpn.heads import HeteroscedasticGaussianHead
+
+    def build(weights):
+        torch.manual_seed(0)  # the same W, q(U) and head in both networks
+        head = HeteroscedasticGaussianHead(1, dtype=DT)
+        return VariationalGPN(
+            [3, 4, 1], head=head, weights=weights, num_inducing=5, weight_scale_init=0.5, dtype=DT
+        )
+
+    vgpn, point = build(("variational", "point")), build("point")
+    assert [layer.weight_treatment for layer in vgpn.layers] == ["variational", "point"]
+    assert [layer.variational_weights for layer in vgpn.layers] == [True, False]
+    assert float(vgpn.layers[0].weight_kl_divergence()) > 0
+    assert float(vgpn.layers[1].weight_kl_divergence()) == 0
+    x = torch.rand(6, 3, dtype=DT)
+    out = vgpn(x)
+    assert out.mean.shape == (6, 1) and out.variance.shape == (6, 1)
+    torch.testing.assert_close(vgpn.layers[0].weight, point.layers[0].weight)
+    # q(W) spreads the first layer's activations (Var[A] = sum_m x_m^2 v_mn), point weights not
+    from pyro_gpn.moments.gaussian import Moments
+
+    spread = vgpn.layers[0].activation_moments(Moments(x), "meanvar").variance
+    torch.testing.assert_close(spread, (x.square() @ vgpn.layers[0].weight_var()))
+    assert bool((spread > 0).all())
+    assert bool((point.layers[0].activation_moments(Moments(x), "meanvar").variance == 0).all())
+    for bad in [("point",), ("variational", "point", "point"), ("variational", "map"), 3]:
+        with pytest.raises(ValueError, match="weights"):
+            VariationalGPN([3, 4, 1], weights=bad, num_inducing=5, dtype=DT)
