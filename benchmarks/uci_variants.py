@@ -156,6 +156,15 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
+    # concrete's qw2 fits ran to or near their 2000-step budget (section 15)
+    "hetero_qw2_s4000": (
+        {"num_steps": 4000},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    "hetero_qw2_p40": (
+        {"patience": 40},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
     "wide_qw2_pll_s2000": (
         {"lr": 0.05, "num_steps": 2000, "elbo": "predictive"},
         {"hidden": (2,), "weights": ("point", "variational")},
