@@ -165,6 +165,11 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"patience": 40},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
+    # kin8nm's wide point-weight fits stopped on their patience before 3000 steps (section 15)
+    "wide_point_pll_s3000_p40": (
+        {"lr": 0.05, "num_steps": 3000, "elbo": "predictive", "patience": 40},
+        {"hidden": (2,), "weights": "point"},
+    ),
     "wide_qw2_pll_s2000": (
         {"lr": 0.05, "num_steps": 2000, "elbo": "predictive"},
         {"hidden": (2,), "weights": ("point", "variational")},
