@@ -37,6 +37,8 @@ from torch import Tensor, nn
 
 from ._validation import check_finite, check_shape, check_tensor
 from .losses import (
+    _check_reduction,
+    _reduce,
     check_labels,
     gaussian_expected_nll,
     gaussian_mixture_log_density,
@@ -442,6 +444,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
             return heteroscedastic_expected_nll(
                 features, y, self.noise_offset, self.noise_slope, reduction=reduction
             )
+        _check_reduction(reduction)
         self.check_target(y, features.mean.shape[0])
         w, comp_mean, cond_var, noise_var = self._nodes(features)
         y = y.to(comp_mean.dtype)
@@ -450,14 +453,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
             + noise_var.log()
             + ((y - comp_mean).square() + cond_var) / noise_var
         )  # [K, S, D]
-        per_sample = torch.einsum("k,ksd->s", w, per_node)
-        if reduction == "mean":
-            return per_sample.mean()
-        if reduction == "sum":
-            return per_sample.sum()
-        if reduction == "none":
-            return per_sample
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        return _reduce(torch.einsum("k,ksd->s", w, per_node), reduction)
 
     def observation(self, features: Tensor) -> dist.Distribution:
         num = self.num_outputs
