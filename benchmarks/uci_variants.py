@@ -109,6 +109,27 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # naval's schedule (bgpn_long) with a patience of 40 evaluations (1000 steps) instead of 12:
     # on some splits the fit stopped at its first plateau, noise-dominated (uci.md section 14)
     "lr02_s6000_p40": ({"lr": 0.02, "num_steps": 6000, "patience": 40}, {}),
+    # naval's schedule with the noise held for the first N steps (fit_vgpn's noise_warmup)
+    "lr02_s6000_p40_nw250": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 250},
+        {},
+    ),
+    "qw2_lr02_s6000_p40": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40},
+        {"weights": ("point", "variational")},
+    ),
+    "qw2_lr02_s6000_p40_nw500": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 500},
+        {"weights": ("point", "variational")},
+    ),
+    "lr02_s6000_p40_nw1500": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 1500},
+        {},
+    ),
+    "lr02_s6000_p40_nw500": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 500},
+        {},
+    ),
     # session 2026-11-24 (evening): point weights (the first layer's q(W) sat on its prior,
     # section 10), a slower rate on wine, longer or wider fits on kin8nm and protein
     "point": ({}, {"weights": "point"}),

@@ -285,6 +285,7 @@ def fit_vgpn(
     log: Callable[[str], None] | None = None,
     elbo: str | None = None,
     num_particles: int = 1,
+    noise_warmup: int | None = None,
 ) -> VGPNFit:
     """Fit the closed-form variational GPN with validation stopping (the recommended route).
 
@@ -327,6 +328,13 @@ def fit_vgpn(
             ``"trace"`` (Pyro's ``Trace_ELBO``, sampled). The validation score is the
             closed-form predictive of ``q`` in every case.
         num_particles: the ``Trace_ELBO``'s particles per step (``elbo="trace"`` only).
+        noise_warmup: for this many first steps the head's parameters (the observation noise)
+            stay at their initial values while everything else trains; the objective is
+            unchanged. Early on the network's mean explains little, a learnable noise grows to
+            cover the residuals and flattens the data term's gradient (it scales as
+            ``1 / sigma^2``), and a fit can settle in that noise-dominated optimum; holding the
+            noise lets the mean fit first (a common trick for sparse GPs). Measured on naval
+            (``docs/results/uci.md`` section 16).
 
     Returns:
         :class:`VGPNFit`.
@@ -350,11 +358,13 @@ def fit_vgpn(
     eval_every = VGPN.eval_every if eval_every is None else eval_every
     patience = VGPN.patience if patience is None else patience
     elbo = VGPN.elbo if elbo is None else elbo
+    noise_warmup = VGPN.noise_warmup if noise_warmup is None else noise_warmup
     for name, value in (("num_steps", num_steps), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not isinstance(patience, int) or patience < 0:
-        raise ValueError(f"patience must be a non-negative integer, got {patience!r}")
+    for name, value in (("patience", patience), ("noise_warmup", noise_warmup)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
@@ -400,6 +410,7 @@ def fit_vgpn(
             return -closed_form(vgpn, xb, yb, num_data=num_data)
 
     params = [p for p in vgpn.parameters() if p.requires_grad]
+    held = [p for p in vgpn.head.parameters() if p.requires_grad] if noise_warmup else []
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, lr_decay ** (1.0 / num_steps))
     for step in range(1, num_steps + 1):
@@ -413,6 +424,9 @@ def fit_vgpn(
             loss = objective(xb, yb) / num_data
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if step <= noise_warmup:
+            for p in held:  # Adam skips a parameter without a gradient
+                p.grad = None
         value = float(loss.detach())
         if not math.isfinite(value) or not _grads_finite(params):
             raise FloatingPointError(

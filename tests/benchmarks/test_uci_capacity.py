@@ -210,3 +210,25 @@ def test_compare_pairs_variants_on_the_splits_both_ran(tmp_path):
     table = compare(["toy:a:b", "toy:a:c"], runs=tmp_path).splitlines()
     assert table[2].split(" | ")[3:7] == ["0,1", "-1.500", "-1.500", "+0.000 ± 0.500 (1/2)"]
     assert "not run" in table[3]
+
+
+def test_fit_bgpn_passes_the_noise_warmup(monkeypatch):
+    """The ``warm`` columns' ``noise_warmup`` reaches ``fit_vgpn``: within the warm-up the
+    head's noise keeps its initial value; without it the noise trains."""
+    import pyro_gpn.models as models
+
+    built = []
+    original = models.VariationalGPN
+
+    class Recording(original):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(models, "VariationalGPN", Recording)
+    noise = []
+    for warmup in (20, 0):
+        config = {**BGPN_CONFIG, "num_steps": 20, "eval_every": 10, "noise_warmup": warmup}
+        fit_bgpn(_tiny_data(), config, seed=0)
+        noise.append(float(built[-1].head.noise_std))
+    assert noise[0] == pytest.approx(0.1, rel=1e-6) and noise[1] != pytest.approx(0.1, rel=1e-3)

@@ -429,6 +429,8 @@ def test_fit_vgpn_objective_defaults_to_the_recommendation(monkeypatch, elbo):
         (dict(lr=-1.0), "lr"),
         (dict(lr_decay=0.0), "lr_decay"),
         (dict(patience=-1), "patience"),
+        (dict(noise_warmup=-1), "noise_warmup"),
+        (dict(noise_warmup=2.5), "noise_warmup"),
         (dict(eval_every=0), "eval_every"),
         (dict(batch_size=0), "batch_size"),
         (dict(val_fraction=1.5), "val_fraction"),
@@ -446,6 +448,30 @@ def test_fit_vgpn_rejects_bad_arguments(kwargs, match):
         fit_vgpn(_net([2, 1]), x, y, **kwargs)
     with pytest.raises(ValueError, match="x_val"):
         fit_vgpn(_net([2, 1]), x, y, x_val=x)
+
+
+def test_fit_vgpn_noise_warmup_holds_the_noise_then_trains_it():
+    """``noise_warmup=K``: for the first ``K`` steps the head's noise keeps its initial value
+    and every other parameter takes exactly the steps of a fit with the noise frozen by hand;
+    after them the noise trains."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=30, seed=3)
+    warm = _net([2, 3, 1])
+    start = warm.head.noise_std.detach().clone()
+    fit_vgpn(warm, x, y, num_steps=6, val_fraction=0.0, noise_warmup=6)
+    assert torch.equal(warm.head.noise_std.detach(), start)
+    frozen = _net([2, 3, 1])
+    frozen.head.noise_std_unconstrained.requires_grad_(False)
+    fit_vgpn(frozen, x, y, num_steps=6, val_fraction=0.0)
+    moved = 0
+    for (name, a), b in zip(warm.state_dict().items(), frozen.state_dict().values()):
+        assert torch.equal(a, b), name
+        moved += not torch.equal(a, _net([2, 3, 1]).state_dict()[name])
+    assert moved >= 3  # the targets, their scales and the weights trained
+    later = _net([2, 3, 1])
+    fit_vgpn(later, x, y, num_steps=8, val_fraction=0.0, noise_warmup=6)
+    assert not torch.equal(later.head.noise_std.detach(), start)
 
 
 def test_fit_vgpn_trace_elbo_estimates_the_closed_form_objective():
