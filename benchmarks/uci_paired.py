@@ -6,6 +6,10 @@ common splits), the first model's paired difference to each other model (mean ±
 splits won) and the 90 % interval coverages: a markdown table. Usage::
 
     python benchmarks/uci_paired.py --models bgpn clt ensemble mcdrop --long naval=bgpn_long
+    python benchmarks/uci_paired.py --models chosen dgp mcdrop --chosen
+
+``--chosen``: the first model stands for each set's chosen Bayesian GPN column
+(``benchmarks.uci.CHOSEN``, chosen on validation rows), ``--long`` entries on top.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,15 +66,26 @@ def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> s
     return "\n".join(lines)
 
 
+def chosen_columns() -> dict[str, str]:
+    """Each set's chosen Bayesian GPN column (``benchmarks.uci.CHOSEN``), a fresh dict."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.uci import CHOSEN
+
+    return dict(CHOSEN)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["bgpn", "clt", "ensemble", "mcdrop"])
     parser.add_argument("--runs", default=str(ROOT / "docs/results/uci_runs"))
+    parser.add_argument("--long", nargs="*", default=None, help="SET=CELL: the first model there")
     parser.add_argument(
-        "--long", nargs="*", default=["naval=bgpn_long"], help="SET=CELL: the first model there"
+        "--chosen", action="store_true", help="the first model is each set's chosen column"
     )
     args = parser.parse_args(argv)
-    substitute = dict(item.split("=", 1) for item in args.long)
+    substitute = chosen_columns() if args.chosen else {"naval": "bgpn_long"}
+    substitute.update(item.split("=", 1) for item in args.long or [])
     print(paired_table(Path(args.runs), args.models, substitute))
 
 

@@ -126,6 +126,20 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 1500},
         {},
     ),
+    # the warm-up on the other contested sets' chosen columns
+    "lr02_nw500": ({"lr": 0.02, "noise_warmup": 500}, {}),
+    "hetero_qw2_s4000_nw500": (
+        {"num_steps": 4000, "noise_warmup": 500},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    "wide_point_pll_s2000_nw500": (
+        {"lr": 0.05, "num_steps": 2000, "elbo": "predictive", "noise_warmup": 500},
+        {"hidden": (2,), "weights": "point"},
+    ),
+    "pll_lr02_s6000_p40_nw500": (
+        {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 500, "elbo": "predictive"},
+        {},
+    ),
     "lr02_s6000_p40_nw500": (
         {"lr": 0.02, "num_steps": 6000, "patience": 40, "noise_warmup": 500},
         {},
@@ -190,6 +204,19 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "wide_point_pll_s3000_p40": (
         {"lr": 0.05, "num_steps": 3000, "elbo": "predictive", "patience": 40},
         {"hidden": (2,), "weights": "point"},
+    ),
+    # protein's chosen wide_pll_s3000 stopped at 1700-2650 steps on patience 12 (section 16)
+    "wide_pll_s3000_p40": (
+        {"lr": 0.05, "num_steps": 3000, "elbo": "predictive", "patience": 40},
+        {"hidden": (2,)},
+    ),
+    "wide_pll_s6000_p40": (
+        {"lr": 0.05, "num_steps": 6000, "elbo": "predictive", "patience": 40},
+        {"hidden": (2,)},
+    ),
+    "wide_qw2_pll_s3000": (
+        {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
+        {"hidden": (2,), "weights": ("point", "variational")},
     ),
     "wide_qw2_pll_s2000": (
         {"lr": 0.05, "num_steps": 2000, "elbo": "predictive"},

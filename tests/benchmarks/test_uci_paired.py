@@ -27,3 +27,34 @@ def test_paired_table_uses_common_splits_and_the_substitute(tmp_path):
     ]  # fmt: skip
     assert rows["naval"].split(" | ")[1:5] == ["1", "5.00", "4.00", "1.00 (1/1)"]
     assert "energy" not in rows
+
+
+def test_chosen_flag_substitutes_every_sets_chosen_column(tmp_path, capsys):
+    """``--chosen``: the first model is each set's column of ``benchmarks.uci.CHOSEN``;
+    ``--long`` still overrides a set."""
+    from benchmarks.uci import CHOSEN
+    from benchmarks.uci_paired import main
+
+    _cell(tmp_path, CHOSEN["boston"], "boston", 0, -2.0)
+    _cell(tmp_path, CHOSEN["wine"], "wine", 0, -0.5)
+    _cell(tmp_path, "other_wine", "wine", 0, -0.7)
+    for name in ("boston", "wine"):
+        _cell(tmp_path, "dgp", name, 0, -1.0)
+    main(["--models", "chosen", "dgp", "--chosen", "--runs", str(tmp_path)])
+    rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert rows["boston"].split(" | ")[2:5] == ["-2.00", "-1.00", "-1.00 (0/1)"]
+    assert rows["wine"].split(" | ")[2] == "-0.50"
+    main(
+        [
+            "--models",
+            "chosen",
+            "dgp",
+            "--chosen",
+            "--long",
+            "wine=other_wine",
+            "--runs",
+            str(tmp_path),
+        ]
+    )
+    rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert rows["wine"].split(" | ")[2] == "-0.70"
