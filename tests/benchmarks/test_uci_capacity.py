@@ -94,14 +94,9 @@ def _tiny_data(name="boston", rows=120, features=3):
     )
 
 
-@pytest.mark.parametrize(
-    ("hidden", "head", "widths"),
-    [
-        ((1, 1), "gaussian", [(3, 50), (50, 50), (50, 1)]),
-        ((2,), "heteroscedastic", [(3, 100), (100, 2)]),
-    ],
-)
-def test_fit_bgpn_builds_and_fits_the_capacity(monkeypatch, hidden, head, widths):
+def _record_networks(monkeypatch) -> list:
+    """Make ``pyro_gpn.models.VariationalGPN`` append every network it builds to the list
+    returned (``fit_bgpn`` builds its own)."""
     import pyro_gpn.models as models
 
     built = []
@@ -113,6 +108,18 @@ def test_fit_bgpn_builds_and_fits_the_capacity(monkeypatch, hidden, head, widths
             built.append(self)
 
     monkeypatch.setattr(models, "VariationalGPN", Recording)
+    return built
+
+
+@pytest.mark.parametrize(
+    ("hidden", "head", "widths"),
+    [
+        ((1, 1), "gaussian", [(3, 50), (50, 50), (50, 1)]),
+        ((2,), "heteroscedastic", [(3, 100), (100, 2)]),
+    ],
+)
+def test_fit_bgpn_builds_and_fits_the_capacity(monkeypatch, hidden, head, widths):
+    built = _record_networks(monkeypatch)
     config = {**BGPN_CONFIG, "hidden": hidden, "num_steps": 30, "eval_every": 10}
     if head == "heteroscedastic":
         config["head"] = head
@@ -215,17 +222,7 @@ def test_compare_pairs_variants_on_the_splits_both_ran(tmp_path):
 def test_fit_bgpn_passes_the_noise_warmup(monkeypatch):
     """The ``warm`` columns' ``noise_warmup`` reaches ``fit_vgpn``: within the warm-up the
     head's noise keeps its initial value; without it the noise trains."""
-    import pyro_gpn.models as models
-
-    built = []
-    original = models.VariationalGPN
-
-    class Recording(original):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(models, "VariationalGPN", Recording)
+    built = _record_networks(monkeypatch)
     noise = []
     for warmup in (20, 0):
         config = {**BGPN_CONFIG, "num_steps": 20, "eval_every": 10, "noise_warmup": warmup}
