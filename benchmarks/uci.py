@@ -160,6 +160,8 @@ LONGER_SCHEDULES: dict[str, dict] = {
     # wide_pll_s6000_p40 against wide_pll_s3000 (bgpn_wide_long_pll): +0.054 +- 0.016, 2 of 2
     "protein": {"num_steps": 6000, "patience": 40},
 }
+#: the modifiers that read a per-set schedule, and where
+SCHEDULES: dict[str, dict[str, dict]] = {"long": SET_SCHEDULES, "longer": LONGER_SCHEDULES}
 #: the changes a Bayesian GPN column's name can make to :data:`BGPN_CONFIG`, each chosen on
 #: validation somewhere (``benchmarks/uci_variants.py``): ``bgpn[_het][_point][_wide][_long]``
 #: and the suffix ``_pll``. ``het``: input-dependent noise (section 6); ``point``: point
@@ -329,8 +331,8 @@ def bgpn_config(model: str, name: str) -> dict:
     config = dict(BGPN_CONFIG)
     for modifier in base.split("_")[1:]:
         config.update(BGPN_MODIFIERS[modifier])
-        if modifier in ("long", "longer"):
-            schedule = (SET_SCHEDULES if modifier == "long" else LONGER_SCHEDULES).get(name, {})
+        if modifier in SCHEDULES:
+            schedule = SCHEDULES[modifier].get(name, {})
             config.update(schedule)
             if "num_steps" in schedule:
                 config["set_steps"] = schedule["num_steps"]

@@ -333,8 +333,8 @@ def fit_vgpn(
             unchanged. Early on the network's mean explains little, a learnable noise grows to
             cover the residuals and flattens the data term's gradient (it scales as
             ``1 / sigma^2``), and a fit can settle in that noise-dominated optimum; holding the
-            noise lets the mean fit first (a common trick for sparse GPs). Measured on naval
-            (``docs/results/uci.md`` section 16).
+            noise lets the mean fit first. Measured on naval (``docs/results/uci.md``
+            section 16).
 
     Returns:
         :class:`VGPNFit`.
