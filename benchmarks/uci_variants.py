@@ -41,7 +41,12 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.uci import DATA_DIR, bgpn_sizes, noise_std_of  # noqa: E402
+from benchmarks.uci import (  # noqa: E402
+    DATA_DIR,
+    bgpn_sizes,
+    noise_std_of,
+    quantisation_noise_std,
+)
 from benchmarks.uci_demo_budget import resumable_grid  # noqa: E402
 
 #: variants: name -> (fit_vgpn keywords, model keywords); ``s1000`` is the benchmark's schedule
@@ -239,6 +244,18 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {},
         {"head": "heteroscedastic", "weights": ("point", "variational"), "noise_floor": 0.05},
     ),
+    # session 2026-11-25 (morning): a floor at the targets' quantisation, Delta / sqrt(12) (the
+    # variance of rounding to a grid of step Delta, Sheppard's correction; benchmarks.uci's
+    # quantisation_noise_std), and q(W) in the last layer with the homoscedastic head (wine)
+    "hetero_qw2_flq": (
+        {},
+        {
+            "head": "heteroscedastic",
+            "weights": ("point", "variational"),
+            "noise_floor": "quantisation",
+        },
+    ),
+    "qw2": ({}, {"weights": ("point", "variational")}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},
@@ -259,6 +276,8 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
     torch.manual_seed(seed + split)  # the benchmark's model seed
     noise_init = model_kw.pop("noise_std_init", 0.1)
     floor = model_kw.pop("noise_floor", 0.0)
+    if floor == "quantisation":
+        floor = quantisation_noise_std(data.y_train)
     if model_kw.pop("head", "gaussian") == "heteroscedastic":
         head = HeteroscedasticGaussianHead(1, noise_init, noise_floor=floor)
     else:

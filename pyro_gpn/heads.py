@@ -142,13 +142,42 @@ class Head(nn.Module):
 
 class _RegressionHead(Head):
     """What the Gaussian regression heads share: targets ``[S, D]``, the prediction from the
-    predictive's moments, the log density of :meth:`predictive_mixture`, and Monte Carlo
-    predictions from the observation site's draws."""
+    predictive's moments, the log density of :meth:`predictive_mixture`, Monte Carlo
+    predictions from the observation site's draws, and the predictive's calibration scale.
+
+    **Predictive scale** (buffer ``predictive_scale`` ``[D]``, 1 unless calibrated): the
+    predictive distribution of a new ``y`` is that of ``m + s (y - m)``, ``m`` its mean, ``s``
+    the scale: every mixture component's mean moves to ``s mu_k + (1 - s) m`` and its variance
+    to ``s^2 var_k``, so the predictive variance is ``s^2`` times the model's. It is the
+    ``sigma``-scaling recalibration of Laves et al. (2020), fitted after training on held-out
+    rows by :func:`pyro_gpn.inference.fit_predictive_scale` (``fit_vgpn(..., calibrate=True)``).
+    Only the predictive (:meth:`predictive`, :meth:`predictive_mixture`, :meth:`predict`,
+    :meth:`log_predictive`) uses it; the training objectives (:meth:`expected_nll`, the
+    observation site) do not. A scale of 1 changes no bit of the predictive.
+    """
 
     task = "regression"
     noisy_features = False
     has_readout = False
     num_outputs: int
+    predictive_scale: Tensor
+
+    def _init_predictive_scale(self, factory: dict) -> None:
+        self.register_buffer("predictive_scale", torch.ones(self.num_outputs, **factory))
+
+    def _scaled_mixture(
+        self, weights: Tensor, mean: Tensor, var: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The mixture ``(weights [K], mean [K, S, D], var [K, S, D])`` scaled about its mean
+        by :attr:`predictive_scale` (class docstring)."""
+        scale = self.predictive_scale.to(mean.dtype)
+        centre = torch.einsum("k,ksd->sd", weights.to(mean.dtype), mean)
+        return weights, scale * mean + (1 - scale) * centre, scale.square() * var
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # a state saved before the scale existed is an uncalibrated head
+        state_dict.setdefault(prefix + "predictive_scale", torch.ones_like(self.predictive_scale))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def check_target(self, y: Tensor, num_samples: int) -> None:
         check_tensor("y", y)
@@ -184,6 +213,8 @@ class GaussianHead(_RegressionHead):
     Attributes:
         noise_std: ``[D | 1]``, positive, the observation noise (paper: ``sigma^L``, the noise
             of the last GPN layer); ``exp`` of the parameter ``noise_std_unconstrained``.
+        predictive_scale: ``[D]`` buffer, the predictive's calibration scale (1: none; see
+            the regression heads' base class).
     """
 
     def __init__(
@@ -204,6 +235,7 @@ class GaussianHead(_RegressionHead):
         width = 1 if shared else num_outputs
         noise_std = torch.full((width,), float(noise_std_init), **factory)
         self.noise_std_unconstrained = nn.Parameter(noise_std.log())
+        self._init_predictive_scale(factory)
 
     @property
     def noise_std(self) -> Tensor:
@@ -211,9 +243,12 @@ class GaussianHead(_RegressionHead):
 
     def predictive(self, features: Moments) -> Moments:
         noise_var = self.noise_std.square().expand(features.num_features)
+        scale = self.predictive_scale.to(features.mean.dtype)
         if features.cov is not None:
-            return Moments(features.mean, cov=features.cov + torch.diag(noise_var), validate=False)
-        return Moments(features.mean, var=features.variance + noise_var, validate=False)
+            cov = (features.cov + torch.diag(noise_var)) * torch.outer(scale, scale)
+            return Moments(features.mean, cov=cov, validate=False)
+        var = (features.variance + noise_var) * scale.square()
+        return Moments(features.mean, var=var, validate=False)
 
     def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
         return gaussian_expected_nll(features, y, self.noise_std, reduction=reduction)
@@ -383,6 +418,8 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         noise_slope: ``[D]`` ``b``.
         in_features: ``2 D``, the width of the last GPN layer.
         noise_floor: ``c`` (a float, not learned).
+        predictive_scale: ``[D]`` buffer, the predictive's calibration scale (1: none; see
+            the regression heads' base class).
     """
 
     def __init__(
@@ -420,6 +457,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         self.noise_slope = nn.Parameter(
             torch.full((num_outputs,), float(noise_slope_init), **factory)
         )
+        self._init_predictive_scale(factory)
 
     @classmethod
     def feature_sizes(cls, sizes: Sequence[int]) -> list[int]:
@@ -434,7 +472,8 @@ class HeteroscedasticGaussianHead(_RegressionHead):
     def predictive(self, features: Moments) -> Moments:
         mean, var, g_mean, g_var, _ = self._moments(features)
         noise_var = (g_mean + g_var / 2).exp() + self.noise_floor**2
-        return Moments(mean, var=var + noise_var, validate=False)
+        scale = self.predictive_scale.to(mean.dtype)
+        return Moments(mean, var=(var + noise_var) * scale.square(), validate=False)
 
     def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
         """``E[-log N(y | F, c^2 + e^G)]`` summed over outputs, reduced over samples: in
@@ -466,7 +505,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
         Gaussian) plus the noise ``c^2 + e^{G_k}``."""
         w, comp_mean, cond_var, noise_var = self._nodes(features)
-        return w, comp_mean, cond_var + noise_var
+        return self._scaled_mixture(w, comp_mean, cond_var + noise_var)
 
     def _nodes(self, features: Moments) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Gauss-Hermite weights ``[K]`` and, at each node ``G_k`` of ``G``, ``E[F | G_k]``,

@@ -86,6 +86,9 @@ class VGPNRecommendation:
             +0.87 nats over 20 splits with 1500 steps (17 of 20 won); on the validation rows
             of boston (-0.70), concrete (-0.04) and kin8nm (-0.02) 500 steps lost
             (``uci.md`` section 16). So it is a per-problem option, chosen on validation.
+        calibrate: fit the regression head's predictive scale on the validation rows after
+            the fit (:func:`~pyro_gpn.inference.fit_predictive_scale`). ``False`` until
+            measured: ``uci.md`` section 17.
     """
 
     whiten: bool = True
@@ -103,6 +106,7 @@ class VGPNRecommendation:
     eval_every: int = 25
     patience: int = 12
     noise_warmup: int = 0
+    calibrate: bool = False
 
     def batch_for(self, num_data: int) -> int | None:
         """The recommended mini-batch size for ``num_data`` training rows (``None``: full)."""

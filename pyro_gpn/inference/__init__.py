@@ -1,5 +1,6 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
+from .calibration import fit_predictive_scale
 from .closed_form import (
     ClosedFormELBO,
     VGPNFit,
@@ -23,6 +24,7 @@ __all__ = [
     "Trainer",
     "closed_form_elbo",
     "evaluate",
+    "fit_predictive_scale",
     "fit_svi",
     "fit_vgpn",
     "predictive_log_likelihood",

@@ -229,3 +229,35 @@ def test_fit_bgpn_passes_the_noise_warmup(monkeypatch):
         fit_bgpn(_tiny_data(), config, seed=0)
         noise.append(float(built[-1].head.noise_std))
     assert noise[0] == pytest.approx(0.1, rel=1e-6) and noise[1] != pytest.approx(0.1, rel=1e-3)
+
+
+def test_calibrated_columns_and_their_facts(monkeypatch):
+    """``calibrated`` names the ``cal`` twin of every chosen column (before ``_pll``); a
+    calibrated fit records its scale (the head's), a finite cross-fitted validation pair and
+    test metrics at scale 1 that equal the same network's with its scale set to 1."""
+    from benchmarks.uci import CHOSEN, MODELS, _score, bgpn_config, calibrated
+
+    assert calibrated("bgpn_het_qw2_pll") == "bgpn_het_qw2_cal_pll"
+    assert calibrated("bgpn_long") == "bgpn_long_cal"
+    for name, chosen in CHOSEN.items():
+        assert calibrated(chosen) in MODELS
+        config = bgpn_config(calibrated(chosen), name)
+        assert config["calibrate"] is True
+        assert {**config, "calibrate": False} == bgpn_config(chosen, name)
+    built = _record_networks(monkeypatch)
+    data = _tiny_data()
+    gen = torch.Generator().manual_seed(1)
+    data.x_test = torch.randn(30, 3, generator=gen)
+    data.y_test = torch.sin(2 * data.x_test[:, :1]) + 0.1 * torch.randn(30, 1, generator=gen)
+    config = {**BGPN_CONFIG, "num_steps": 30, "eval_every": 10, "calibrate": True}
+    fit = fit_bgpn(data, config, seed=0)
+    (model,) = built
+    facts = fit["calibration"]
+    assert facts["scale"] == model.head.predictive_scale.tolist()
+    assert facts["scale"][0] != 1.0
+    assert all(math.isfinite(v) for v in facts["val_crossfit"].values())
+    calibrated_test = _score(fit["predict"], data.x_test, data.y_test, 1.0)
+    model.head.predictive_scale.fill_(1.0)
+    assert facts["test_uncalibrated"] == _score(fit["predict"], data.x_test, data.y_test, 1.0)
+    assert calibrated_test["rmse"] == facts["test_uncalibrated"]["rmse"]
+    assert calibrated_test["log_lik"] != facts["test_uncalibrated"]["log_lik"]

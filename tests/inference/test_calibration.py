@@ -1,0 +1,228 @@
+"""The predictive scale (``sigma``-scaling): ``fit_predictive_scale``, the regression heads'
+``predictive_scale`` and ``fit_vgpn(calibrate=True)``.
+
+References that do not share the code under test: for a Gaussian predictive the maximum of the
+log density over the scale is ``sqrt(mean(z^2))`` in closed form; for the heteroscedastic
+head's mixture, scipy's bounded scalar minimiser on a log density written out in numpy; the
+stretched mixture's log density against the change-of-variables formula
+``log p_s(y) = log p_1(m + (y - m) / s) - log s``.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+from scipy.special import logsumexp
+
+from pyro_gpn.heads import GaussianHead, HeteroscedasticGaussianHead, SoftmaxHead
+from pyro_gpn.inference import fit_predictive_scale, fit_vgpn
+from pyro_gpn.models.variational import VariationalGPN
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_param_store():
+    pyro.clear_param_store()
+    yield
+    pyro.clear_param_store()
+
+
+def _data(rows: int, seed: int = 0, noise: float = 0.1, outputs: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 2, generator=gen, dtype=DT)
+    f = torch.cat([torch.sin(2 * x[:, :1] + k) for k in range(outputs)], 1)
+    return x, f + noise * torch.randn(rows, outputs, generator=gen, dtype=DT)
+
+
+def _net(head="gaussian", outputs: int = 1, seed: int = 0) -> VariationalGPN:
+    torch.manual_seed(seed)
+    if head == "heteroscedastic":
+        head = HeteroscedasticGaussianHead(outputs, num_nodes=16, dtype=DT)
+    elif head == "gaussian":
+        head = GaussianHead(outputs, noise_std_init=0.5, dtype=DT)
+    return VariationalGPN([2, 6, outputs], head=head, dtype=DT)
+
+
+def _unscaled_mixture(net, x):
+    kept = net.head.predictive_scale.clone()
+    net.head.predictive_scale.fill_(1.0)
+    try:
+        with torch.no_grad():
+            return net.head.predictive_mixture(net.hidden(x))
+    finally:
+        net.head.predictive_scale.copy_(kept)
+
+
+def test_gaussian_scale_is_the_closed_form_per_output():
+    """Two outputs, each miscalibrated by its own factor: the fitted scales are
+    ``sqrt(mean(z^2))`` of each output to the search's tolerance."""
+    net = _net(outputs=2)
+    x, _ = _data(400, seed=1)
+    with torch.no_grad():
+        pred = net.head.predictive(net.hidden(x))
+    gen = torch.Generator().manual_seed(2)
+    factors = torch.tensor([0.3, 2.5], dtype=DT)
+    y = pred.mean + factors * pred.variance.sqrt() * torch.randn(400, 2, generator=gen, dtype=DT)
+    scale = fit_predictive_scale(net, x, y)
+    expected = ((y - pred.mean).square() / pred.variance).mean(0).sqrt()
+    torch.testing.assert_close(scale, expected, rtol=1e-7, atol=0)
+    torch.testing.assert_close(net.head.predictive_scale, scale)
+    assert scale[0] < 0.4 and scale[1] > 2.0  # the sample follows the factors
+
+
+def test_mixture_scale_maximises_the_numpy_log_density():
+    """The heteroscedastic head's Gauss-Hermite mixture: the fitted scale equals scipy's
+    maximiser of the stretched mixture's log density written out in numpy."""
+    net = _net("heteroscedastic")
+    with torch.no_grad():  # a wide, input-dependent noise: a mixture far from one Gaussian
+        net.head.noise_slope.fill_(3.0)
+    x, y = _data(300, seed=3, noise=0.3)
+    w, mean, var = (t.numpy() for t in _unscaled_mixture(net, x))
+    yy = y.numpy()[:, 0]
+    centre = np.einsum("k,ks->s", w, mean[..., 0])
+
+    def neg_log_density(log_s):
+        s = math.exp(log_s)
+        u = centre + (yy - centre) / s
+        comp = -0.5 * (np.log(2 * np.pi * var[..., 0]) + (u - mean[..., 0]) ** 2 / var[..., 0])
+        return -(logsumexp(comp + np.log(w)[:, None], axis=0).mean() - log_s)
+
+    best = minimize_scalar(
+        neg_log_density, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10}
+    )
+    scale = fit_predictive_scale(net, x, y, set_scale=False)
+    assert float(scale) == pytest.approx(math.exp(best.x), rel=1e-5)
+    assert float(net.head.predictive_scale) == 1.0  # set_scale=False leaves the head alone
+
+
+@pytest.mark.parametrize("head", ["gaussian", "heteroscedastic"])
+def test_scaled_predictive_is_the_stretched_distribution(head):
+    """With scale ``s``: the mean is unchanged, every variance is ``s^2`` times, and the log
+    density is the change of variables of the unscaled one."""
+    net = _net(head)
+    x, y = _data(50, seed=4)
+    w1, m1, v1 = _unscaled_mixture(net, x)
+    with torch.no_grad():
+        pred1 = net.head.predictive(net.hidden(x))
+        lp1 = net.log_predictive(x, y)
+        net.head.predictive_scale.fill_(0.4)
+        w, m, v = net.head.predictive_mixture(net.hidden(x))
+        pred = net.head.predictive(net.hidden(x))
+        lp = net.log_predictive(x, y)
+    centre = torch.einsum("k,ksd->sd", w1, m1)
+    torch.testing.assert_close(torch.einsum("k,ksd->sd", w, m), centre)
+    torch.testing.assert_close(pred.mean, pred1.mean)
+    torch.testing.assert_close(pred.variance, 0.16 * pred1.variance)
+    total = torch.einsum("k,ksd->sd", w, v + m.square()) - centre.square()
+    total1 = torch.einsum("k,ksd->sd", w1, v1 + m1.square()) - centre.square()
+    torch.testing.assert_close(total, 0.16 * total1)
+    u = centre + (y - centre) / 0.4
+    with torch.no_grad():
+        net.head.predictive_scale.fill_(1.0)
+        expected = net.log_predictive(x, u) - math.log(0.4)
+    torch.testing.assert_close(lp, expected)
+    assert not torch.allclose(lp, lp1)
+
+
+def test_scale_one_is_the_unscaled_mixture_bit_for_bit():
+    net = _net("heteroscedastic")
+    x, _ = _data(20)
+    with torch.no_grad():
+        features = net.hidden(x)
+        w, comp_mean, cond_var, noise_var = net.head._nodes(features)
+        _, mean, var = net.head.predictive_mixture(features)
+    assert torch.equal(mean, comp_mean) and torch.equal(var, cond_var + noise_var)
+
+
+def test_scale_is_saved_and_old_states_load_uncalibrated():
+    net = _net()
+    net.head.predictive_scale.fill_(2.0)
+    state = net.state_dict()
+    other = _net(seed=1)
+    other.load_state_dict(state)
+    assert float(other.head.predictive_scale) == 2.0
+    old = {k: v for k, v in state.items() if not k.endswith("predictive_scale")}
+    other.load_state_dict(old)  # strict: the missing key reads as scale 1
+    assert float(other.head.predictive_scale) == 1.0
+
+
+def test_fit_vgpn_calibrate_narrows_an_overdispersed_predictive():
+    """The noise held at a start 10x the data's for the whole fit (``noise_warmup``): the
+    predictive over-covers; the scale fitted on the validation rows brings fresh rows'
+    coverage of the 90 % interval near 0.9 and raises their log density."""
+    x, y = _data(600, seed=5)
+    x_new, y_new = _data(2000, seed=6)
+    results = []
+    for calibrate in (False, True):
+        pyro.clear_param_store()
+        net = _net()
+        with torch.no_grad():
+            net.head.noise_std_unconstrained.fill_(math.log(1.0))
+        fit = fit_vgpn(
+            net,
+            x[:450],
+            y[:450],
+            x[450:],
+            y[450:],
+            num_steps=150,
+            noise_warmup=150,
+            calibrate=calibrate,
+        )
+        with torch.no_grad():
+            pred = net.head.predictive(net.hidden(x_new))
+            inside = ((y_new - pred.mean).abs() <= 1.645 * pred.variance.sqrt()).double().mean()
+            results.append((fit, float(inside), float(net.log_predictive(x_new, y_new).mean())))
+    (raw, cover_raw, ll_raw), (cal, cover_cal, ll_cal) = results
+    assert raw.predictive_scale is None and len(cal.predictive_scale) == 1
+    assert cal.predictive_scale[0] < 0.5
+    assert cover_raw > 0.99 and abs(cover_cal - 0.9) < 0.04
+    assert ll_cal > ll_raw + 0.3
+    assert raw.curve == cal.curve  # the fit itself is the same
+
+
+def test_fit_vgpn_starts_from_scale_one():
+    x, y = _data(100)
+    net = _net()
+    net.head.predictive_scale.fill_(5.0)
+    fit_vgpn(net, x[:80], y[:80], x[80:], y[80:], num_steps=10)
+    assert float(net.head.predictive_scale) == 1.0
+
+
+def test_bad_calibration_requests_raise():
+    x, y = _data(40)
+    net = _net()
+    with pytest.raises(ValueError, match="calibrate"):
+        fit_vgpn(net, x, y, val_fraction=0.0, num_steps=5, calibrate=True)
+    with pytest.raises(ValueError, match="calibrate must be"):
+        fit_vgpn(net, x, y, num_steps=5, calibrate="yes")
+    softmax = VariationalGPN([2, 4, 3], head=SoftmaxHead(4, 3, dtype=DT), dtype=DT)
+    labels = torch.zeros(40, dtype=torch.long)
+    with pytest.raises(ValueError, match="regression head"):
+        fit_vgpn(softmax, x, labels, num_steps=5, calibrate=True)
+    with pytest.raises(ValueError, match="regression head"):
+        fit_predictive_scale(softmax, x, labels)
+    with pytest.raises(ValueError, match="bounds"):
+        fit_predictive_scale(net, x, y, bounds=(2.0, 3.0))
+    with pytest.raises(ValueError, match="y must be"):
+        fit_predictive_scale(net, x, y[:30])
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        fit_predictive_scale(net, x[:1], y[:1])
+    bad = y.clone()
+    bad[3] = float("nan")
+    with pytest.raises(ValueError, match="y"):
+        fit_predictive_scale(net, x, bad)
+
+
+def test_a_scale_at_the_bound_warns():
+    net = _net()
+    x, y = _data(40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scale = fit_predictive_scale(net, x, 1e4 * y, bounds=(0.5, 2.0))
+    assert float(scale) == pytest.approx(2.0, rel=0.02)
+    assert any("bound" in str(w.message) for w in caught)
