@@ -196,3 +196,17 @@ def test_paired_table_pairs_each_tag_with_the_ml_reruns_seed_by_seed(tmp_path):
     assert len(rows) == 3 and rows[0].startswith("| adult | b | 0 | 0.1400 / 0.1500 |")
     assert "| -0.0100 | -0.0100 |" in rows[0] and "| +0.0100 | +0.0000 |" in rows[1]
     assert "| 2 paired | lower on 1 of 2 | lower on 1 of 2 | +0.0000 ± 0.0141 |" in rows[2]
+
+
+def test_ml_rows_cover_every_set_and_mnist_is_the_reduced_experiments_row():
+    """``--ml`` reruns a row for every set, and the reduced MNIST's is the GPN row that
+    ``benchmarks/mnist_reduced.py`` trains (mean + variance, random targets, nothing shared)."""
+    from benchmarks.bayes_classification import ML_ROW, SETS
+    from benchmarks.mnist_reduced import MODELS
+
+    assert set(ML_ROW) == set(SETS)
+    model, init, share = ML_ROW["mnist-test-only"]
+    flags = MODELS[model]
+    assert flags[flags.index("--mode") + 1] == "meanvar"
+    assert flags[flags.index("--init") + 1] == init and share == "none"
+    assert "--share" not in flags
