@@ -238,12 +238,13 @@ def test_calibrated_columns_and_their_facts(monkeypatch):
     from benchmarks.uci import CHOSEN, MODELS, _score, bgpn_config, calibrated
 
     assert calibrated("bgpn_het_qw2_pll") == "bgpn_het_qw2_cal_pll"
-    assert calibrated("bgpn_long") == "bgpn_long_cal"
+    assert calibrated("bgpn_long") == calibrated("bgpn_long_cal") == "bgpn_long_cal"
     for name, chosen in CHOSEN.items():
         assert calibrated(chosen) in MODELS
         config = bgpn_config(calibrated(chosen), name)
         assert config["calibrate"] is True
-        assert {**config, "calibrate": False} == bgpn_config(chosen, name)
+        uncalibrated = calibrated(chosen).replace("_cal", "")
+        assert {**config, "calibrate": False} == bgpn_config(uncalibrated, name)
     built = _record_networks(monkeypatch)
     data = _tiny_data()
     gen = torch.Generator().manual_seed(1)
