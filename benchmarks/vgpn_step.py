@@ -22,7 +22,11 @@ at ``REV`` (``gpn@REV``), against ``tanh`` (the same sizes, cross-entropy), on a
 (the grid's) of Letter-shaped random inputs; "per epoch" is then per step.
 
 Variants run in alternating blocks of ``--block`` steps, ``--repeats`` times, one thread; the
-report gives the median process-CPU and wall seconds per epoch and their ratios::
+report gives the median process-CPU and wall seconds per epoch and their ratios. A network's
+step depends on its state (rows whose activations are narrow against the lengthscale take the
+Gauss-Hermite path of the row kernels, more of them as a fit goes on): ``--warm N`` first trains
+every variant for ``N`` untimed steps of its own fit (the same settings, data and mini-batches),
+so that the timing sees the states a fit spends its steps in::
 
     OMP_NUM_THREADS=1 python benchmarks/vgpn_step.py --sets boston kin8nm --baseline 813ddd5
 """
@@ -142,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--letter", action="store_true", help="the Letter network instead")
     parser.add_argument(
+        "--warm", type=int, default=0, help="untimed training steps of every variant first"
+    )
+    parser.add_argument(
         "--profile", default=None, help="profile 10 steps of this variant (torch.profiler)"
     )
     args = parser.parse_args(argv)
@@ -155,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             steps, per_epoch = letter_steps(args.baseline)
         else:
             steps, per_epoch = steps_of(name, args.batch, args.baseline)
-        for step in steps.values():  # warm up: compile / load the kernels
-            for i in range(3):
+        for step in steps.values():  # warm up: compile / load the kernels, then --warm steps
+            for i in range(max(3, args.warm)):
                 step(i)
         cpu = {k: [] for k in steps}
         wall = {k: [] for k in steps}
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                 cpu[key].append((time.process_time() - t) / args.block * per_epoch)
                 wall[key].append((time.perf_counter() - w) / args.block * per_epoch)
         batch = 128 if args.letter else (args.batch or "full")
-        print(f"{name}: {per_epoch} steps per epoch (batch {batch})")
+        print(f"{name}: {per_epoch} steps per epoch (batch {batch}), after {args.warm} steps")
         if args.profile:
             from torch.profiler import profile
 
