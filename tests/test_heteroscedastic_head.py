@@ -4,7 +4,6 @@ fit that must find input-dependent noise."""
 
 import math
 
-import pyro
 import pytest
 import torch
 from scipy import integrate
@@ -18,12 +17,7 @@ from tests.mc import assert_mc_mean
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _fresh_param_store():
-    """The Pyro routes (``sample_predictive``) read the global param store: start empty."""
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def _head(offset=-1.0, slope=1.3, num_outputs=1, **kwargs):

@@ -9,16 +9,7 @@ from sklearn.metrics import log_loss
 
 from benchmarks.bayes_classification import class_metrics, summary
 
-
-@pytest.fixture(autouse=True)
-def _clean_param_store():
-    """The tiny runs here build networks whose parameters live in Pyro's global store: leave
-    it empty for the next test (a later network with the same names would get these shapes)."""
-    import pyro
-
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def test_class_metrics_match_sklearn():

@@ -10,16 +10,7 @@ import torch
 
 from benchmarks.uci import BGPN_CONFIG, bgpn_sizes, fit_bgpn
 
-
-@pytest.fixture(autouse=True)
-def _clean_param_store():
-    """The networks built here put their parameters in Pyro's global store; leave it empty
-    for the next test (a later network with the same names would get these shapes)."""
-    import pyro
-
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def test_sizes_in_units_of_the_set_width():

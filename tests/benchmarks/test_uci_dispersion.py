@@ -3,7 +3,6 @@ Bayesian GPN's predictive, checked against direct computations on a small networ
 
 import math
 
-import pyro
 import pytest
 import torch
 
@@ -12,12 +11,7 @@ from benchmarks.uci_dispersion import TAUS, dispersion, run
 from pyro_gpn.heads import HeteroscedasticGaussianHead
 from pyro_gpn.models import VariationalGPN
 
-
-@pytest.fixture(autouse=True)
-def _clean_param_store():
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 @pytest.mark.parametrize("head", ["gaussian", "heteroscedastic"])

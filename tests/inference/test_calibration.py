@@ -25,11 +25,7 @@ from pyro_gpn.models.variational import VariationalGPN
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _fresh_param_store():
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def _data(rows: int, seed: int = 0, noise: float = 0.1, outputs: int = 1):

@@ -3,7 +3,6 @@ conditional, exactness for observed inputs, gradcheck, shapes and argument error
 
 import math
 
-import pyro
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -23,13 +22,7 @@ from tests.mc import assert_mc_mean, assert_mc_variance
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _clear_param_store():
-    """Assigning a ``PyroParam`` of a root ``PyroModule`` writes Pyro's global param store under
-    its bare name (``lengthscales``), which a later layer of another size would read."""
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def _conv(cls=GPNConv2d, *args, seed=0, **kwargs):

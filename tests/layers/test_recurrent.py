@@ -1,7 +1,6 @@
 """GPNRecurrent: Monte Carlo through the layer's own conditional (exact for sequences of one
 and two observed steps, close for longer ones), modes, gradcheck, shapes and argument errors."""
 
-import pyro
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -14,11 +13,7 @@ from tests.mc import assert_mc_mean, assert_mc_variance
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _clear_param_store():
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
 
 
 def _rnn(cls=GPNRecurrent, d=2, n=3, seed=0, **kwargs):
