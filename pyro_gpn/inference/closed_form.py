@@ -407,7 +407,7 @@ def fit_vgpn(
             "calibrate=True fits the predictive scale on validation rows: give "
             "x_val and y_val, or a val_fraction > 0"
         )
-    if regression:
+    if getattr(vgpn.head, "predictive_scale", None) is not None:
         vgpn.head.predictive_scale.fill_(1.0)
     num_data = x.shape[0]
     if batch_size == "auto":
