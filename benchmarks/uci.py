@@ -466,7 +466,7 @@ def calibration_facts(model, predict, data) -> dict:
             x_fit, y_fit = data.x_val[fit_rows], data.y_val[fit_rows]
             x_score, y_score = data.x_val[score_rows], data.y_val[score_rows]
             share = len(score_rows) / data.x_val.shape[0]
-            scale.copy_(fit_predictive_scale(model, x_fit, y_fit, set_scale=False))
+            fit_predictive_scale(model, x_fit, y_fit)  # sets the head's scale
             calibrated += share * _score(predict, x_score, y_score, y_std)["log_lik"]
             scale.fill_(1.0)
             raw += share * _score(predict, x_score, y_score, y_std)["log_lik"]
