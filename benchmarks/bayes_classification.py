@@ -48,6 +48,10 @@ SETS = ("letter", "adult", "connect4", "mnist-test-only")
 #: the predictive log-likelihood ends with ``PLL`` (as ``benchmarks/uci.py``'s ``_pll`` twins)
 OBJECTIVES = ("closed_form", "predictive")
 PLL = "-pll"
+#: the tag of a cell whose predictive is temperature-scaled on the validation rows
+#: (``--calibrate``) ends with CAL; the calibrated maximum-likelihood reruns are ``ML_CAL``
+CAL = "-cal"
+ML_CAL = "ml-cal"
 #: the paper's hidden widths (``PAPER_HIDDEN`` of the grid)
 HIDDEN = (30, 15)
 
@@ -71,6 +75,36 @@ def predict_probs(model, x: Tensor, batch: int = 4096) -> Tensor:
     """Closed-form predictive class probabilities ``[S, C]``, in batches (memory only)."""
     with torch.no_grad():
         return torch.cat([model.predict(x[i : i + batch]).mean for i in range(0, len(x), batch)])
+
+
+def temperature_facts(model, data) -> dict:
+    """What the temperature of a calibrated classifier (``fit_predictive_scale`` on the
+    validation rows, as ``fit_vgpn(calibrate=True)`` does) changes, for the choice and its
+    check: the ``temperature``; ``val_crossfit``, the validation NLL with the temperature fitted
+    on the other half of the validation rows (even rows scored with the odd rows' temperature
+    and back; row-weighted) against the uncalibrated NLL on the same rows -- the figure a choice
+    may use; and the test metrics at temperature 1 (``test_*_uncalibrated``). The head keeps the
+    temperature fitted on all validation rows."""
+    from pyro_gpn.inference import fit_predictive_scale
+
+    temperature = model.head.predictive_scale
+    halves = [torch.arange(start, data.x_val.shape[0], 2) for start in (0, 1)]
+    raw = calibrated = 0.0
+    for fit_rows, score_rows in (halves, halves[::-1]):
+        share = len(score_rows) / data.x_val.shape[0]
+        x_score, y_score = data.x_val[score_rows], data.y_val[score_rows]
+        fit_predictive_scale(model, data.x_val[fit_rows], data.y_val[fit_rows])
+        calibrated += share * class_metrics(predict_probs(model, x_score), y_score)["nll"]
+        temperature.fill_(1.0)
+        raw += share * class_metrics(predict_probs(model, x_score), y_score)["nll"]
+    test = class_metrics(predict_probs(model, data.x_test), data.y_test)
+    fitted = float(fit_predictive_scale(model, data.x_val, data.y_val))
+    return {
+        "temperature": fitted,
+        "val_crossfit": {"nll_uncalibrated": raw, "nll_calibrated": calibrated},
+        "test_error_uncalibrated": test["error"],
+        "test_nll_uncalibrated": test["nll"],
+    }
 
 
 def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
@@ -107,6 +141,7 @@ def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
         log=lambda line: print(f"    [{time.strftime('%H:%M:%S')}] {line}", flush=True),
     )
     fit_wall, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
+    calibration = temperature_facts(model, data) if config.get("calibrate") else {}
     parts = {}
     for split in ("train", "val", "test"):
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
@@ -119,6 +154,7 @@ def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
         "layer_sizes": "x".join(map(str, sizes)),
         "model": "VariationalGPN(head='softmax'), library defaults",
         **{f"{s}_{k}": v for s, m in parts.items() for k, v in m.items()},
+        **calibration,
         "num_steps": fit.num_steps,
         "best_step": fit.best_step,
         "stopped_early": fit.stopped_early,
@@ -154,11 +190,12 @@ ML_ROW = {
 }
 
 
-def run_ml_cell(name: str, seed: int, work_dir: Path) -> dict:
+def run_ml_cell(name: str, seed: int, work_dir: Path, calibrate: bool = False) -> dict:
     """Rerun one maximum-likelihood GPN cell of the paper grid with its own protocol
     (:func:`pyro_gpn.experiments.paper.run_cell`, checkpoints under ``work_dir``), reload its
     best-validation parameters and add the test NLL of its closed-form predictive class
-    probabilities (the run files in paper_runs/ record errors only)."""
+    probabilities (the run files in paper_runs/ record errors only); with ``calibrate``, at
+    the temperature fitted on the validation rows (:func:`temperature_facts`)."""
     from pyro_gpn import io as pio
     from pyro_gpn.data import load_dataset
     from pyro_gpn.experiments.paper import GridCell, RunSettings, run_cell
@@ -181,13 +218,15 @@ def run_ml_cell(name: str, seed: int, work_dir: Path) -> dict:
     path = work_dir / cell.run_id / BEST_MODEL_NAME
     model.load_state_dict(pio.load_torch(path, require_checksum=False))
     model.eval()
+    calibration = temperature_facts(model, data) if calibrate else {}
     for split in ("train", "val", "test"):
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
         for key, value in class_metrics(predict_probs(model, x), y).items():
             record[f"{split}_{key}_probs" if key == "error" else f"{split}_{key}"] = value
     return {
         **record,
-        "tag": "ml",
+        **calibration,
+        "tag": ML_CAL if calibrate else "ml",
         "set": name,
         "cell_s": time.perf_counter() - t0,
         "cell_cpu_s": time.process_time() - c0,
@@ -255,6 +294,8 @@ def summary(out: Path, paper_runs: Path) -> str:
             label = (
                 f"ML GPN rerun ({', '.join(ML_ROW[name])})"
                 if tag == "ml"
+                else f"ML GPN rerun, temperature-scaled ({', '.join(ML_ROW[name])})"
+                if tag == ML_CAL
                 else f"Bayesian GPN ({tag})"
             )
             lines.append(
@@ -266,12 +307,13 @@ def summary(out: Path, paper_runs: Path) -> str:
     return "\n".join(lines)
 
 
-def paired_table(out: Path, tags: list[str]) -> str:
-    """Markdown: each Bayesian GPN tag in ``tags`` against the maximum-likelihood rerun (``ml``
-    cells, ``--ml``) seed by seed, on the seeds that have both: test error and test NLL of
-    each (the error of the argmax of the predictive class probabilities of both), the
-    Bayesian-minus-ML differences, and a last row per tag with the mean ± sample std of the
-    differences and on how many seeds the Bayesian figure is lower."""
+def paired_table(out: Path, tags: list[str], against: str = "ml") -> str:
+    """Markdown: each Bayesian GPN tag in ``tags`` against the maximum-likelihood rerun
+    (``against``: the ``ml`` cells of ``--ml``, or ``ml-cal`` of ``--ml --calibrate``) seed by
+    seed, on the seeds that have both: test error and test NLL of each (the error of the argmax
+    of the predictive class probabilities of both), the Bayesian-minus-ML differences, and a
+    last row per tag with the mean ± sample std of the differences and on how many seeds the
+    Bayesian figure is lower."""
     cells = {}
     for path in sorted(out.glob("*.json")):
         c = json.loads(path.read_text())
@@ -284,13 +326,13 @@ def paired_table(out: Path, tags: list[str]) -> str:
     for tag in tags:
         for name in SETS:
             seeds = sorted(
-                s for t, n, s in cells if t == tag and n == name and ("ml", n, s) in cells
+                s for t, n, s in cells if t == tag and n == name and (against, n, s) in cells
             )
             if not seeds:
                 continue
             diffs = []
             for seed in seeds:
-                b, m = cells[(tag, name, seed)], cells[("ml", name, seed)]
+                b, m = cells[(tag, name, seed)], cells[(against, name, seed)]
                 d = (b["test_error"] - m["test_error_probs"], b["test_nll"] - m["test_nll"])
                 diffs.append(d)
                 lines.append(
@@ -318,7 +360,7 @@ def validation_table(out: Path, seed: int = 0) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in SETS:
-        cs = [c for c in cells if c["set"] == name and c.get("tag", "bgpn") != "ml"]
+        cs = [c for c in cells if c["set"] == name and c.get("tag", "bgpn") not in ("ml", ML_CAL)]
         for c in sorted(cs, key=lambda c: -c["best_val_log_lik"]):
             cfg = c["config"]
             lines.append(
@@ -381,6 +423,13 @@ def main(argv=None) -> int:
         "test NLL (tag 'ml')",
     )
     p.add_argument("--work-dir", default="/tmp/pyro-gpn-bayes-ml", help="--ml checkpoints")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit the predictive's temperature on the validation rows after the fit "
+        f"(fit_vgpn(calibrate=True); with --ml the reruns too, tag '{ML_CAL}'); the test "
+        f"metrics at temperature 1 are kept beside (the tag must end with '{CAL}')",
+    )
     p.add_argument("--out", default=str(ROOT / "docs/results/bayes_classification_runs"))
     p.add_argument("--paper-runs", default=str(ROOT / "docs/results/paper_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
@@ -392,6 +441,12 @@ def main(argv=None) -> int:
         help="print each Bayesian tag against the --ml reruns seed by seed and exit",
     )
     p.add_argument(
+        "--against",
+        default="ml",
+        choices=("ml", ML_CAL),
+        help="--paired: the maximum-likelihood cells to compare with",
+    )
+    p.add_argument(
         "--validation",
         type=int,
         default=None,
@@ -399,18 +454,20 @@ def main(argv=None) -> int:
         help="print the validation rows of every configuration run on SEED and exit",
     )
     a = p.parse_args(argv)
-    if not a.ml and (a.elbo == "predictive") != a.tag.endswith(PLL):
+    if not a.ml and (a.elbo == "predictive") != a.tag.removesuffix(CAL).endswith(PLL):
         p.error(
             f"--tag must end with '{PLL}' exactly when --elbo is 'predictive' (got --tag "
             f"{a.tag!r}, --elbo {a.elbo!r}): a cell's tag names its objective"
         )
+    if not a.ml and a.calibrate != a.tag.endswith(CAL):
+        p.error(f"--tag must end with '{CAL}' exactly when --calibrate is given (got {a.tag!r})")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
         print(summary(out, Path(a.paper_runs)))
         return 0
     if a.paired is not None:
-        print(paired_table(out, a.paired))
+        print(paired_table(out, a.paired, a.against))
         return 0
     if a.validation is not None:
         print(validation_table(out, a.validation))
@@ -424,13 +481,15 @@ def main(argv=None) -> int:
         "patience": a.patience,
         "elbo": a.elbo,
     }
+    if a.calibrate:
+        config["calibrate"] = True
     if a.weight_prior_scale is not None:
         config["weight_prior_scale"] = a.weight_prior_scale
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"# {platform.node()} torch {torch.__version__} config {config}", flush=True)
     for seed in a.seeds:
         for name in a.sets:
-            tag = "ml" if a.ml else a.tag
+            tag = (ML_CAL if a.calibrate else "ml") if a.ml else a.tag
             path = out / f"{tag}__{name}__seed{seed}.json"
             if path.exists():
                 continue
@@ -439,7 +498,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
             if a.ml:
-                cell = run_ml_cell(name, seed, Path(a.work_dir))
+                cell = run_ml_cell(name, seed, Path(a.work_dir), a.calibrate)
             else:
                 cell = run_cell(name, seed, config, a.tag)
             _atomic_json(path, cell)

@@ -27,6 +27,7 @@ Usage::
     PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 10 python benchmarks/conv_rnn.py sine --seeds 0 1 2 \\
         --json /tmp/conv_rnn/sine.json
     PYTHONPATH=. python benchmarks/conv_rnn.py report /tmp/conv_rnn/*.json   # markdown tables
+    # --calibrate: every image model also at the temperature fitted on the validation images
     # the full MNIST experiment (60,000 training images; --download fetches missing files):
     PYTHONPATH=. python benchmarks/conv_rnn.py mnist-full --data-dir DIR --download --epochs 20
 """
@@ -47,7 +48,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from pyro_gpn import GPNSequential, Moments
-from pyro_gpn.inference import TrainConfig, Trainer
+from pyro_gpn.heads import SoftmaxHead
+from pyro_gpn.inference import TrainConfig, Trainer, fit_predictive_scale
 from pyro_gpn.layers import (
     GPNConv2d,
     GPNRecurrent,
@@ -232,6 +234,41 @@ def train(model, train_set, val_set, epochs, lr, batch_size, patience, seed):
     }
 
 
+class LogitsAsFeatures(nn.Module):
+    """A fixed-activation CNN seen through the library's softmax head: its logits are the
+    (point-mass) features of an identity readout, so that
+    :func:`pyro_gpn.inference.fit_predictive_scale` fits its temperature exactly as it fits a
+    GPN's (the same search, the same log probability)."""
+
+    def __init__(self, cnn: CNN) -> None:
+        super().__init__()
+        self.cnn = cnn
+        classes = cnn.readout.out_features
+        self.head = SoftmaxHead(classes, classes, dtype=cnn.readout.weight.dtype)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(classes))
+
+    def hidden(self, x: Tensor) -> Moments:
+        return Moments(self.cnn.logits(x), validate=False)
+
+    def predict(self, x: Tensor):
+        return self.head.predict(self.hidden(x))
+
+
+@torch.no_grad()
+def calibrated_metrics(model, val_set, test_set) -> dict:
+    """The temperature fitted on the validation images (``fit_predictive_scale``; the rows that
+    also chose the best epoch, as in Guo et al. 2017), and the validation and test metrics at
+    it (``cal_`` prefix). The model keeps the temperature."""
+    model.eval()
+    target = LogitsAsFeatures(model) if isinstance(model, CNN) else model
+    temperature = float(fit_predictive_scale(target, *val_set))
+    row = {"temperature": temperature}
+    row |= {f"cal_val_{k[5:]}": v for k, v in image_metrics(target, *val_set).items()}
+    row |= {f"cal_{k}": v for k, v in image_metrics(target, *test_set).items()}
+    return row
+
+
 @torch.no_grad()
 def image_metrics(model, x, y) -> dict:
     model.eval()
@@ -295,6 +332,8 @@ def run_images(args) -> list[dict]:
             row = {"task": args.task, "model": name, "seed": seed, **timing}
             row |= {f"val_{k[5:]}": v for k, v in image_metrics(model, *val_set).items()}
             row |= image_metrics(model, *test_set)
+            if args.calibrate:
+                row |= calibrated_metrics(model, val_set, test_set)
             row["kl_scale"] = args.kl_scale
             row["data"] = description
             rows.append(row)
@@ -346,7 +385,10 @@ def report(paths: list[str]) -> str:
     out = []
     for task in dict.fromkeys(r["task"] for r in rows):
         sub = [r for r in rows if r["task"] == task]
-        metrics = [k for k in sub[0] if k.startswith(("test_", "coverage", "mean_pred"))]
+        metrics = [
+            k for k in sub[0] if k.startswith(("test_", "cal_test_", "coverage", "mean_pred"))
+        ]
+        metrics += ["temperature"] if "temperature" in sub[0] else []
         base = "relu" if task != "sine" else "tanh-rnn"
         base_cpu = statistics.mean(r["cpu_s_per_epoch"] for r in sub if r["model"] == base)
         out.append(f"### {task}\n\n{sub[0]['data']}\n")
@@ -405,6 +447,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=1.0,
         help="variational models: the KL term is divided by kl_scale * n instead of n",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="images: also report every model's test metrics at the temperature fitted on the "
+        "validation images (cal_ columns)",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

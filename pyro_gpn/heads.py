@@ -139,6 +139,18 @@ class Head(nn.Module):
         """:class:`Prediction` from Monte Carlo draws ``[K, S, ...]`` of a model's sites."""
         raise NotImplementedError
 
+    def _init_predictive_scale(self, width: int, factory: dict) -> None:
+        """Register the calibration buffer ``predictive_scale`` ``[width]``, 1 (none)."""
+        self.register_buffer("predictive_scale", torch.ones(width, **factory))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # a state saved before the predictive scale existed is an uncalibrated head
+        if "predictive_scale" in self._buffers:
+            state_dict.setdefault(
+                prefix + "predictive_scale", torch.ones_like(self.predictive_scale)
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
 
 class _RegressionHead(Head):
     """What the Gaussian regression heads share: targets ``[S, D]``, the prediction from the
@@ -162,9 +174,6 @@ class _RegressionHead(Head):
     num_outputs: int
     predictive_scale: Tensor
 
-    def _init_predictive_scale(self, factory: dict) -> None:
-        self.register_buffer("predictive_scale", torch.ones(self.num_outputs, **factory))
-
     def _scaled_mixture(
         self, weights: Tensor, mean: Tensor, var: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -173,11 +182,6 @@ class _RegressionHead(Head):
         scale = self.predictive_scale.to(mean.dtype)
         centre = torch.einsum("k,ksd->sd", weights.to(mean.dtype), mean)
         return weights, scale * mean + (1 - scale) * centre, scale.square() * var
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        # a state saved before the scale existed is an uncalibrated head
-        state_dict.setdefault(prefix + "predictive_scale", torch.ones_like(self.predictive_scale))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def check_target(self, y: Tensor, num_samples: int) -> None:
         check_tensor("y", y)
@@ -235,7 +239,7 @@ class GaussianHead(_RegressionHead):
         width = 1 if shared else num_outputs
         noise_std = torch.full((width,), float(noise_std_init), **factory)
         self.noise_std_unconstrained = nn.Parameter(noise_std.log())
-        self._init_predictive_scale(factory)
+        self._init_predictive_scale(self.num_outputs, factory)
 
     @property
     def noise_std(self) -> Tensor:
@@ -279,6 +283,15 @@ class SoftmaxHead(Head):
     the features (:func:`~pyro_gpn.losses.unscented_cross_entropy`); so does :meth:`predict`,
     which averages the softmax over the same points.
 
+    **Temperature** (buffer ``predictive_scale`` ``[1]``, 1 unless calibrated): the predictive
+    divides every point's logits by ``T``, the temperature scaling of Guo et al. (2017, "On
+    calibration of modern neural networks"): ``T > 1`` softens the class probabilities,
+    ``T < 1`` sharpens them, the most probable class of each point stays. It is fitted after
+    training on held-out rows by :func:`pyro_gpn.inference.fit_predictive_scale`
+    (``fit_vgpn(..., calibrate=True)``); as the regression heads' scale, only the predictive
+    (:meth:`predictive`, :meth:`predict`, :meth:`log_predictive`) uses it, the training
+    objectives do not, and ``T = 1`` changes no bit.
+
     Args:
         in_features: ``N_L``, the width of the last GPN layer.
         num_classes: ``C``.
@@ -291,6 +304,7 @@ class SoftmaxHead(Head):
             Glorot-uniform; drawn as the first release's ``torch.nn.Linear`` readout was, so
             that fixed seeds give the same networks.
         bias: ``[C]``, zero.
+        predictive_scale: ``[1]`` buffer, the temperature ``T`` (1: none; see above).
     """
 
     task = "classification"
@@ -317,6 +331,7 @@ class SoftmaxHead(Head):
         nn.init.xavier_uniform_(linear.weight)
         self.weight = nn.Parameter(linear.weight.detach().mT.contiguous())
         self.bias = nn.Parameter(torch.zeros(num_classes, **factory))
+        self._init_predictive_scale(1, factory)
 
     @property
     def num_outputs(self) -> int:
@@ -332,9 +347,10 @@ class SoftmaxHead(Head):
     def predictive(self, features: Moments) -> Moments:
         """Logit moments; a full covariance unless the features are a point mass (the readout
         correlates even independent features)."""
+        temperature = self.predictive_scale.to(features.mean.dtype)
         if features.is_deterministic:
-            return features.linear(self.weight, self.bias)
-        return features.linear_full(self.weight, self.bias)
+            return features.linear(self.weight / temperature, self.bias / temperature)
+        return features.linear_full(self.weight / temperature, self.bias / temperature)
 
     def expected_nll(self, features: Moments, y: Tensor, reduction: str = "mean") -> Tensor:
         return unscented_cross_entropy(
@@ -349,18 +365,23 @@ class SoftmaxHead(Head):
         logits = pyro.deterministic("logits", self.readout(features), event_dim=1)
         return pyro.sample(name, dist.Categorical(logits=logits), obs=y)
 
-    def predict(self, features: Moments) -> Prediction:
-        """Softmax averaged over the unscented sigma points of the features (their mean and
-        standard deviation); a point mass gives the softmax of its logits and zero std."""
+    def point_logits(self, features: Moments) -> tuple[Tensor, Tensor]:
+        """The logits at the unscented sigma points of the features, at temperature 1, and the
+        points' weights: ``[S, P, C]`` and ``[P]`` (``P = 2 N + 1``; a point mass: ``P = 1``)."""
         logits, weights = unscented_logits(features, self.weight, self.bias, self.unscented_kappa)
-        probs = logits.softmax(-1)  # [S, 2N + 1, C]
-        point_weights = torch.cat([weights[:1], weights[1:].expand(probs.shape[1] - 1)]).view(
-            1, -1, 1
-        )
+        if features.is_deterministic:
+            return logits[:, :1], weights.new_ones(1)
+        return logits, torch.cat([weights[:1], weights[1:].expand(logits.shape[1] - 1)])
+
+    def predict(self, features: Moments) -> Prediction:
+        """Softmax of the logits over the temperature, averaged over the unscented sigma points
+        of the features (their mean and standard deviation); a point mass gives the softmax of
+        its logits and zero std."""
+        logits, point_weights = self.point_logits(features)
+        probs = (logits / self.predictive_scale.to(logits.dtype)).softmax(-1)  # [S, P, C]
+        point_weights = point_weights.view(1, -1, 1)
         mean = (point_weights * probs).sum(1)
         var = (point_weights * (probs - mean.unsqueeze(1)).square()).sum(1)
-        if features.is_deterministic:
-            mean, var = probs[:, 0], torch.zeros_like(mean)
         return Prediction(mean, var.clamp_min(0).sqrt(), self.task)
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
@@ -457,7 +478,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         self.noise_slope = nn.Parameter(
             torch.full((num_outputs,), float(noise_slope_init), **factory)
         )
-        self._init_predictive_scale(factory)
+        self._init_predictive_scale(self.num_outputs, factory)
 
     @classmethod
     def feature_sizes(cls, sizes: Sequence[int]) -> list[int]:

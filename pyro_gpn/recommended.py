@@ -86,8 +86,9 @@ class VGPNRecommendation:
             +0.87 nats over 20 splits with 1500 steps (17 of 20 won); on the validation rows
             of boston (-0.70), concrete (-0.04) and kin8nm (-0.02) 500 steps lost
             (``uci.md`` section 16). So it is a per-problem option, chosen on validation.
-        calibrate: fit the regression head's predictive scale on the validation rows after
-            the fit (:func:`~pyro_gpn.inference.fit_predictive_scale`, ``sigma``-scaling).
+        calibrate: fit the head's predictive scale on the validation rows after the fit
+            (:func:`~pyro_gpn.inference.fit_predictive_scale`: ``sigma``-scaling of a
+            regression predictive, the temperature of a softmax head).
             ``False``: on naval (1,074 validation rows, a predictive 2-5x too wide) the scale
             won +0.18 nats of cross-fitted validation log-likelihood on 18 of 20 splits and
             brought the test coverage of the 90 % interval from 0.97 to 0.92; on kin8nm and

@@ -1,4 +1,4 @@
-"""Post-hoc calibration of a regression network's predictive: one scale per output.
+"""Post-hoc calibration of a network's predictive: one scale per output, or a temperature.
 
 A network's predictive can be right in its mean and wrong in its spread: the closed-form ELBO's
 fitted noise absorbs ``Var[F]`` and the predictive then counts it twice, a fit stopped early
@@ -9,7 +9,10 @@ section 17). :func:`fit_predictive_scale` fits the ``sigma``-scaling of Laves et
 counterpart of temperature scaling, Guo et al. 2017): the scale ``s`` that maximises the mean
 log predictive density of held-out rows when the predictive is stretched about its mean by
 ``s`` (the regression heads' ``predictive_scale``). One number per output, fitted on rows the
-network was not trained on; the network itself does not change.
+network was not trained on; the network itself does not change. For a classifier
+(:class:`~pyro_gpn.heads.SoftmaxHead`) the same search fits the temperature of Guo et al.
+(2017): the one ``T`` that maximises the held-out log probability of the labels when every
+sigma point's logits are divided by it.
 """
 
 from __future__ import annotations
@@ -21,13 +24,25 @@ import torch
 from torch import Tensor
 
 from .._validation import check_finite, check_tensor
-from ..losses import gaussian_mixture_log_density
+from ..losses import check_labels, gaussian_mixture_log_density
 
 __all__ = ["fit_predictive_scale"]
 
 #: log-spaced scales of the first search; the best one is then refined by golden section
 _GRID = 161
 _GOLDEN_STEPS = 60
+
+
+def _mean_log_probability(logits: Tensor, weights: Tensor, labels: Tensor, scale: Tensor):
+    """Mean log probability of ``labels [S]`` under the softmax of ``logits [S, P, C]`` over
+    each temperature of ``scale [G, 1]``, averaged over the points with ``weights [P]`` (the
+    :class:`~pyro_gpn.heads.SoftmaxHead` predictive): ``[G, 1]``."""
+    index = labels.reshape(-1, 1, 1).expand(-1, logits.shape[1], 1)
+    out = []
+    for temperature in scale:
+        probs = (logits / temperature).softmax(-1).gather(-1, index).squeeze(-1)  # [S, P]
+        out.append((probs @ weights).clamp_min(1e-300).log().mean().reshape(1))
+    return torch.stack(out)
 
 
 def _mean_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: Tensor, scale: Tensor):
@@ -54,82 +69,98 @@ def fit_predictive_scale(
     bounds: tuple[float, float] = (1e-2, 1e2),
     set_scale: bool = True,
 ) -> Tensor:
-    """Fit the predictive scale of a regression network on held-out rows (``sigma``-scaling).
+    """Fit the predictive scale of a network on held-out rows (``sigma``-scaling of a
+    regression predictive, temperature scaling of a classifier's).
 
-    For each output ``d`` finds the ``s_d`` in ``bounds`` that maximises the mean log predictive
-    density of ``y[:, d]`` when the model's predictive (the head's
+    Regression: for each output ``d`` finds the ``s_d`` in ``bounds`` that maximises the mean
+    log predictive density of ``y[:, d]`` when the model's predictive (the head's
     :meth:`~pyro_gpn.heads.Head.predictive_mixture`, taken with scale 1) is stretched about its
-    mean by ``s_d``: a grid of 161 log-spaced values, then golden-section search between the
-    best one's neighbours. For a Gaussian predictive the optimum is ``s^2 = mean(z^2)``,
+    mean by ``s_d``. For a Gaussian predictive the optimum is ``s^2 = mean(z^2)``,
     ``z = (y - mean) / sd``; the search covers mixtures (the heteroscedastic head) too.
 
+    Classification (:class:`~pyro_gpn.heads.SoftmaxHead`): finds the one temperature ``T`` in
+    ``bounds`` that maximises the mean log predictive probability of the labels ``y`` when the
+    logits of every unscented sigma point (:meth:`~pyro_gpn.heads.SoftmaxHead.point_logits`)
+    are divided by ``T`` -- the quantity :meth:`~pyro_gpn.heads.Head.log_predictive` reports.
+
+    Both: a grid of 161 log-spaced values, then golden-section search between the best one's
+    neighbours.
+
     Args:
-        model: a network with a regression head (:class:`~pyro_gpn.heads.GaussianHead` or
-            :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead`) and ``hidden(x)`` (the
-            closed-form networks: :class:`~pyro_gpn.GPNNet`,
-            :class:`~pyro_gpn.models.VariationalGPN`, the fixed-activation baselines).
-        x, y: held-out rows ``[S, M]`` and targets ``[S, D]`` (or ``[S]`` for ``D = 1``),
-            ``S >= 2``, never the test rows.
+        model: a network with a head and ``hidden(x)`` (the closed-form networks:
+            :class:`~pyro_gpn.GPNNet`, :class:`~pyro_gpn.models.VariationalGPN`,
+            :class:`~pyro_gpn.GPNSequential`, the fixed-activation baselines) whose head is
+            :class:`~pyro_gpn.heads.GaussianHead`,
+            :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead` or
+            :class:`~pyro_gpn.heads.SoftmaxHead`.
+        x, y: held-out rows ``[S, M]`` and targets: ``[S, D]`` (or ``[S]`` for ``D = 1``)
+            regression targets or ``[S]`` integer class labels; ``S >= 2``, never the test rows.
         bounds: ``(low, high)``, ``0 < low < 1 < high``: the range searched. A scale at a bound
             warns.
         set_scale: write the result into ``model.head.predictive_scale``.
 
     Returns:
-        ``[D]`` the fitted scales (``s > 1`` widens the predictive, ``s < 1`` narrows it).
+        the fitted scales: ``[D]`` for regression (``s > 1`` widens the predictive, ``s < 1``
+        narrows it), ``[1]`` (the temperature) for classification (``T > 1`` softens the class
+        probabilities, ``T < 1`` sharpens them).
 
     Raises:
-        ValueError: a head that is not a regression head, bad rows or bounds.
+        ValueError: a head without a predictive scale, bad rows, labels or bounds.
     """
     head = getattr(model, "head", None)
-    if getattr(head, "task", None) != "regression" or not hasattr(head, "predictive_scale"):
+    task = getattr(head, "task", None)
+    if task not in ("regression", "classification") or not hasattr(head, "predictive_scale"):
         raise ValueError(
-            "model must have a regression head (GaussianHead or HeteroscedasticGaussianHead) "
-            f"to calibrate its predictive, got {type(head).__name__}"
+            "model must have a head with a predictive scale (GaussianHead, "
+            "HeteroscedasticGaussianHead or SoftmaxHead) to calibrate its predictive, got "
+            f"{type(head).__name__}"
         )
     low, high = (float(b) for b in bounds)
     if not (math.isfinite(low) and math.isfinite(high) and 0 < low < 1 < high):
         raise ValueError(f"bounds must satisfy 0 < low < 1 < high, got {bounds!r}")
     check_tensor("x", x)
-    check_tensor("y", y)
     check_finite("x", x)
-    check_finite("y", y)
     if x.dim() != 2 or x.shape[0] < 2:
         raise ValueError(f"x must be [S, M] with at least 2 rows, got {tuple(x.shape)}")
-    y = y.reshape(x.shape[0], -1) if y.dim() == 1 else y
-    if y.shape != (x.shape[0], head.num_outputs):
-        raise ValueError(
-            f"y must be [{x.shape[0]}, {head.num_outputs}] (or [{x.shape[0]}] for one output), "
-            f"got {tuple(y.shape)}"
-        )
+    if task == "classification":
+        check_labels(y, x.shape[0], head.num_classes, name="y")
+    else:
+        check_tensor("y", y)
+        check_finite("y", y)
+        y = y.reshape(x.shape[0], -1) if y.dim() == 1 else y
+        if y.shape != (x.shape[0], head.num_outputs):
+            raise ValueError(
+                f"y must be [{x.shape[0]}, {head.num_outputs}] (or [{x.shape[0]}] for one "
+                f"output), got {tuple(y.shape)}"
+            )
     kept = head.predictive_scale.clone()
     try:
         head.predictive_scale.fill_(1.0)
         with torch.no_grad():
-            weights, mean, var = head.predictive_mixture(model.hidden(x))
+            features = model.hidden(x)
+            if task == "classification":
+                logits, point_weights = head.point_logits(features)
+            else:
+                weights, mean, var = head.predictive_mixture(features)
     finally:
         head.predictive_scale.copy_(kept)
-    weights, mean, var = weights.double(), mean.double(), var.double()
-    y = y.double()
 
-    def score(scale: Tensor) -> Tensor:
-        return _mean_log_density(weights, mean, var, y, scale)
+    if task == "classification":
+        logits, point_weights, labels = logits.double(), point_weights.double(), y.long()
 
-    grid = torch.logspace(math.log10(low), math.log10(high), _GRID, dtype=torch.float64)
-    values = score(grid[:, None].expand(-1, y.shape[1]))  # [G, D]
-    best = values.argmax(0)  # [D]
-    log_grid = grid.log()
-    lo = log_grid[(best - 1).clamp_min(0)]
-    hi = log_grid[(best + 1).clamp_max(_GRID - 1)]
-    ratio = (math.sqrt(5.0) - 1) / 2
-    for _ in range(_GOLDEN_STEPS):  # every output at once: a bracket per output
-        a = hi - ratio * (hi - lo)
-        b = lo + ratio * (hi - lo)
-        pair = score(torch.stack([a, b]).exp())
-        left = pair[0] > pair[1]  # the maximum lies in [lo, b]
-        hi = torch.where(left, b, hi)
-        lo = torch.where(left, lo, a)
-    scale = ((lo + hi) / 2).exp()
-    at_bound = (best == 0) | (best == _GRID - 1)
+        def score(scale: Tensor) -> Tensor:
+            return _mean_log_probability(logits, point_weights, labels, scale)
+
+        width = 1
+    else:
+        weights, mean, var, y = weights.double(), mean.double(), var.double(), y.double()
+
+        def score(scale: Tensor) -> Tensor:
+            return _mean_log_density(weights, mean, var, y, scale)
+
+        width = y.shape[1]
+
+    scale, at_bound = _maximise_over_scale(score, width, low, high)
     if bool(at_bound.any()):
         warnings.warn(
             f"fit_predictive_scale: the scale of output(s) {at_bound.nonzero().flatten().tolist()} "
@@ -140,3 +171,25 @@ def fit_predictive_scale(
     if set_scale:
         head.predictive_scale.copy_(scale)
     return scale
+
+
+def _maximise_over_scale(score, width: int, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """The scale ``[width]`` in ``[low, high]`` that maximises ``score`` (``[G, width]`` scales
+    to ``[G, width]`` values, one independent problem per column), by a log-spaced grid and
+    golden-section search between the best grid point's neighbours; and whether the grid's best
+    point was a bound (``[width]`` bool)."""
+    grid = torch.logspace(math.log10(low), math.log10(high), _GRID, dtype=torch.float64)
+    values = score(grid[:, None].expand(-1, width))  # [G, width]
+    best = values.argmax(0)  # [width]
+    log_grid = grid.log()
+    lo = log_grid[(best - 1).clamp_min(0)]
+    hi = log_grid[(best + 1).clamp_max(_GRID - 1)]
+    ratio = (math.sqrt(5.0) - 1) / 2
+    for _ in range(_GOLDEN_STEPS):  # every column at once: a bracket per column
+        a = hi - ratio * (hi - lo)
+        b = lo + ratio * (hi - lo)
+        pair = score(torch.stack([a, b]).exp())
+        left = pair[0] > pair[1]  # the maximum lies in [lo, b]
+        hi = torch.where(left, b, hi)
+        lo = torch.where(left, lo, a)
+    return ((lo + hi) / 2).exp(), (best == 0) | (best == _GRID - 1)

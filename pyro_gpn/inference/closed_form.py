@@ -216,8 +216,8 @@ class VGPNFit:
         stopped_early: the patience ran out before the step budget.
         num_train, num_val: training rows fitted and validation rows (0: no validation).
         predictive_scale: with ``calibrate=True``, the predictive scale fitted on the
-            validation rows (one per output; :func:`~pyro_gpn.inference.fit_predictive_scale`),
-            else ``None``.
+            validation rows (one per output, or the softmax head's temperature;
+            :func:`~pyro_gpn.inference.fit_predictive_scale`), else ``None``.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -341,11 +341,12 @@ def fit_vgpn(
             ``1 / sigma^2``), and a fit can settle in that noise-dominated optimum; holding the
             noise lets the mean fit first. Measured on naval (``docs/results/uci.md``
             section 16).
-        calibrate: after restoring the best state, fit the regression head's predictive
-            scale on the validation rows (:func:`~pyro_gpn.inference.fit_predictive_scale`,
-            ``sigma``-scaling: the predictive stretched about its mean so that the validation
-            rows' log density is highest); needs validation rows and a regression head. The
-            fit starts from scale 1 either way (an earlier calibration no longer applies).
+        calibrate: after restoring the best state, fit the head's predictive scale on the
+            validation rows (:func:`~pyro_gpn.inference.fit_predictive_scale`: for a regression
+            head ``sigma``-scaling, the predictive stretched about its mean so that the
+            validation rows' log density is highest; for a softmax head the temperature of the
+            logits); needs validation rows. The fit starts from scale 1 either way (an earlier
+            calibration no longer applies).
             Measured on the UCI benchmark (``docs/results/uci.md`` section 17).
 
     Returns:
@@ -374,11 +375,9 @@ def fit_vgpn(
     calibrate = VGPN.calibrate if calibrate is None else calibrate
     if not isinstance(calibrate, bool):
         raise ValueError(f"calibrate must be True or False, got {calibrate!r}")
-    regression = getattr(vgpn.head, "task", None) == "regression"
-    if calibrate and not regression:
+    if calibrate and not hasattr(vgpn.head, "predictive_scale"):
         raise ValueError(
-            f"calibrate=True needs a regression head, got {type(vgpn.head).__name__} (for "
-            "class probabilities, temperature scaling is a different method)"
+            f"calibrate=True needs a head with a predictive scale, got {type(vgpn.head).__name__}"
         )
     for name, value in (("num_steps", num_steps), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 1:

@@ -201,3 +201,46 @@ def test_ml_rows_cover_every_set_and_mnist_is_the_reduced_experiments_row():
     assert flags[flags.index("--mode") + 1] == "meanvar"
     assert flags[flags.index("--init") + 1] == init and share == "none"
     assert "--share" not in flags
+
+
+@pytest.mark.filterwarnings("ignore:fit_predictive_scale")  # 6 steps: a near-uniform model
+def test_a_calibrated_run_records_the_temperature_and_the_uncalibrated_test_metrics(
+    tmp_path, monkeypatch
+):
+    """``--calibrate``: the cell's test metrics are at the temperature fitted on all validation
+    rows (which the head keeps), the uncalibrated ones are kept beside, and the cross-fitted
+    validation NLL is recorded; a tag without ``-cal`` is refused."""
+    import pyro_gpn.data
+    import pyro_gpn.models
+    from benchmarks.bayes_classification import main
+
+    monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
+    built = []
+    original = pyro_gpn.models.VariationalGPN
+
+    def spy(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(pyro_gpn.models, "VariationalGPN", spy)
+    argv = ["--sets", "adult", "--seeds", "0", "--num-steps", "6", "--eval-every", "2"]
+    argv += ["--batch-size", "16", "--out", str(tmp_path), "--paper-runs", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main([*argv, "--calibrate", "--tag", "tiny"])
+    assert main([*argv, "--calibrate", "--tag", "tiny-cal"]) == 0
+    cell = json.loads((tmp_path / "tiny-cal__adult__seed0.json").read_text())
+    (model,) = built
+    assert cell["config"]["calibrate"] is True
+    assert cell["temperature"] == pytest.approx(float(model.head.predictive_scale), rel=1e-12)
+    assert cell["temperature"] != 1.0
+    data = _tiny_data()
+    with torch.no_grad():
+        probs = model.predict(data.x_test).probs
+    assert cell["test_nll"] == pytest.approx(class_metrics(probs, data.y_test)["nll"], rel=1e-9)
+    model.head.predictive_scale.fill_(1.0)
+    with torch.no_grad():
+        raw = class_metrics(model.predict(data.x_test).probs, data.y_test)
+    assert cell["test_nll_uncalibrated"] == pytest.approx(raw["nll"], rel=1e-9)
+    assert cell["test_error_uncalibrated"] == pytest.approx(raw["error"])
+    crossfit = cell["val_crossfit"]
+    assert np.isfinite(crossfit["nll_uncalibrated"]) and np.isfinite(crossfit["nll_calibrated"])

@@ -1,9 +1,10 @@
-"""The image experiment's metrics: calibration error and the signed confidence gap."""
+"""The image experiment's metrics: calibration error, the signed confidence gap and the
+temperature-scaled metrics of ``--calibrate``."""
 
 import pytest
 import torch
 
-from benchmarks.conv_rnn import CNN, image_metrics
+from benchmarks.conv_rnn import CNN, LogitsAsFeatures, calibrated_metrics, image_metrics
 
 
 def _fixed_probs_cnn(probs: torch.Tensor) -> CNN:
@@ -34,3 +35,30 @@ def test_full_mnist_task_names_the_missing_training_images(tmp_path):
 
     with pytest.raises(DataUnavailableError, match="train-images"):
         main(["mnist-full", "--data-dir", str(tmp_path), "--models", "relu", "--epochs", "1"])
+
+
+def test_a_fixed_activation_cnn_is_temperature_scaled_through_the_softmax_head():
+    """The ReLU CNN seen as point-mass features of an identity readout predicts its own softmax
+    at temperature 1; ``calibrated_metrics`` fits the temperature that minimises the validation
+    NLL of its logits (no other temperature on a grid does better) and reports the test
+    metrics at it."""
+    torch.manual_seed(0)
+    cnn = CNN((1, 4, 4), (2, 3), 3, "relu")
+    x = torch.randn(200, 16)
+    with torch.no_grad():
+        logits = cnn.logits(x)
+        y = torch.multinomial((logits / 0.2).softmax(-1), 1).squeeze(-1)  # sharper: T < 1
+    wrapped = LogitsAsFeatures(cnn)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped.predict(x).probs, cnn.probs(x), rtol=0, atol=0)
+    row = calibrated_metrics(cnn, (x[:100], y[:100]), (x[100:], y[100:]))
+
+    def val_nll(t):
+        return float(torch.nn.functional.cross_entropy(logits[:100].double() / t, y[:100]))
+
+    t = row["temperature"]
+    assert t < 0.5
+    assert all(val_nll(t) <= val_nll(t * f) for f in (0.7, 0.95, 1.05, 1.4))
+    test_nll = float(torch.nn.functional.cross_entropy(logits[100:].double() / t, y[100:]))
+    assert row["cal_test_nll"] == pytest.approx(test_nll, rel=1e-5)
+    assert row["cal_val_nll"] == pytest.approx(val_nll(t), rel=1e-5)

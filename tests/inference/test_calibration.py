@@ -197,11 +197,13 @@ def test_bad_calibration_requests_raise():
     with pytest.raises(ValueError, match="calibrate must be"):
         fit_vgpn(net, x, y, num_steps=5, calibrate="yes")
     softmax = VariationalGPN([2, 4, 3], head=SoftmaxHead(4, 3, dtype=DT), dtype=DT)
-    labels = torch.zeros(40, dtype=torch.long)
-    with pytest.raises(ValueError, match="regression head"):
-        fit_vgpn(softmax, x, labels, num_steps=5, calibrate=True)
-    with pytest.raises(ValueError, match="regression head"):
-        fit_predictive_scale(softmax, x, labels)
+    with pytest.raises(ValueError, match="labels"):
+        fit_predictive_scale(softmax, x, torch.full((40,), 3))  # class 3 of 3
+    with pytest.raises(ValueError, match="y"):
+        fit_predictive_scale(softmax, x, y)  # float targets for a classifier
+    headless = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="predictive scale"):
+        fit_predictive_scale(headless, x, y)
     with pytest.raises(ValueError, match="bounds"):
         fit_predictive_scale(net, x, y, bounds=(2.0, 3.0))
     with pytest.raises(ValueError, match="y must be"):
@@ -222,3 +224,167 @@ def test_a_scale_at_the_bound_warns():
         scale = fit_predictive_scale(net, x, 1e4 * y, bounds=(0.5, 2.0))
     assert float(scale) == pytest.approx(2.0, rel=0.02)
     assert any("bound" in str(w.message) for w in caught)
+
+
+# ------------------------------------------------------------------------ temperature scaling
+class _Features(torch.nn.Module):
+    """A stub network: the inputs are the features (their moments given), a softmax head."""
+
+    def __init__(self, head: SoftmaxHead, var: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.head = head
+        self.var = var
+
+    def hidden(self, x):
+        from pyro_gpn.moments.gaussian import Moments
+
+        return Moments(x, var=None if self.var is None else self.var[: x.shape[0]])
+
+
+def _numpy_log_probability(logits, weights, labels):
+    """``T -> mean_s log sum_p w_p softmax(logits[s, p] / T)[y_s]`` in numpy."""
+
+    def mean_log_probability(temperature):
+        z = logits / temperature
+        logp = z - logsumexp(z, axis=-1, keepdims=True)
+        picked = np.take_along_axis(logp, labels[:, None, None].repeat(z.shape[1], 1), -1)[..., 0]
+        return np.log(np.exp(picked) @ weights).mean()
+
+    return mean_log_probability
+
+
+def _classifier(features: int = 3, classes: int = 4, seed: int = 0, kappa=None) -> SoftmaxHead:
+    torch.manual_seed(seed)
+    return SoftmaxHead(features, classes, unscented_kappa=kappa, dtype=DT)
+
+
+@pytest.mark.parametrize("random_features", [False, True])
+def test_temperature_maximises_the_numpy_log_probability(random_features):
+    """Point-mass features (the softmax of the logits) and Gaussian features (the unscented
+    points ``mu +- sqrt(N + kappa) sd_i e_i``, written out in numpy, kappa 1): the fitted
+    temperature is scipy's maximiser of the mean log probability of the labels."""
+    gen = torch.Generator().manual_seed(7)
+    rows, n, c, kappa = 300, 3, 4, 1.0
+    x = torch.randn(rows, n, generator=gen, dtype=DT) * 2
+    var = 0.5 * torch.rand(rows, n, generator=gen, dtype=DT) if random_features else None
+    head = _classifier(n, c, kappa=kappa)
+    with torch.no_grad():
+        head.weight.mul_(3.0)
+    with torch.no_grad():  # labels from softer probabilities than the head's: T near 2.5
+        labels = torch.multinomial((head.readout(x) / 2.5).softmax(-1), 1, generator=gen)[:, 0]
+    model = _Features(head, var)
+    mu, w, b = x.numpy(), head.weight.detach().numpy(), head.bias.detach().numpy()
+    if random_features:
+        offsets = math.sqrt(n + kappa) * np.sqrt(var.numpy())[:, :, None] * np.eye(n)
+        points = np.concatenate([mu[:, None], mu[:, None] + offsets, mu[:, None] - offsets], 1)
+        weights = np.r_[kappa / (n + kappa), np.full(2 * n, 0.5 / (n + kappa))]
+    else:
+        points, weights = mu[:, None], np.ones(1)
+    score = _numpy_log_probability(points @ w + b, weights, labels.numpy())
+    best = minimize_scalar(
+        lambda log_t: -score(math.exp(log_t)), bounds=(-4, 4), method="bounded",
+        options={"xatol": 1e-10},
+    )  # fmt: skip
+    temperature = fit_predictive_scale(model, x, labels)
+    assert temperature.shape == (1,)
+    assert float(temperature) == pytest.approx(math.exp(best.x), rel=1e-5)
+    torch.testing.assert_close(head.predictive_scale, temperature)
+    # the head's own log predictive at the fitted temperature is the numpy score there
+    with torch.no_grad():
+        logp = head.log_predictive(model.hidden(x), labels).mean()
+    assert float(logp) == pytest.approx(score(float(temperature)), rel=1e-10)
+
+
+def test_temperature_undoes_overconfident_logits():
+    """Labels drawn from ``softmax(l)`` while the model says ``softmax(3 l)``: the fitted
+    temperature is near 3, and fresh rows' calibration error and log loss fall."""
+    from pyro_gpn.metrics import expected_calibration_error
+
+    gen = torch.Generator().manual_seed(8)
+    head = _classifier(2, 3)
+    model = _Features(head)
+
+    def draw(rows):
+        x = torch.randn(rows, 2, generator=gen, dtype=DT)
+        with torch.no_grad():
+            true_probs = (head.readout(x)).softmax(-1)
+        return 3.0 * x, torch.multinomial(true_probs, 1, generator=gen).squeeze(-1)
+
+    with torch.no_grad():
+        head.weight.mul_(2.0)
+    x_val, y_val = draw(4000)
+    x_new, y_new = draw(4000)
+    with torch.no_grad():
+        raw = head.predict(model.hidden(x_new)).probs
+        ll_raw = head.log_predictive(model.hidden(x_new), y_new).mean()
+    temperature = float(fit_predictive_scale(model, x_val, y_val))
+    with torch.no_grad():
+        cal = head.predict(model.hidden(x_new)).probs
+        ll_cal = head.log_predictive(model.hidden(x_new), y_new).mean()
+    assert temperature == pytest.approx(3.0, rel=0.08)
+    assert torch.equal(raw.argmax(-1), cal.argmax(-1))  # the decisions stay
+    ece_raw = float(expected_calibration_error(raw, y_new))
+    ece_cal = float(expected_calibration_error(cal, y_new))
+    assert ece_raw > 0.08 and ece_cal < 0.03
+    assert float(ll_cal) > float(ll_raw) + 0.05
+
+
+def test_temperature_one_is_bit_identical_and_scales_every_point():
+    """``T = 1``: the prediction of the head's points, unchanged to the bit; ``T = 2``: every
+    sigma point's logits halved (and the logit moments of :meth:`predictive` too)."""
+    net = VariationalGPN([2, 4, 3], head=_classifier(4, 3), dtype=DT)
+    x, _ = _data(30, seed=9)
+    with torch.no_grad():
+        features = net.hidden(x)
+        logits, weights = net.head.point_logits(features)
+        manual = (weights.view(1, -1, 1) * logits.softmax(-1)).sum(1)
+        assert torch.equal(net.head.predict(features).probs, manual)
+        moments = net.head.predictive(features)
+        net.head.predictive_scale.fill_(2.0)
+        halved = (weights.view(1, -1, 1) * (logits / 2).softmax(-1)).sum(1)
+        torch.testing.assert_close(net.head.predict(features).probs, halved, rtol=1e-14, atol=0)
+        scaled = net.head.predictive(features)
+    torch.testing.assert_close(scaled.mean, moments.mean / 2)
+    torch.testing.assert_close(scaled.cov, moments.cov / 4)
+
+
+def test_softmax_temperature_is_saved_and_old_states_load_at_one():
+    net = VariationalGPN([2, 4, 3], head=_classifier(4, 3), dtype=DT)
+    net.head.predictive_scale.fill_(0.5)
+    state = net.state_dict()
+    other = VariationalGPN([2, 4, 3], head=_classifier(4, 3, seed=1), dtype=DT)
+    other.load_state_dict(state)
+    assert float(other.head.predictive_scale) == 0.5
+    old = {k: v for k, v in state.items() if not k.endswith("predictive_scale")}
+    other.load_state_dict(old)
+    assert float(other.head.predictive_scale) == 1.0
+
+
+def test_fit_vgpn_calibrate_fits_a_classifiers_temperature():
+    """``fit_vgpn(calibrate=True)`` on a softmax head: the temperature maximises the validation
+    rows' log probability (no other temperature on a grid scores higher), and the fit itself
+    is that of ``calibrate=False``."""
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(300, 2, generator=gen, dtype=DT)
+    labels = (x[:, 0] + 0.3 * torch.randn(300, generator=gen, dtype=DT) > 0).long()
+    fits = []
+    for calibrate in (False, True):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        net = VariationalGPN([2, 4, 2], head=SoftmaxHead(4, 2, dtype=DT), dtype=DT)
+        fits.append(
+            fit_vgpn(net, x[:200], labels[:200], x[200:], labels[200:], num_steps=60,
+                     calibrate=calibrate)
+        )  # fmt: skip
+    raw, cal = fits
+    assert raw.predictive_scale is None and len(cal.predictive_scale) == 1
+    assert raw.curve == cal.curve
+    fitted = cal.predictive_scale[0]
+
+    def val_score(t):
+        net.head.predictive_scale.fill_(t)
+        with torch.no_grad():
+            return float(net.log_predictive(x[200:], labels[200:]).mean())
+
+    best = val_score(fitted)
+    assert all(best >= val_score(fitted * f) for f in (0.5, 0.8, 0.95, 1.05, 1.25, 2.0))
