@@ -48,7 +48,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from pyro_gpn import GPNSequential, Moments
-from pyro_gpn.heads import SoftmaxHead
+from pyro_gpn.heads import GaussianHead, SoftmaxHead
 from pyro_gpn.inference import TrainConfig, Trainer, fit_predictive_scale
 from pyro_gpn.layers import (
     GPNConv2d,
@@ -255,6 +255,36 @@ class LogitsAsFeatures(nn.Module):
         return self.head.predict(self.hidden(x))
 
 
+class MeanAsFeatures(nn.Module):
+    """A fixed-activation RNN seen through the library's Gaussian head: its mean prediction is
+    the (point-mass) feature and its learned noise the head's, so that
+    :func:`pyro_gpn.inference.fit_predictive_scale` fits its predictive scale exactly as it
+    fits a GPN's."""
+
+    def __init__(self, rnn: RNN) -> None:
+        super().__init__()
+        self.rnn = rnn
+        self.head = GaussianHead(1, noise_std_init=float(rnn.log_noise.exp()))
+
+    def hidden(self, x: Tensor) -> Moments:
+        return Moments(self.rnn.mean(x), validate=False)
+
+    def forward(self, x: Tensor) -> Moments:
+        return self.head.predictive(self.hidden(x))
+
+
+@torch.no_grad()
+def calibrated_sequence_metrics(model, val_set, test_set) -> dict:
+    """The predictive scale fitted on the validation sequences (``fit_predictive_scale``,
+    ``sigma``-scaling) and the test metrics at it (``cal_`` prefix)."""
+    model.eval()
+    target = MeanAsFeatures(model) if isinstance(model, RNN) else model
+    scale = float(fit_predictive_scale(target, *val_set))
+    return {"scale": scale} | {
+        f"cal_{k}": v for k, v in sequence_metrics(target, *test_set).items()
+    }
+
+
 @torch.no_grad()
 def calibrated_metrics(model, val_set, test_set) -> dict:
     """The temperature fitted on the validation images (``fit_predictive_scale``; the rows that
@@ -364,6 +394,8 @@ def run_sine(args) -> list[dict]:
             )
             row = {"task": "sine", "model": name, "seed": seed, **timing}
             row |= sequence_metrics(model, *test_set)
+            if args.calibrate:
+                row |= calibrated_sequence_metrics(model, val_set, test_set)
             row["data"] = (
                 f"noisy sine, T={args.steps}, noise std 0.1, 2000/500/1000 sequences, data seed 0"
             )
@@ -386,9 +418,13 @@ def report(paths: list[str]) -> str:
     for task in dict.fromkeys(r["task"] for r in rows):
         sub = [r for r in rows if r["task"] == task]
         metrics = [
-            k for k in sub[0] if k.startswith(("test_", "cal_test_", "coverage", "mean_pred"))
+            k
+            for k in sub[0]
+            if k.startswith(
+                ("test_", "cal_test_", "coverage", "cal_coverage", "mean_pred", "cal_mean")
+            )
         ]
-        metrics += ["temperature"] if "temperature" in sub[0] else []
+        metrics += [k for k in ("temperature", "scale") if k in sub[0]]
         base = "relu" if task != "sine" else "tanh-rnn"
         base_cpu = statistics.mean(r["cpu_s_per_epoch"] for r in sub if r["model"] == base)
         out.append(f"### {task}\n\n{sub[0]['data']}\n")
@@ -451,8 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--calibrate",
         action="store_true",
-        help="images: also report every model's test metrics at the temperature fitted on the "
-        "validation images (cal_ columns)",
+        help="also report every model's test metrics at the predictive scale fitted on the "
+        "validation rows (cal_ columns): the temperature of the image models' class "
+        "probabilities, the sigma-scaling of the sequence models' Gaussian predictive",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -4,7 +4,14 @@ temperature-scaled metrics of ``--calibrate``."""
 import pytest
 import torch
 
-from benchmarks.conv_rnn import CNN, LogitsAsFeatures, calibrated_metrics, image_metrics
+from benchmarks.conv_rnn import (
+    CNN,
+    RNN,
+    LogitsAsFeatures,
+    calibrated_metrics,
+    calibrated_sequence_metrics,
+    image_metrics,
+)
 
 
 def _fixed_probs_cnn(probs: torch.Tensor) -> CNN:
@@ -62,3 +69,22 @@ def test_a_fixed_activation_cnn_is_temperature_scaled_through_the_softmax_head()
     test_nll = float(torch.nn.functional.cross_entropy(logits[100:].double() / t, y[100:]))
     assert row["cal_test_nll"] == pytest.approx(test_nll, rel=1e-5)
     assert row["cal_val_nll"] == pytest.approx(val_nll(t), rel=1e-5)
+
+
+def test_a_fixed_activation_rnn_is_sigma_scaled_through_the_gaussian_head():
+    """The tanh RNN's predictive ``N(mean, noise^2)``: the fitted scale is the closed form
+    ``sqrt(mean(z^2))`` of the validation rows, and the test metrics are at it."""
+    torch.manual_seed(0)
+    rnn = RNN(3, "tanh-rnn")
+    x = torch.randn(300, 5)
+    with torch.no_grad():
+        mean = rnn.mean(x)
+        y = mean + 0.5 * torch.randn_like(mean)  # the noise is 0.1: 5x too narrow
+    noise = float(rnn.log_noise.exp())
+    row = calibrated_sequence_metrics(rnn, (x[:200], y[:200]), (x[200:], y[200:]))
+    z = (y[:200] - mean[:200]).double() / noise
+    assert row["scale"] == pytest.approx(float(z.square().mean().sqrt()), rel=1e-6)
+    sd = row["scale"] * noise
+    assert row["cal_mean_pred_std"] == pytest.approx(sd, rel=1e-6)
+    expected = torch.distributions.Normal(mean[200:].double(), sd).log_prob(y[200:].double())
+    assert row["cal_test_nll"] == pytest.approx(float(-expected.mean()), rel=1e-6)
