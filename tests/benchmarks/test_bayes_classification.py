@@ -99,13 +99,11 @@ def _tiny_data():
     return SimpleNamespace(num_features=4, num_classes=3, description="tiny", **parts)
 
 
-@pytest.mark.parametrize("scale", ["empirical", "10"])
-def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it(
-    scale, tmp_path, monkeypatch
-):
+def _tiny_data_and_built_models(monkeypatch) -> list:
+    """Make the benchmark load :func:`_tiny_data`; return the list that every
+    ``VariationalGPN`` it builds is appended to."""
     import pyro_gpn.data
     import pyro_gpn.models
-    from benchmarks.bayes_classification import main
 
     monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
     built = []
@@ -116,6 +114,16 @@ def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it
         return built[-1]
 
     monkeypatch.setattr(pyro_gpn.models, "VariationalGPN", spy)
+    return built
+
+
+@pytest.mark.parametrize("scale", ["empirical", "10"])
+def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it(
+    scale, tmp_path, monkeypatch
+):
+    from benchmarks.bayes_classification import main
+
+    built = _tiny_data_and_built_models(monkeypatch)
     argv = ["--sets", "connect4", "--seeds", "0", "--num-steps", "4", "--eval-every", "2"]
     argv += ["--batch-size", "16", "--weight-prior-scale", scale, "--tag", "tiny"]
     assert main([*argv, "--out", str(tmp_path), "--paper-runs", str(tmp_path)]) == 0
@@ -210,19 +218,9 @@ def test_a_calibrated_run_records_the_temperature_and_the_uncalibrated_test_metr
     """``--calibrate``: the cell's test metrics are at the temperature fitted on all validation
     rows (which the head keeps), the uncalibrated ones are kept beside, and the cross-fitted
     validation NLL is recorded; a tag without ``-cal`` is refused."""
-    import pyro_gpn.data
-    import pyro_gpn.models
     from benchmarks.bayes_classification import main
 
-    monkeypatch.setattr(pyro_gpn.data, "load_dataset", lambda *a, **k: _tiny_data())
-    built = []
-    original = pyro_gpn.models.VariationalGPN
-
-    def spy(*args, **kwargs):
-        built.append(original(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr(pyro_gpn.models, "VariationalGPN", spy)
+    built = _tiny_data_and_built_models(monkeypatch)
     argv = ["--sets", "adult", "--seeds", "0", "--num-steps", "6", "--eval-every", "2"]
     argv += ["--batch-size", "16", "--out", str(tmp_path), "--paper-runs", str(tmp_path)]
     with pytest.raises(SystemExit):
