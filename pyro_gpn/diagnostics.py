@@ -6,6 +6,9 @@
 * :func:`summarize` -- ``az.summary`` (mean, sd, HDI, MCSE, bulk/tail ESS, rank-normalised
   split r-hat) with the divergence count attached as ``DataFrame.attrs["num_divergences"]``.
 * :func:`max_rhat`, :func:`min_ess`, :func:`num_divergences` -- scalar summaries.
+* :func:`convergence_report` -- whether chains of draws meet the usual standard (r-hat
+  <= 1.01, bulk ESS >= 100 per chain, divergences < 1 %), with what fails named
+  (:class:`ConvergenceReport`; :func:`pyro_gpn.inference.run_nuts` warns with it).
 
 r-hat is the rank-normalised split-R-hat of Vehtari et al. (2021) and ESS the bulk / tail
 effective sample size, both as ArviZ computes them. Posterior quantities that a symmetry of the
@@ -17,6 +20,7 @@ predictions) by passing ``var_names``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +32,10 @@ if TYPE_CHECKING:
     from pyro.infer import MCMC
 
 __all__ = [
+    "ConvergenceReport",
+    "ConvergenceWarning",
     "compare_heldout_lpd",
+    "convergence_report",
     "heldout_elpd",
     "heldout_lpd_from_draws",
     "max_rhat",
@@ -175,6 +182,123 @@ def min_ess(
     _check_group(idata, group)
     ess = az.ess(_select(idata, var_names, group), method=kind)
     return float(min(np.nanmin(v.values) for v in ess.data_vars.values()))
+
+
+class ConvergenceWarning(UserWarning):
+    """MCMC chains that do not meet the standard of :class:`ConvergenceReport`."""
+
+
+@dataclass(frozen=True)
+class ConvergenceReport:
+    """Whether MCMC chains meet the standard of Vehtari et al. (2021, "Rank-normalization,
+    folding, and localization: an improved R-hat"): rank-normalised split r-hat at most
+    ``rhat_threshold`` (1.01) and bulk ESS at least ``ess_threshold`` (100 per chain) on every
+    scalar component of the checked quantities, and divergent transitions below
+    ``divergence_threshold`` (1 %) of the kept ones.
+
+    Attributes:
+        quantities: the names checked (identified quantities: predictions, the output noise).
+        max_rhat: the largest r-hat over their components (``nan`` if none was checked).
+        min_ess_bulk: the smallest bulk ESS over their components.
+        divergence_rate: divergent share of the kept transitions.
+        num_chains, num_draws: chains, kept draws per chain.
+        rhat_threshold, ess_threshold, divergence_threshold: the standard.
+    """
+
+    quantities: tuple[str, ...]
+    max_rhat: float
+    min_ess_bulk: float
+    divergence_rate: float
+    num_chains: int
+    num_draws: int
+    rhat_threshold: float
+    ess_threshold: float
+    divergence_threshold: float
+
+    @property
+    def problems(self) -> list[str]:
+        """What fails the standard, one phrase each (empty: converged)."""
+        out = []
+        if self.max_rhat > self.rhat_threshold:
+            out.append(f"max r-hat {self.max_rhat:.3f} > {self.rhat_threshold}")
+        if self.min_ess_bulk < self.ess_threshold:
+            out.append(f"min bulk ESS {self.min_ess_bulk:.1f} < {self.ess_threshold:g}")
+        if self.divergence_rate >= self.divergence_threshold:
+            out.append(
+                f"{100 * self.divergence_rate:.1f} % divergent transitions "
+                f"(>= {100 * self.divergence_threshold:g} %)"
+            )
+        return out
+
+    @property
+    def converged(self) -> bool:
+        """All quantities meet the standard (and at least one was checked)."""
+        return bool(self.quantities) and not self.problems
+
+    def __str__(self) -> str:
+        what = ", ".join(self.quantities) or "no identified quantity"
+        verdict = "meet the standard" if self.converged else "; ".join(self.problems)
+        return f"{self.num_chains} chain(s) x {self.num_draws} draws, checked on {what}: {verdict}"
+
+
+def convergence_report(
+    draws: Mapping[str, Tensor | np.ndarray],
+    *,
+    divergence_rate: float = 0.0,
+    rhat_threshold: float = 1.01,
+    ess_per_chain: float = 100.0,
+    divergence_threshold: float = 0.01,
+) -> ConvergenceReport:
+    """Check chains of draws against the standard of :class:`ConvergenceReport`.
+
+    Args:
+        draws: ``{name: [num_chains, num_draws, *shape]}`` draws of identified quantities
+            (every scalar component is checked), at least 4 draws per chain.
+        divergence_rate: divergent share of the kept transitions.
+        rhat_threshold: the largest r-hat accepted (1.01).
+        ess_per_chain: the bulk ESS asked per chain (100: 400 for four chains).
+        divergence_threshold: the divergent share that fails (1 %).
+
+    Returns:
+        a :class:`ConvergenceReport`.
+
+    Raises:
+        ValueError: draws with fewer than two dimensions, differing chain or draw counts, fewer
+            than 4 draws, or non-finite draws.
+    """
+    import arviz as az
+
+    arrays = {}
+    for name, value in draws.items():
+        array = np.asarray(value.detach().cpu() if isinstance(value, Tensor) else value, float)
+        if array.ndim < 2 or array.shape[1] < 4:
+            raise ValueError(
+                f"draws[{name!r}] must be [num_chains, num_draws >= 4, ...], got {array.shape}"
+            )
+        if not np.isfinite(array).all():
+            raise ValueError(f"draws[{name!r}] holds non-finite values")
+        arrays[name] = array
+    shapes = {a.shape[:2] for a in arrays.values()}
+    if len(shapes) > 1:
+        raise ValueError(f"draws must share [num_chains, num_draws], got {sorted(shapes)}")
+    chains, num_draws = shapes.pop() if shapes else (0, 0)
+    max_r, min_e = float("nan"), float("nan")
+    if arrays:
+        dataset = az.convert_to_dataset(arrays)
+        rhat, ess = az.rhat(dataset), az.ess(dataset, method="bulk")
+        max_r = float(max(np.nanmax(v.values) for v in rhat.data_vars.values()))
+        min_e = float(min(np.nanmin(v.values) for v in ess.data_vars.values()))
+    return ConvergenceReport(
+        quantities=tuple(arrays),
+        max_rhat=max_r,
+        min_ess_bulk=min_e,
+        divergence_rate=float(divergence_rate),
+        num_chains=chains,
+        num_draws=num_draws,
+        rhat_threshold=rhat_threshold,
+        ess_threshold=ess_per_chain * chains,
+        divergence_threshold=divergence_threshold,
+    )
 
 
 def num_divergences(idata: az.InferenceData) -> int:

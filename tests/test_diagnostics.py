@@ -13,6 +13,7 @@ from pyro.infer import MCMC, NUTS, Predictive
 
 from pyro_gpn.diagnostics import (
     compare_heldout_lpd,
+    convergence_report,
     heldout_lpd_from_draws,
     max_rhat,
     min_ess,
@@ -174,3 +175,65 @@ def test_compare_heldout_lpd_ranks_by_the_sum_and_checks_its_inputs():
         compare_heldout_lpd({"good": good})
     with pytest.raises(ValueError, match="same test rows"):
         compare_heldout_lpd({"good": good, "short": bad[:2]})
+
+
+# ------------------------------------------------------------------------ convergence_report
+def _ar1(chains: int, draws: int, phi: float, seed: int, shift=None) -> np.ndarray:
+    """Stationary AR(1) chains of unit variance, ``x_t = phi x_{t-1} + sqrt(1 - phi^2) e_t``,
+    each chain's mean moved by ``shift[c]``."""
+    rng = np.random.default_rng(seed)
+    x = np.empty((chains, draws))
+    x[:, 0] = rng.standard_normal(chains)
+    for t in range(1, draws):
+        x[:, t] = phi * x[:, t - 1] + np.sqrt(1 - phi**2) * rng.standard_normal(chains)
+    return x + (0.0 if shift is None else np.asarray(shift)[:, None])
+
+
+def test_convergence_report_passes_independent_draws():
+    report = convergence_report({"a": _ar1(4, 1000, 0.0, 0), "b": _ar1(4, 1000, 0.0, 1)[..., None]})
+    assert report.converged and report.problems == []
+    assert report.quantities == ("a", "b") and (report.num_chains, report.num_draws) == (4, 1000)
+    assert report.ess_threshold == 400 and report.max_rhat < 1.01
+    assert "meet the standard" in str(report)
+
+
+def test_convergence_report_r_hat_of_shifted_chains_is_the_variance_ratio():
+    """Two chains at ``+d/2``, two at ``-d/2`` (unit variance within): the variance of the
+    chain means is ``d^2 / 4`` times ``k / (k - 1)`` over ``k`` chains (4, or 8 halves for split
+    r-hat), so r-hat is ``sqrt(1 + d^2 / 3)`` to ``sqrt(1 + 2 d^2 / 7)``; for 0.5 units 1.035 to
+    1.041, and the report names it."""
+    draws = _ar1(4, 4000, 0.0, 2, shift=[0.25, 0.25, -0.25, -0.25])
+    report = convergence_report({"y_test": draws})
+    assert np.sqrt(1 + 0.5 / 7) - 0.005 < report.max_rhat < np.sqrt(1 + 0.25 / 3) + 0.005
+    assert not report.converged
+    assert any(p.startswith("max r-hat") for p in report.problems)
+
+
+def test_convergence_report_ess_of_autocorrelated_chains():
+    """AR(1) with ``phi = 0.9``: the ESS of ``N`` draws is ``N (1 - phi) / (1 + phi)``, 105 of
+    2,000 -- below the 400 asked of 4 chains."""
+    report = convergence_report({"sigma2": _ar1(4, 500, 0.9, 3)})
+    assert report.min_ess_bulk == pytest.approx(2000 * 0.1 / 1.9, rel=0.35)
+    assert report.max_rhat < 1.05
+    assert not report.converged and "bulk ESS" in str(report)
+
+
+def test_convergence_report_divergences_and_the_empty_check():
+    report = convergence_report({"a": _ar1(2, 400, 0.0, 4)}, divergence_rate=0.02)
+    assert report.problems == ["2.0 % divergent transitions (>= 1 %)"]
+    empty = convergence_report({})
+    assert not empty.converged and "no identified quantity" in str(empty)
+
+
+@pytest.mark.parametrize(
+    ("draws", "match"),
+    [
+        ({"a": np.zeros(10)}, "num_chains"),
+        ({"a": np.zeros((2, 3))}, "num_draws >= 4"),
+        ({"a": np.full((2, 5), np.nan)}, "non-finite"),
+        ({"a": np.zeros((2, 5)), "b": np.zeros((3, 5))}, "share"),
+    ],
+)
+def test_convergence_report_checks_its_draws(draws, match):
+    with pytest.raises(ValueError, match=match):
+        convergence_report(draws)

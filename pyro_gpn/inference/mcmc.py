@@ -80,6 +80,7 @@ import torch
 from pyro.infer import MCMC, Predictive
 from torch import Tensor
 
+from pyro_gpn.diagnostics import ConvergenceWarning
 from pyro_gpn.models.nonparametric import NonParametricGPN
 from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 
@@ -139,6 +140,7 @@ def run_nuts(
     workers: int = 1,
     progress_every: int = 0,
     checkpoint_dir: str | Path | None = None,
+    check_convergence: bool = True,
 ) -> NUTSResult:
     """Sample the posterior of a non-parametric GPN with NUTS and predict the test outputs.
 
@@ -216,6 +218,11 @@ def run_nuts(
         checkpoint_dir: save every finished chain there and reuse saved chains of the same
             settings (:func:`~pyro_gpn.inference.nuts_chains.chain_key`), so that an
             interrupted run resumes with the chains it has not finished.
+        check_convergence: judge the run by :meth:`NUTSResult.convergence` (r-hat <= 1.01 and
+            bulk ESS >= 100 per chain on the test predictions and the output noise,
+            divergences < 1 %) and warn (:class:`~pyro_gpn.diagnostics.ConvergenceWarning`)
+            naming what fails: draws of chains that have not converged are not yet the
+            posterior's.
 
     Returns:
         a :class:`NUTSResult`.
@@ -372,7 +379,7 @@ def run_nuts(
         if isinstance(model, SampledTargetsGPN) and model.likelihood == "gaussian":
             predictive["y_test"] = predictive["y_test"].mT  # the [N_L, S_test] site layout
     stats = [c["stats"] for c in chains]
-    return NUTSResult(
+    result = NUTSResult(
         mcmc=mcmc,
         samples=samples,
         posterior_predictive=predictive,
@@ -387,3 +394,15 @@ def run_nuts(
         chain_wall_s=[round(c["wall_s"], 2) for c in chains],
         chain_cpu_s=[round(c["cpu_s"], 2) for c in chains],
     )
+    if check_convergence and num_samples >= 4:
+        report = result.convergence()
+        if report.quantities and not report.converged:
+            warnings.warn(
+                f"run_nuts: the chains have not converged ({report}); their draws are not yet "
+                "the posterior's. Run more warm-up and draws, or more chains; "
+                "result.convergence() has the figures, docs/results/nuts.md what was tried on "
+                "GPNs with hidden layers",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+    return result

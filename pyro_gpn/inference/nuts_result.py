@@ -11,6 +11,7 @@ import torch
 from pyro.infer import MCMC, Predictive
 from torch import Tensor
 
+from pyro_gpn.diagnostics import ConvergenceReport, convergence_report
 from pyro_gpn.heads import Prediction
 from pyro_gpn.models.nonparametric import NonParametricGPN
 
@@ -156,6 +157,37 @@ class NUTSResult:
     def divergence_rate(self) -> float:
         """Share of the kept transitions that diverged, over all chains."""
         return int(self.num_divergences) / (self.num_chains * self.num_samples)
+
+    def convergence(
+        self,
+        rhat_threshold: float = 1.01,
+        ess_per_chain: float = 100.0,
+        divergence_threshold: float = 0.01,
+    ) -> ConvergenceReport:
+        """Whether the chains converged, judged on identified quantities only
+        (:func:`~pyro_gpn.diagnostics.convergence_report`): the posterior predictive test
+        outputs ``y_test`` (regression) or class probabilities ``p_test`` (classification), and
+        the output layer's noise scale ``sigma{L}`` where the model samples it. Weights, hidden
+        outputs and hidden units' noise are left out: unit permutations and sign flips leave
+        the posterior unchanged, so chains in different symmetric copies disagree on them
+        without any failure to converge (see :mod:`pyro_gpn.inference.mcmc`)."""
+        shape = (self.num_chains, self.num_samples)
+        draws = {}
+        site = "y_test" if self.task == "regression" else "p_test"
+        if site in self.posterior_predictive:
+            value = self.posterior_predictive[site]
+            draws[site] = value.reshape(*shape, *value.shape[1:])
+        noise = f"sigma{self.model.num_layers}"
+        if noise in self.samples:
+            value = self.samples[noise]
+            draws[noise] = value.reshape(*shape, *value.shape[1:])
+        return convergence_report(
+            draws,
+            divergence_rate=self.divergence_rate,
+            rhat_threshold=rhat_threshold,
+            ess_per_chain=ess_per_chain,
+            divergence_threshold=divergence_threshold,
+        )
 
     def pointwise_log_likelihood(self) -> Tensor:
         """Per-draw, per-training-row log-likelihood terms, ``[num_chains * num_samples,

@@ -4,6 +4,7 @@ inputs, the joint (paper) and factorised ways of predicting, and argument checks
 from __future__ import annotations
 
 import math
+import warnings
 
 import arviz as az
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from pyro_gpn.diagnostics import (
+    ConvergenceWarning,
     compare_heldout_lpd,
     heldout_lpd_from_draws,
     max_rhat,
@@ -408,3 +410,26 @@ def test_dense_activations_metric_blocks_parameters_with_activations(activations
         metric="dense-activations",
     )
     assert single.mcmc.kernel._adapter.dense_mass == [("W1", "sigma1")]
+
+
+def test_convergence_is_judged_on_the_predictions_and_the_output_noise(gp_run):
+    report = gp_run.convergence()
+    idata = gp_run.to_arviz()
+    assert report.quantities == ("y_test", "sigma1")
+    expected = max(
+        max_rhat(idata, ["y_test"], group="posterior_predictive"), max_rhat(idata, ["sigma1"])
+    )
+    assert report.max_rhat == pytest.approx(expected, rel=1e-12)
+    assert report.divergence_rate == gp_run.divergence_rate
+    assert report.num_chains == 2 and report.num_draws == 100
+
+
+def test_a_run_that_has_not_converged_warns_and_the_check_can_be_off():
+    x, y, x_test = sine_data(6, 2)
+    args = dict(num_samples=8, warmup_steps=5, num_chains=2, init_steps=20)
+    with pytest.warns(ConvergenceWarning, match="bulk ESS .* < 200"):
+        result = run_nuts(NonParametricGPN([1, 1]), x, y, x_test, **args)
+    assert not result.convergence().converged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        run_nuts(NonParametricGPN([1, 1]), x, y, x_test, check_convergence=False, **args)
