@@ -48,7 +48,9 @@ symmetric copies and the chains settle in different ones. r-hat and ESS of weigh
 outputs or whitened activations then measure which copy a chain is in, not convergence: judge
 the run on identified quantities -- the posterior predictive test outputs ``y_test`` (or class
 probabilities ``p_test``) and the noise scales -- e.g.
-``max_rhat(idata, ["y_test"], group="posterior_predictive")``.
+``max_rhat(idata, ["y_test"], group="posterior_predictive")``. :meth:`NUTSResult.convergence`
+does this against the usual standard (r-hat <= 1.01, bulk ESS >= 100 per chain, divergences
+< 1 %), and :func:`run_nuts` warns (``ConvergenceWarning``) when a run falls short.
 
 **Running the chains.** Each chain is its own Pyro ``MCMC``
 (:mod:`pyro_gpn.inference.nuts_chains`): ``workers`` chains at a time in spawned processes (Pyro's
