@@ -65,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--elbo", default="closed_form", choices=["closed_form", "predictive"])
     p.add_argument("--head", default="gaussian", choices=["gaussian", "heteroscedastic"])
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument(
+        "--foreach",
+        action="store_true",
+        help="every model's Adam with foreach=True (as fit_vgpn and Trainer run it)",
+    )
     return p
 
 
@@ -102,13 +107,15 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
         w: VariationalGPN([data.num_features, 50, 1], head=head(), weights=w, num_data=n)
         for w in ("point", "variational")
     }
-    gpn_opt = {w: torch.optim.Adam(m.parameters(), lr=a.lr) for w, m in gpn.items()}
+    # --foreach: every model's Adam as fit_vgpn and Trainer run it since 2026-11-25
+    adam = {"lr": a.lr, "foreach": True} if a.foreach else {"lr": a.lr}
+    gpn_opt = {w: torch.optim.Adam(m.parameters(), **adam) for w, m in gpn.items()}
     objective = predictive_log_likelihood if a.elbo == "predictive" else closed_form_elbo
     dgp = build_dgp(data.num_features)
-    dgp_opt = torch.optim.Adam(dgp.parameters(), lr=a.lr)
+    dgp_opt = torch.optim.Adam(dgp.parameters(), **adam)
     mll = DeepApproximateMLL(VariationalELBO(dgp.likelihood, dgp, n))
     mlp = FixedActivationNet([data.num_features, 50, 1], head="gaussian", dropout=0.05).train()
-    mlp_opt = torch.optim.Adam(mlp.parameters(), lr=a.lr)
+    mlp_opt = torch.optim.Adam(mlp.parameters(), **adam)
 
     def mlp_step(idx):
         loss = mlp.loss(x[idx], y[idx]) + mlp.penalty()
@@ -157,6 +164,7 @@ def time_set(name: str, a: argparse.Namespace) -> dict:
         "elbo": a.elbo,
         "head": a.head,
         "lr": a.lr,
+        "adam_foreach": a.foreach,
         "s_per_epoch_median": {k: statistics.median(v) for k, v in times.items()},
         "s_per_epoch_all": times,
         "cpu_s_per_epoch_median": {k: statistics.median(v) for k, v in cpu.items()},
