@@ -89,7 +89,7 @@ from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 from .nuts_chains import ChainSpec, merge_chains, run_chains
 from .nuts_informed import informed_chain_models, twin, whitened_samples
 from .nuts_kernel import RecordingNUTS
-from .nuts_result import NUTSResult
+from .nuts_result import NUTSResult, draw_chunks, draws_per_chunk
 from .nuts_setup import (
     fit_initial_params,
     hessian_diagonal_inverse_mass,
@@ -370,11 +370,16 @@ def run_nuts(
         else:
             sites = ["y_test"] + (["p_test"] if model.likelihood != "gaussian" else [])
             pyro.set_rng_seed(seed)  # the same draws whichever process ran the chains
-            draw = Predictive(
-                model.model, posterior_samples=samples, return_sites=sites, parallel=True
-            )
-            with torch.no_grad():
-                predictive = draw(x_train, y_train, x_test)
+            # in chunks of draws: all of them at once can exhaust the memory (draws_per_chunk)
+            size = draws_per_chunk(model, len(x_train) + len(x_test))
+            parts = []
+            for chunk in draw_chunks(samples, size):
+                draw = Predictive(
+                    model.model, posterior_samples=chunk, return_sites=sites, parallel=True
+                )
+                with torch.no_grad():
+                    parts.append(draw(x_train, y_train, x_test))
+            predictive = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
         if "p_test" in predictive:  # a deterministic site: Predictive pads a plate dimension
             p_test = predictive["p_test"]
             predictive["p_test"] = p_test.reshape(p_test.shape[0], *p_test.shape[-2:])

@@ -126,7 +126,14 @@ class NUTSResult:
         """
         if self.x_test is None:
             raise ValueError("x_test was not given to run_nuts: there are no test predictions")
-        fn = _test_site(self)["fn"]
+        size = draws_per_chunk(self.model, len(self.x_train) + len(self.x_test))
+        return torch.cat(
+            [self._test_log_density(chunk, y_test) for chunk in draw_chunks(self.samples, size)]
+        )
+
+    def _test_log_density(self, samples: dict[str, Tensor], y_test: Tensor) -> Tensor:
+        """:meth:`test_log_density` of the draws ``samples``."""
+        fn = _test_site(self, samples)["fn"]
         if isinstance(fn, dist.MultivariateNormal):  # [D, N_L] batch over S_test rows
             fn = dist.Normal(fn.loc, fn.covariance_matrix.diagonal(dim1=-2, dim2=-1).sqrt())
             y = y_test.to(fn.loc.dtype)
@@ -192,8 +199,15 @@ class NUTSResult:
     def pointwise_log_likelihood(self) -> Tensor:
         """Per-draw, per-training-row log-likelihood terms, ``[num_chains * num_samples,
         S_train]`` (the model's ``pointwise_log_likelihood``: per-row factors, or for the
-        non-parametric GPN's Gaussian likelihood the exact leave-one-out conditionals)."""
-        return self.model.pointwise_log_likelihood(self.samples, self.x_train, self.y_train)
+        non-parametric GPN's Gaussian likelihood the exact leave-one-out conditionals), over
+        the draws in chunks (:func:`draws_per_chunk`)."""
+        size = draws_per_chunk(self.model, len(self.x_train))
+        return torch.cat(
+            [
+                self.model.pointwise_log_likelihood(chunk, self.x_train, self.y_train)
+                for chunk in draw_chunks(self.samples, size)
+            ]
+        )
 
     def to_arviz(self) -> az.InferenceData:
         """ArviZ ``InferenceData``: ``posterior``, ``posterior_predictive`` (``y_test``, plus
@@ -223,10 +237,30 @@ class NUTSResult:
         return self._idata
 
 
-def _test_site(result: NUTSResult) -> dict:
-    """The ``y_test`` site of a vectorised re-run of the model over the posterior draws."""
+#: memory a vectorised pass over a chunk of posterior draws may take (bytes, an estimate)
+CHUNK_BYTES = 2**28
+
+
+def draws_per_chunk(model, num_rows: int) -> int:
+    """How many posterior draws one vectorised re-run of ``model`` over ``num_rows`` rows takes
+    at a time: each draw holds a few ``[width, rows, rows]`` kernel matrices (the non-parametric
+    GPN's layers), so all draws at once -- ``4 x (500 + 3000)`` on 160 rows -- can exhaust the
+    memory. :data:`CHUNK_BYTES` over four such matrices per draw, at least 1."""
+    per_draw = 4 * 8 * num_rows * num_rows * max(model.sizes[1:])
+    return max(1, CHUNK_BYTES // per_draw)
+
+
+def draw_chunks(samples: dict[str, Tensor], size: int):
+    """``samples`` (``{site: [D, ...]}``) in consecutive chunks of at most ``size`` draws."""
+    num_draws = next(iter(samples.values())).shape[0]
+    for start in range(0, num_draws, size):
+        yield {k: v[start : start + size] for k, v in samples.items()}
+
+
+def _test_site(result: NUTSResult, samples: dict[str, Tensor]) -> dict:
+    """The ``y_test`` site of a vectorised re-run of the model over the draws ``samples``."""
     with torch.no_grad():
         trace = Predictive(
-            result.model.model, posterior_samples=result.samples, parallel=True, return_sites=[]
+            result.model.model, posterior_samples=samples, parallel=True, return_sites=[]
         ).get_vectorized_trace(result.x_train, result.y_train, result.x_test)
     return trace.nodes["y_test"]

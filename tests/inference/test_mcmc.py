@@ -11,6 +11,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from pyro.infer import Predictive
 
 from pyro_gpn.diagnostics import (
     ConvergenceWarning,
@@ -433,3 +434,41 @@ def test_a_run_that_has_not_converged_warns_and_the_check_can_be_off():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         run_nuts(NonParametricGPN([1, 1]), x, y, x_test, check_convergence=False, **args)
+
+
+def test_draws_are_processed_in_chunks_with_the_same_values(gp_run, monkeypatch):
+    """A tiny memory budget splits the draws into chunks of 7; the per-draw quantities that
+    do not sample anything (the pointwise log-likelihood, the test log densities) equal those
+    of one pass over all draws; the chunk size follows the rows and widths."""
+    import pyro_gpn.inference.nuts_result as nuts_result
+
+    y_test = torch.sin(gp_run.x_test[:, 0])
+    whole_ll, whole_test = gp_run.pointwise_log_likelihood(), gp_run.test_log_density(y_test)
+    rows = len(gp_run.x_train) + len(gp_run.x_test)
+    monkeypatch.setattr(nuts_result, "CHUNK_BYTES", 7 * 4 * 8 * rows * rows)
+    assert nuts_result.draws_per_chunk(gp_run.model, rows) == 7
+    assert nuts_result.draws_per_chunk(gp_run.model, 10 * rows) == 1
+    torch.testing.assert_close(gp_run.pointwise_log_likelihood(), whole_ll, rtol=1e-12, atol=0)
+    torch.testing.assert_close(gp_run.test_log_density(y_test), whole_test, rtol=1e-12, atol=0)
+    assert whole_ll.shape == (200, len(gp_run.x_train)) and whole_test.shape == (200, 8)
+
+
+def test_a_run_predicts_in_chunks_of_draws(monkeypatch):
+    """run_nuts' posterior predictive, in chunks of 3 draws: every draw's class probabilities
+    (a deterministic site) equal those of the model at that draw, one pass."""
+    import pyro_gpn.inference.nuts_result as nuts_result
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 2, generator=g, dtype=F64)
+    y = (x[:, 0] > 0).to(F64)
+    x_test = torch.randn(5, 2, generator=g, dtype=F64)
+    model = SampledTargetsGPN([2, 2, 1], likelihood="bernoulli")
+    monkeypatch.setattr(nuts_result, "CHUNK_BYTES", 3 * 4 * 8 * 17 * 17 * 2)
+    args = dict(num_samples=5, warmup_steps=5, num_chains=2, init_steps=10)
+    result = run_nuts(model, x, y, x_test, check_convergence=False, **args)
+    whole = Predictive(model.model, posterior_samples=result.samples, return_sites=["p_test"])
+    with torch.no_grad():
+        p_test = whole(x, y, x_test)["p_test"]
+    p = result.posterior_predictive["p_test"]
+    torch.testing.assert_close(p, p_test.reshape(p.shape), rtol=1e-12, atol=0)
+    assert p.shape[0] == 10
