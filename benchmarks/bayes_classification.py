@@ -78,29 +78,25 @@ def predict_probs(model, x: Tensor, batch: int = 4096) -> Tensor:
 
 
 def temperature_facts(model, data) -> dict:
-    """What the temperature of a calibrated classifier (``fit_predictive_scale`` on the
-    validation rows, as ``fit_vgpn(calibrate=True)`` does) changes, for the choice and its
-    check: the ``temperature``; ``val_crossfit``, the validation NLL with the temperature fitted
-    on the other half of the validation rows (even rows scored with the odd rows' temperature
-    and back; row-weighted) against the uncalibrated NLL on the same rows -- the figure a choice
-    may use; and the test metrics at temperature 1 (``test_*_uncalibrated``). The head keeps the
-    temperature fitted on all validation rows."""
-    from pyro_gpn.inference import fit_predictive_scale
+    """What the temperature of a calibrated classifier (fitted on all validation rows, as
+    ``fit_vgpn(calibrate=True)`` does) changes, for the choice and its check: the
+    ``temperature``; ``val_crossfit``, the validation NLL of
+    :func:`benchmarks.uci.crossfitted_scores` (the figure a choice may use); and the test
+    metrics at temperature 1 (``test_*_uncalibrated``). The head keeps its temperature."""
+    from benchmarks.uci import crossfitted_scores
 
+    raw, calibrated = crossfitted_scores(
+        model, data.x_val, data.y_val, lambda x, y: class_metrics(predict_probs(model, x), y)["nll"]
+    )
     temperature = model.head.predictive_scale
-    halves = [torch.arange(start, data.x_val.shape[0], 2) for start in (0, 1)]
-    raw = calibrated = 0.0
-    for fit_rows, score_rows in (halves, halves[::-1]):
-        share = len(score_rows) / data.x_val.shape[0]
-        x_score, y_score = data.x_val[score_rows], data.y_val[score_rows]
-        fit_predictive_scale(model, data.x_val[fit_rows], data.y_val[fit_rows])
-        calibrated += share * class_metrics(predict_probs(model, x_score), y_score)["nll"]
+    fitted = temperature.clone()
+    try:
         temperature.fill_(1.0)
-        raw += share * class_metrics(predict_probs(model, x_score), y_score)["nll"]
-    test = class_metrics(predict_probs(model, data.x_test), data.y_test)
-    fitted = float(fit_predictive_scale(model, data.x_val, data.y_val))
+        test = class_metrics(predict_probs(model, data.x_test), data.y_test)
+    finally:
+        temperature.copy_(fitted)
     return {
-        "temperature": fitted,
+        "temperature": float(fitted),
         "val_crossfit": {"nll_uncalibrated": raw, "nll_calibrated": calibrated},
         "test_error_uncalibrated": test["error"],
         "test_nll_uncalibrated": test["nll"],
@@ -138,6 +134,7 @@ def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
         # the paper's ELBO unless the cell says otherwise: every cell recorded before the
         # option existed was trained on it (its config has no "elbo")
         elbo=config.get("elbo", "closed_form"),
+        calibrate=bool(config.get("calibrate", False)),
         log=lambda line: print(f"    [{time.strftime('%H:%M:%S')}] {line}", flush=True),
     )
     fit_wall, fit_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -218,7 +215,12 @@ def run_ml_cell(name: str, seed: int, work_dir: Path, calibrate: bool = False) -
     path = work_dir / cell.run_id / BEST_MODEL_NAME
     model.load_state_dict(pio.load_torch(path, require_checksum=False))
     model.eval()
-    calibration = temperature_facts(model, data) if calibrate else {}
+    calibration = {}
+    if calibrate:
+        from pyro_gpn.inference import fit_predictive_scale
+
+        fit_predictive_scale(model, data.x_val, data.y_val)
+        calibration = temperature_facts(model, data)
     for split in ("train", "val", "test"):
         x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
         for key, value in class_metrics(predict_probs(model, x), y).items():

@@ -445,31 +445,45 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     }
 
 
-def calibration_facts(model, predict, data) -> dict:
-    """What the predictive scale of a calibrated Bayesian GPN (``fit_vgpn(calibrate=True)``)
-    did, for the choice and its check: the fitted ``scale``; ``val_crossfit``, the validation
-    log-likelihood with the scale fitted on the other half of the validation rows (even rows
-    scored with the odd rows' scale and back; row-weighted) against the uncalibrated one on the
-    same rows, the figure a choice may use (the in-sample calibrated validation score is
-    optimistic); and ``test_uncalibrated``, the test metrics at scale 1, which must reproduce
-    the uncalibrated column's cell (a check, never a choice). The head's scale is left as the
-    fit set it."""
+def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[float, float]:
+    """A validation score of a model with a predictive scale (``head.predictive_scale``) at
+    scale 1 and with the scale fitted on the other half of the validation rows (even rows
+    scored with the odd rows' scale and back; row-weighted): ``(uncalibrated, calibrated)``,
+    the figures a choice may use (the in-sample calibrated score is optimistic).
+    ``score(x, y)`` scores rows at the head's current scale; the scale is left as it was."""
     from pyro_gpn.inference import fit_predictive_scale
 
     scale = model.head.predictive_scale
-    fitted = scale.clone()
-    y_std = float(data.y_std)
-    halves = [torch.arange(start, data.x_val.shape[0], 2) for start in (0, 1)]
+    kept = scale.clone()
+    halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
     try:
         for fit_rows, score_rows in (halves, halves[::-1]):
-            x_fit, y_fit = data.x_val[fit_rows], data.y_val[fit_rows]
-            x_score, y_score = data.x_val[score_rows], data.y_val[score_rows]
-            share = len(score_rows) / data.x_val.shape[0]
-            fit_predictive_scale(model, x_fit, y_fit)  # sets the head's scale
-            calibrated += share * _score(predict, x_score, y_score, y_std)["log_lik"]
+            x_score, y_score = x_val[score_rows], y_val[score_rows]
+            share = len(score_rows) / x_val.shape[0]
+            fit_predictive_scale(model, x_val[fit_rows], y_val[fit_rows])  # sets the scale
+            calibrated += share * score(x_score, y_score)
             scale.fill_(1.0)
-            raw += share * _score(predict, x_score, y_score, y_std)["log_lik"]
+            raw += share * score(x_score, y_score)
+    finally:
+        scale.copy_(kept)
+    return raw, calibrated
+
+
+def calibration_facts(model, predict, data) -> dict:
+    """What the predictive scale of a calibrated Bayesian GPN (``fit_vgpn(calibrate=True)``)
+    did, for the choice and its check: the fitted ``scale``; ``val_crossfit``, the validation
+    log-likelihood of :func:`crossfitted_scores`; and ``test_uncalibrated``, the test metrics at
+    scale 1, which must reproduce the uncalibrated column's cell (a check, never a choice). The
+    head's scale is left as the fit set it."""
+    y_std = float(data.y_std)
+    raw, calibrated = crossfitted_scores(
+        model, data.x_val, data.y_val, lambda x, y: _score(predict, x, y, y_std)["log_lik"]
+    )
+    scale = model.head.predictive_scale
+    fitted = scale.clone()
+    try:
+        scale.fill_(1.0)
         test_uncalibrated = _score(predict, data.x_test, data.y_test, y_std)
     finally:
         scale.copy_(fitted)

@@ -160,11 +160,9 @@ def max_rhat(
     idata: az.InferenceData, var_names: Sequence[str] | None = None, *, group: str = "posterior"
 ) -> float:
     """The largest rank-normalised split r-hat over all scalar components of ``var_names``."""
-    import arviz as az
 
     _check_group(idata, group)
-    rhat = az.rhat(_select(idata, var_names, group))
-    return float(max(np.nanmax(v.values) for v in rhat.data_vars.values()))
+    return _max_rhat(_select(idata, var_names, group))
 
 
 def min_ess(
@@ -175,12 +173,26 @@ def min_ess(
     group: str = "posterior",
 ) -> float:
     """The smallest effective sample size (``kind`` ``"bulk"`` or ``"tail"``) of ``var_names``."""
-    import arviz as az
 
     if kind not in ("bulk", "tail"):
         raise ValueError(f"kind must be 'bulk' or 'tail', got {kind!r}")
     _check_group(idata, group)
-    ess = az.ess(_select(idata, var_names, group), method=kind)
+    return _min_ess(_select(idata, var_names, group), kind)
+
+
+def _max_rhat(dataset) -> float:
+    """The largest r-hat over every scalar component of an ArviZ dataset."""
+    import arviz as az
+
+    rhat = az.rhat(dataset)
+    return float(max(np.nanmax(v.values) for v in rhat.data_vars.values()))
+
+
+def _min_ess(dataset, kind: str = "bulk") -> float:
+    """The smallest ESS (``kind`` ``"bulk"`` / ``"tail"``) over an ArviZ dataset's components."""
+    import arviz as az
+
+    ess = az.ess(dataset, method=kind)
     return float(min(np.nanmin(v.values) for v in ess.data_vars.values()))
 
 
@@ -285,9 +297,7 @@ def convergence_report(
     max_r, min_e = float("nan"), float("nan")
     if arrays:
         dataset = az.convert_to_dataset(arrays)
-        rhat, ess = az.rhat(dataset), az.ess(dataset, method="bulk")
-        max_r = float(max(np.nanmax(v.values) for v in rhat.data_vars.values()))
-        min_e = float(min(np.nanmin(v.values) for v in ess.data_vars.values()))
+        max_r, min_e = _max_rhat(dataset), _min_ess(dataset)
     return ConvergenceReport(
         quantities=tuple(arrays),
         max_rhat=max_r,
