@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from ._validation import (
@@ -47,6 +46,7 @@ from .layers import GPNLayer, GPNLayerBase
 from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
+from .pyro_module import GPNModule
 from .recommended import GPN
 
 __all__ = ["GPNNet", "HEADS", "check_sizes", "input_moments"]
@@ -77,7 +77,7 @@ def input_moments(x: Tensor, x_var: Tensor | None = None, like: Tensor | None = 
     return Moments(x, var=x_var, validate=False)
 
 
-class GPNNet(PyroModule):
+class GPNNet(GPNModule):
     """A stack of GPN layers under a head, with the deterministic closed-form objective.
 
     Args:

@@ -24,7 +24,6 @@ import math
 from collections.abc import Sequence
 
 import torch
-from pyro.nn import PyroModule
 from torch import Tensor, nn
 
 from .heads import HEADS, Head, Prediction, make_head
@@ -34,6 +33,7 @@ from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
 from .network import input_moments
+from .pyro_module import GPNModule
 
 __all__ = ["GPNSequential", "block_output_shape"]
 
@@ -52,7 +52,7 @@ def block_output_shape(block: nn.Module, in_shape: tuple[int, ...]) -> tuple[int
     raise TypeError(f"block {type(block).__name__} has no output_shape and is no GPN layer")
 
 
-class GPNSequential(PyroModule):
+class GPNSequential(GPNModule):
     """Blocks that carry moments, then a head.
 
     Args:

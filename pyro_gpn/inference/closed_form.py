@@ -324,9 +324,9 @@ def fit_vgpn(
         eval_every, patience: the stopping rule (``patience`` in evaluations).
         seed: seeds the hold-out and the mini-batch draws (``None``: unseeded).
         clear_param_store: call :func:`pyro.clear_param_store` first (as
-            :func:`~pyro_gpn.inference.fit_svi`), so that no parameter of an earlier network
-            with the same names replaces this one's (``PyroModule`` parameters live in Pyro's
-            global store unless ``module_local_params`` is on).
+            :func:`~pyro_gpn.inference.fit_svi`). The package's networks compute with their own
+            parameters either way (:class:`~pyro_gpn.pyro_module.GPNModule`); ``False`` keeps
+            other entries of the store.
         log: called with a line of text at every 20th evaluation.
         elbo: the objective: ``"predictive"`` (:func:`predictive_log_likelihood`: the
             closed-form predictive log-likelihood minus the KL, not a bound; PPGPR; the

@@ -45,13 +45,14 @@ from .._validation import (
 )
 from ..moments.gaussian import Moments
 from ..moments.propagate import MODES, Mode, is_equidistant
+from ..pyro_module import GPNModule
 
 __all__ = ["GPNLayerBase", "Response", "SHARE_OPTIONS"]
 
 SHARE_OPTIONS = ("none", "layer")
 
 
-class Response(PyroModule):
+class Response(GPNModule):
     """How a unit's virtual observations give ``beta [G, R]`` and ``C [G, R, R]``.
 
     ``G`` is the number of activation functions (``N``, or 1 with ``share="layer"``). A response
@@ -91,7 +92,7 @@ class Response(PyroModule):
         return None
 
 
-class GPNLayerBase(PyroModule):
+class GPNLayerBase(GPNModule):
     """A layer of GPN units: projection, inducing grid, output noise and a :class:`Response`.
 
     Args:

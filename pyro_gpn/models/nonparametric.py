@@ -106,9 +106,10 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn.module import PyroModule, pyro_method
+from pyro.nn.module import pyro_method
 from torch import Tensor
 
+from ..pyro_module import GPNModule
 from .gp_rows import activation_cholesky, cat_rows, conditional_rows, layer_cholesky
 from .nuts_inputs import (
     LIKELIHOODS,
@@ -137,7 +138,7 @@ DEFAULT_MAX_SAMPLES = 500
 """Default limit on train + test rows for exact inference (see the module docstring)."""
 
 
-class NonParametricGPN(PyroModule):
+class NonParametricGPN(GPNModule):
     r"""A feed-forward network of non-parametric GPNs for regression (``eq:gpn_stack``).
 
     Args:

@@ -91,6 +91,7 @@ from ..heads import Head, Prediction
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..network import GPNNet
+from ..pyro_module import GPNModule
 from ._contract import check_batch, check_num_data, data_plate
 
 __all__ = ["LIKELIHOODS", "ParametricGPN"]
@@ -107,7 +108,7 @@ def _normal_draw(mean: Tensor, var: Tensor) -> Tensor:
     return dist.Normal(mean, var.clamp_min(_MIN_VAR).sqrt()).rsample()
 
 
-class ParametricGPN(PyroModule):
+class ParametricGPN(GPNModule):
     r"""A parametric GPN network as a Pyro model with sampled, reparameterised hidden outputs.
 
     The module holds a :class:`~pyro_gpn.GPNNet` (``self.network``) and adds the stochastic route:

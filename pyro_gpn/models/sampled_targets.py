@@ -60,10 +60,11 @@ from collections.abc import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn.module import PyroModule, pyro_method
+from pyro.nn.module import pyro_method
 from torch import Tensor
 
 from ..moments.midpoint import is_equidistant, midpoint_expansion
+from ..pyro_module import GPNModule
 from .nuts_inputs import (
     LIKELIHOODS,
     check_positive,
@@ -142,7 +143,7 @@ def clt_layer_moments(
     return out_mean, out_var
 
 
-class SampledTargetsGPN(PyroModule):
+class SampledTargetsGPN(GPNModule):
     r"""GPN with sampled virtual-observation targets and closed-form activations (see module).
 
     Args:

@@ -77,10 +77,12 @@ estimates. All
 are ``PyroModule`` parameters registered with Pyro's param store when ``model``, ``guide`` or the
 closed-form methods run, so :class:`~pyro.infer.SVI` finds them. As for every ``PyroModule``,
 they live in Pyro's *global* param store under their attribute names (``layers.0.weight``, ...;
-the head's as ``head$$$noise_std_unconstrained``, a ``pyro.module``):
-call ``pyro.clear_param_store()`` before building a second network in the same process, or work
-under ``pyro.settings.context(module_local_params=True)`` (then optimise ``vgpn.parameters()``
-with a torch optimiser).
+the head's as ``head$$$noise_std_unconstrained``, a ``pyro.module``); unlike a plain
+``PyroModule``, the network always computes with its own tensors, even when another network
+with the same names registered its own since (:class:`~pyro_gpn.pyro_module.GPNModule`). Load
+parameters with ``load_state_dict``, not through the param store. Under
+``pyro.settings.context(module_local_params=True)`` nothing enters the global store (then
+optimise ``vgpn.parameters()`` with a torch optimiser).
 
 Cost per particle: ``O(B sum_l (M_l N_l + N_l R^2) + sum_l N_l R^3)`` for ``model`` and the same
 for ``guide``.
