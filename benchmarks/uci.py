@@ -121,6 +121,12 @@ BGPN_MODELS = (
     "bgpn_long_warm1500_cal",
     "bgpn_wide_longer_cal",
     "bgpn_wide_point_long_cal",
+    # the chosen columns of the four sets behind the deep GP or published MC dropout, as
+    # mixtures of five independently fitted Bayesian GPNs (the ``ens5`` modifier; section 19)
+    "bgpn_long_ens5",
+    "bgpn_het_qw2_ens5",
+    "bgpn_het_qw2_long_ens5",
+    "bgpn_wide_point_long_cal_ens5",
 )
 PLL = "_pll"
 MODELS = (
@@ -183,7 +189,9 @@ SCHEDULES: dict[str, dict[str, dict]] = {"long": SET_SCHEDULES, "longer": LONGER
 #: second (last) one (``VariationalGPN(weights=("point", "variational"))``). ``warm``: the head's
 #: noise held at its initial value for the first 500 steps (``fit_vgpn(noise_warmup=500)``;
 #: section 16: fits that settled in the noise-dominated optimum on naval), ``warm1500`` for the
-#: first 1500
+#: first 1500. ``ens5``: five Bayesian GPNs fitted independently (model seeds ``seed + 1000 k``,
+#: ``k = 0..4``: the first is the column without the modifier) and predicting their equal-weight
+#: mixture (section 19)
 BGPN_MODIFIERS: dict[str, dict] = {
     "het": {"head": "heteroscedastic"},
     "point": {"weights": "point"},
@@ -194,6 +202,7 @@ BGPN_MODIFIERS: dict[str, dict] = {
     "warm": {"noise_warmup": 500},
     "warm1500": {"noise_warmup": 1500},
     "cal": {"calibrate": True},
+    "ens5": {"members": 5},
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
@@ -380,7 +389,52 @@ def bgpn_config(model: str, name: str) -> dict:
 def fit_bgpn(data, config: dict, seed: int) -> dict:
     """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
     :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
-    returns predictions (``predict``), the fitted network (``net``) and fit facts."""
+    returns predictions (``predict``), the fitted network (``net``) and fit facts.
+
+    With ``config["members"] = K > 1`` (the ``ens5`` modifier), ``K`` such networks are fitted
+    with model seeds ``seed + 1000 k`` and ``predict`` is their equal-weight mixture
+    (:class:`pyro_gpn.models.NetworkEnsemble`: each member's own predictive mixture, weights
+    divided by ``K``); member 0 is the single network of
+    the same column without the modifier, and its test and validation metrics are kept
+    (``single``) for the paired comparison. Times and epochs are the members' sums."""
+    from pyro_gpn.models import NetworkEnsemble
+
+    members = config.get("members", 1)
+    if members == 1:
+        return _fit_bgpn_member(data, config, seed)
+    fits = [_fit_bgpn_member(data, config, seed + 1000 * k) for k in range(members)]
+    y_std = float(data.y_std)
+    first = fits[0]
+    single = {
+        "test": _score(first["predict"], data.x_test, data.y_test, y_std),
+        "val": _score(first["predict"], data.x_val, data.y_val, y_std),
+    }
+    member_val = [_score(f["predict"], data.x_val, data.y_val, y_std)["log_lik"] for f in fits]
+
+    ensemble = NetworkEnsemble([f["net"] for f in fits])
+
+    def predict(x):
+        with torch.no_grad():
+            weights, mean, var = ensemble.predictive_mixture(x)
+        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+
+    return {
+        **{k: v for k, v in first.items() if k not in ("predict", "net")},
+        "predict": predict,
+        "net": ensemble,
+        "single": single,
+        "members": members,
+        "member_val_log_lik": member_val,
+        "member_best_step": [f["best_step"] for f in fits],
+        "member_noise_std": [f["noise_std"] for f in fits],
+        "fit_s": sum(f["fit_s"] for f in fits),
+        "epochs": sum(f["epochs"] for f in fits),
+        "steps": sum(f["steps"] for f in fits),
+    }
+
+
+def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
+    """One network of :func:`fit_bgpn`."""
     from pyro_gpn.heads import HeteroscedasticGaussianHead
     from pyro_gpn.inference import fit_vgpn
     from pyro_gpn.models import VariationalGPN

@@ -9,11 +9,13 @@
   ``Trace_ELBO`` or :class:`~pyro_gpn.inference.ClosedFormELBO` (route 4);
 * :class:`SampledTargetsGPN` -- the variational model's targets, weights and noise sampled
   (NUTS), activations in closed form; posterior size independent of the rows;
+* :class:`NetworkEnsemble` -- the equal-weight mixture of fitted networks' predictives;
 * :class:`FixedActivationNet` -- tanh networks with (fast) dropout, the paper's baselines.
 """
 
 from ..network import GPNNet
 from .baselines import FixedActivationNet
+from .ensemble import NetworkEnsemble
 from .nonparametric import NonParametricGPN
 from .parametric import ParametricGPN
 from .sampled_targets import SampledTargetsGPN
@@ -22,6 +24,7 @@ from .variational import VariationalGPN
 __all__ = [
     "FixedActivationNet",
     "GPNNet",
+    "NetworkEnsemble",
     "NonParametricGPN",
     "ParametricGPN",
     "SampledTargetsGPN",
