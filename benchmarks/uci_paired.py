@@ -9,7 +9,8 @@ splits won) and the 90 % interval coverages: a markdown table. Usage::
     python benchmarks/uci_paired.py --models chosen dgp mcdrop --chosen
 
 ``--chosen``: the first model stands for each set's chosen Bayesian GPN column
-(``benchmarks.uci.CHOSEN``, chosen on validation rows), ``--long`` entries on top.
+(``benchmarks.uci.CHOSEN``, chosen on validation rows; with ``--ensembles`` its five-network
+mixture where adopted, ``benchmarks.uci.ENSEMBLES``), ``--long`` entries on top.
 """
 
 from __future__ import annotations
@@ -66,13 +67,14 @@ def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> s
     return "\n".join(lines)
 
 
-def chosen_columns() -> dict[str, str]:
-    """Each set's chosen Bayesian GPN column (``benchmarks.uci.CHOSEN``), a fresh dict."""
+def chosen_columns(ensembles: bool = False) -> dict[str, str]:
+    """Each set's chosen Bayesian GPN column (``benchmarks.uci.CHOSEN``), a fresh dict; with
+    ``ensembles``, its five-network mixture where adopted (``benchmarks.uci.ENSEMBLES``)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.uci import CHOSEN
+    from benchmarks.uci import CHOSEN, ENSEMBLES
 
-    return dict(CHOSEN)
+    return {**CHOSEN, **ENSEMBLES} if ensembles else dict(CHOSEN)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,8 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--chosen", action="store_true", help="the first model is each set's chosen column"
     )
+    parser.add_argument(
+        "--ensembles",
+        action="store_true",
+        help="with --chosen: the five-network mixture where validation adopted it",
+    )
     args = parser.parse_args(argv)
-    substitute = chosen_columns() if args.chosen else {"naval": "bgpn_long"}
+    substitute = chosen_columns(args.ensembles) if args.chosen else {"naval": "bgpn_long"}
     substitute.update(item.split("=", 1) for item in args.long or [])
     print(paired_table(Path(args.runs), args.models, substitute))
 
