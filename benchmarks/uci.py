@@ -72,7 +72,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,6 +251,15 @@ ENSEMBLES = {
     "wine": "bgpn_het_qw2_ens5",
     "yacht": "bgpn_het_point_ens5_pll",
 }
+
+
+def chosen_columns(ensembles: bool = False) -> dict[str, str]:
+    """Each set's chosen Bayesian GPN column (:data:`CHOSEN`, ``bgpn`` where none), a fresh
+    dict; with ``ensembles``, its five-network mixture where adopted (:data:`ENSEMBLES`)."""
+    columns = {name: CHOSEN.get(name, "bgpn") for name in SETS}
+    return {**columns, **ENSEMBLES} if ensembles else columns
+
+
 #: the configuration issue 15 ran (point weights, no validation)
 ISSUE_CONFIG = {**BGPN_CONFIG, "weights": "point", "validation": False}
 
@@ -670,6 +679,18 @@ def fit_mcdrop(data, seed: int, rates=(0.01, 0.05, 0.1)) -> dict:
     }
 
 
+def _equal_mixture(predicts: Sequence) -> Callable:
+    """The equal-weight mixture of members' predictions: ``predict(x)`` concatenating every
+    member's ``(mean [T_k, S], var [T_k, S])`` components (each member's own components equally
+    weighted, as its sample draws or its single Gaussian are)."""
+
+    def predict(x):
+        parts = [member(x) for member in predicts]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    return predict
+
+
 def fit_ensemble(data, seed: int, members: int = 5) -> dict:
     nets, total, epochs = [], 0.0, []
     for k in range(members):
@@ -679,14 +700,15 @@ def fit_ensemble(data, seed: int, members: int = 5) -> dict:
         total += wall
         epochs.append(ep)
 
-    def predict(x):
-        with torch.no_grad():
-            outs = [n(x) for n in nets]
-        return (
-            torch.stack([o.mean.reshape(-1) for o in outs]),
-            torch.stack([o.variance.reshape(-1) for o in outs]),
-        )
+    def one(net):
+        def predict(x):
+            with torch.no_grad():
+                out = net(x)
+            return out.mean.reshape(1, -1), out.variance.reshape(1, -1)
 
+        return predict
+
+    predict = _equal_mixture([one(net) for net in nets])
     return {"predict": predict, "fit_s": total, "epochs": float(np.sum(epochs))}
 
 
@@ -811,11 +833,7 @@ def fit_dgp_ensemble(data, seed: int, members: int = 5, **options) -> dict:
     ``dgp`` column's own fit) predicting the equal-weight mixture of their predictive samples
     (section 19: the deep GP's side of the five-network comparison)."""
     fits = [fit_dgp(data, seed + 1000 * k, **options) for k in range(members)]
-
-    def predict(xs):
-        parts = [f["predict"](xs) for f in fits]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
+    predict = _equal_mixture([f["predict"] for f in fits])
     return {**_ensemble_facts(fits, data), "predict": predict, "noise_std": fits[0]["noise_std"]}
 
 
@@ -945,9 +963,8 @@ def published_table(out: Path, model: str = "bgpn") -> str:
         "| --- | --- |" + " --- |" * len(PUBLISHED_COLUMNS),
     ]
     for name in SETS:
-        wanted = CHOSEN.get(name, "bgpn") if model in ("chosen", "ensembles") else model
-        if model == "ensembles":
-            wanted = ENSEMBLES.get(name, wanted)
+        columns = chosen_columns(model == "ensembles") if model in ("chosen", "ensembles") else {}
+        wanted = columns.get(name, model)
         cs = sorted(
             (c for c in cells if c["set"] == name and c["model"] == wanted),
             key=lambda c: c["split"],
@@ -1000,7 +1017,7 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
     result["bgpn_config"] = BGPN_CONFIG
     result["issue_config"] = ISSUE_CONFIG
     result["bgpn_long_schedules"] = SET_SCHEDULES
-    result["chosen"] = {name: CHOSEN.get(name, "bgpn") for name in SETS}
+    result["chosen"] = chosen_columns()
     result["ensembles"] = dict(ENSEMBLES)
     return result
 

@@ -68,13 +68,13 @@ def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> s
 
 
 def chosen_columns(ensembles: bool = False) -> dict[str, str]:
-    """Each set's chosen Bayesian GPN column (``benchmarks.uci.CHOSEN``), a fresh dict; with
-    ``ensembles``, its five-network mixture where adopted (``benchmarks.uci.ENSEMBLES``)."""
+    """:func:`benchmarks.uci.chosen_columns` (imported on use: the module needs the checkout
+    on the path)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.uci import CHOSEN, ENSEMBLES
+    from benchmarks.uci import chosen_columns as columns
 
-    return {**CHOSEN, **ENSEMBLES} if ensembles else dict(CHOSEN)
+    return columns(ensembles)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -89,7 +89,7 @@ from pyro_gpn.models.sampled_targets import SampledTargetsGPN
 from .nuts_chains import ChainSpec, merge_chains, run_chains
 from .nuts_informed import informed_chain_models, twin, whitened_samples
 from .nuts_kernel import RecordingNUTS
-from .nuts_result import NUTSResult, draw_chunks, draws_per_chunk
+from .nuts_result import NUTSResult, draw_chunks
 from .nuts_setup import (
     fit_initial_params,
     hessian_diagonal_inverse_mass,
@@ -371,9 +371,8 @@ def run_nuts(
             sites = ["y_test"] + (["p_test"] if model.likelihood != "gaussian" else [])
             pyro.set_rng_seed(seed)  # the same draws whichever process ran the chains
             # in chunks of draws: all of them at once can exhaust the memory (draws_per_chunk)
-            size = draws_per_chunk(model, len(x_train) + len(x_test))
             parts = []
-            for chunk in draw_chunks(samples, size):
+            for chunk in draw_chunks(samples, model, len(x_train) + len(x_test)):
                 draw = Predictive(
                     model.model, posterior_samples=chunk, return_sites=sites, parallel=True
                 )

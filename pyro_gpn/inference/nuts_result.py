@@ -126,10 +126,9 @@ class NUTSResult:
         """
         if self.x_test is None:
             raise ValueError("x_test was not given to run_nuts: there are no test predictions")
-        size = draws_per_chunk(self.model, len(self.x_train) + len(self.x_test))
-        return torch.cat(
-            [self._test_log_density(chunk, y_test) for chunk in draw_chunks(self.samples, size)]
-        )
+        rows = len(self.x_train) + len(self.x_test)
+        chunks = draw_chunks(self.samples, self.model, rows)
+        return torch.cat([self._test_log_density(chunk, y_test) for chunk in chunks])
 
     def _test_log_density(self, samples: dict[str, Tensor], y_test: Tensor) -> Tensor:
         """:meth:`test_log_density` of the draws ``samples``."""
@@ -201,12 +200,9 @@ class NUTSResult:
         S_train]`` (the model's ``pointwise_log_likelihood``: per-row factors, or for the
         non-parametric GPN's Gaussian likelihood the exact leave-one-out conditionals), over
         the draws in chunks (:func:`draws_per_chunk`)."""
-        size = draws_per_chunk(self.model, len(self.x_train))
+        chunks = draw_chunks(self.samples, self.model, len(self.x_train))
         return torch.cat(
-            [
-                self.model.pointwise_log_likelihood(chunk, self.x_train, self.y_train)
-                for chunk in draw_chunks(self.samples, size)
-            ]
+            [self.model.pointwise_log_likelihood(c, self.x_train, self.y_train) for c in chunks]
         )
 
     def to_arviz(self) -> az.InferenceData:
@@ -250,8 +246,10 @@ def draws_per_chunk(model, num_rows: int) -> int:
     return max(1, CHUNK_BYTES // per_draw)
 
 
-def draw_chunks(samples: dict[str, Tensor], size: int):
-    """``samples`` (``{site: [D, ...]}``) in consecutive chunks of at most ``size`` draws."""
+def draw_chunks(samples: dict[str, Tensor], model, num_rows: int):
+    """``samples`` (``{site: [D, ...]}``) in consecutive chunks of at most
+    :func:`draws_per_chunk` draws for a re-run of ``model`` over ``num_rows`` rows."""
+    size = draws_per_chunk(model, num_rows)
     num_draws = next(iter(samples.values())).shape[0]
     for start in range(0, num_draws, size):
         yield {k: v[start : start + size] for k, v in samples.items()}
