@@ -128,6 +128,13 @@ BGPN_MODELS = (
     "bgpn_het_qw2_ens5",
     "bgpn_het_qw2_long_ens5",
     "bgpn_wide_point_long_cal_ens5",
+    # those mixtures with their own predictive scale fitted on the validation rows (``mixcal``;
+    # section 20)
+    "bgpn_long_ens5_mixcal",
+    "bgpn_het_point_ens5_mixcal",
+    "bgpn_het_qw2_ens5_mixcal",
+    "bgpn_het_qw2_long_ens5_mixcal",
+    "bgpn_wide_point_long_cal_ens5_mixcal",
 )
 PLL = "_pll"
 MODELS = (
@@ -193,7 +200,8 @@ SCHEDULES: dict[str, dict[str, dict]] = {"long": SET_SCHEDULES, "longer": LONGER
 #: section 16: fits that settled in the noise-dominated optimum on naval), ``warm1500`` for the
 #: first 1500. ``ens5``: five Bayesian GPNs fitted independently (model seeds ``seed + 1000 k``,
 #: ``k = 0..4``: the first is the column without the modifier) and predicting their equal-weight
-#: mixture (section 19)
+#: mixture (section 19); ``mixcal`` (with ``ens5``): the mixture's own predictive scale fitted on
+#: the validation rows (``fit_predictive_scale(ensemble, ...)``; section 20)
 BGPN_MODIFIERS: dict[str, dict] = {
     "het": {"head": "heteroscedastic"},
     "point": {"weights": "point"},
@@ -205,6 +213,7 @@ BGPN_MODIFIERS: dict[str, dict] = {
     "warm1500": {"noise_warmup": 1500},
     "cal": {"calibrate": True},
     "ens5": {"members": 5},
+    "mixcal": {"mixture_calibrate": True},
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
@@ -418,10 +427,15 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     (:class:`pyro_gpn.models.NetworkEnsemble`: each member's own predictive mixture, weights
     divided by ``K``); member 0 is the single network of
     the same column without the modifier, and its test and validation metrics are kept
-    (``single``) for the paired comparison. Times and epochs are the members' sums."""
+    (``single``) for the paired comparison. Times and epochs are the members' sums. With
+    ``config["mixture_calibrate"]`` (the ``mixcal`` modifier) the mixture's own predictive scale
+    is fitted on the validation rows, and the cell records :func:`calibration_facts` of it."""
+    from pyro_gpn.inference import fit_predictive_scale
     from pyro_gpn.models import NetworkEnsemble
 
     members = config.get("members", 1)
+    if config.get("mixture_calibrate") and members == 1:
+        raise ValueError("the mixcal modifier calibrates a mixture: use it with ens5")
     if members == 1:
         return _fit_bgpn_member(data, config, seed)
     fits = [_fit_bgpn_member(data, config, seed + 1000 * k) for k in range(members)]
@@ -433,9 +447,13 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
             weights, mean, var = ensemble.predictive_mixture(x)
         return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
 
+    facts = _ensemble_facts(fits, data)
+    if config.get("mixture_calibrate"):
+        fit_predictive_scale(ensemble, data.x_val, data.y_val)
+        facts["mixture_calibration"] = calibration_facts(ensemble, predict, data)
     return {
         **{k: v for k, v in first.items() if k not in ("predict", "net")},
-        **_ensemble_facts(fits, data),
+        **facts,
         "predict": predict,
         "net": ensemble,
         "member_best_step": [f["best_step"] for f in fits],
@@ -530,15 +548,28 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     }
 
 
+def _scale_buffer(model) -> Tensor:
+    """The predictive scale a calibration fits: a network head's, or a
+    :class:`~pyro_gpn.models.NetworkEnsemble`'s own."""
+    from pyro_gpn.models import NetworkEnsemble
+
+    return (
+        model.predictive_scale
+        if isinstance(model, NetworkEnsemble)
+        else model.head.predictive_scale
+    )
+
+
 def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[float, float]:
-    """A validation score of a model with a predictive scale (``head.predictive_scale``) at
-    scale 1 and with the scale fitted on the other half of the validation rows (even rows
-    scored with the odd rows' scale and back; row-weighted): ``(uncalibrated, calibrated)``,
-    the figures a choice may use (the in-sample calibrated score is optimistic).
-    ``score(x, y)`` scores rows at the head's current scale; the scale is left as it was."""
+    """A validation score of a model with a predictive scale (``head.predictive_scale``, or an
+    ensemble's own) at scale 1 and with the scale fitted on the other half of the validation
+    rows (even rows scored with the odd rows' scale and back; row-weighted):
+    ``(uncalibrated, calibrated)``, the figures a choice may use (the in-sample calibrated score
+    is optimistic). ``score(x, y)`` scores rows at the current scale; the scale is left as it
+    was."""
     from pyro_gpn.inference import fit_predictive_scale
 
-    scale = model.head.predictive_scale
+    scale = _scale_buffer(model)
     kept = scale.clone()
     halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
@@ -556,16 +587,17 @@ def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[floa
 
 
 def calibration_facts(model, predict, data) -> dict:
-    """What the predictive scale of a calibrated Bayesian GPN (``fit_vgpn(calibrate=True)``)
-    did, for the choice and its check: the fitted ``scale``; ``val_crossfit``, the validation
-    log-likelihood of :func:`crossfitted_scores`; and ``test_uncalibrated``, the test metrics at
-    scale 1, which must reproduce the uncalibrated column's cell (a check, never a choice). The
-    head's scale is left as the fit set it."""
+    """What the predictive scale of a calibrated Bayesian GPN (``fit_vgpn(calibrate=True)``),
+    or of a calibrated mixture of them (``mixcal``), did, for the choice and its check: the
+    fitted ``scale``; ``val_crossfit``, the validation log-likelihood of
+    :func:`crossfitted_scores`; and ``test_uncalibrated``, the test metrics at scale 1, which
+    must reproduce the uncalibrated column's cell (a check, never a choice). The scale is left
+    as the fit set it."""
     y_std = float(data.y_std)
     raw, calibrated = crossfitted_scores(
         model, data.x_val, data.y_val, lambda x, y: _score(predict, x, y, y_std)["log_lik"]
     )
-    scale = model.head.predictive_scale
+    scale = _scale_buffer(model)
     fitted = scale.clone()
     try:
         scale.fill_(1.0)

@@ -13,9 +13,16 @@ run:
 * the check: member 0's test log-likelihood minus the recorded cell of the column without
   ``_ens5`` (zero up to round-off if the fit is reproduced).
 
+With ``--calibration``, the ``*_ens5_mixcal`` cells instead (section 20): the mixture's own
+predictive scale fitted on the validation rows (``fit_predictive_scale(ensemble, ...)``) --
+the scales, the cross-fitted validation gain (the scale fitted on one half of the validation
+rows scores the other; the rule, fixed before any cell ran: adopt where its mean is positive and
+larger than its standard error), the test coverage and log-likelihood at scale 1 and with the
+scale, and the check that the cell's mixture at scale 1 reproduces the recorded ``_ens5`` cell.
+
 Usage::
 
-    python benchmarks/uci_ensemble.py
+    python benchmarks/uci_ensemble.py [--calibration]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MIXCAL = "_mixcal"
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 
 
@@ -48,6 +56,8 @@ def ensemble_table(runs: Path) -> str:
     for name in SETS:
         for path in sorted(runs.glob(f"*_ens5*__{name}__00.json")):
             column = path.name.split("__")[0]
+            if MIXCAL in column:
+                continue
             cells = [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
             val = [c["val"]["log_lik"] - c["single"]["val"]["log_lik"] for c in cells]
             test = [c["test"]["log_lik"] - c["single"]["test"]["log_lik"] for c in cells]
@@ -74,11 +84,60 @@ def ensemble_table(runs: Path) -> str:
     return "\n".join(lines)
 
 
+def _won(values: list[float]) -> str:
+    return f"{_mean_se(values)} ({sum(v > 0 for v in values)}/{len(values)})"
+
+
+def calibration_table(runs: Path) -> str:
+    """The markdown table of the ``*_ens5_mixcal`` cells (module docstring, ``--calibration``)."""
+    head = (
+        "| set | column | splits | scale: median (range) | validation gain, cross-fitted (won) "
+        "| adopt | test coverage, 1 → s | test log-lik, 1 → s | test gain (won) | "
+        "scale 1 − recorded mixture (max abs) |"
+    )
+    lines = [head, "|" + " --- |" * 10]
+    for name in SETS:
+        for path in sorted(runs.glob(f"*{MIXCAL}*__{name}__00.json")):
+            column = path.name.split("__")[0]
+            cells = [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
+            facts = [c["mixture_calibration"] for c in cells]
+            scales = [f["scale"][0] for f in facts]
+            val = [
+                f["val_crossfit"]["log_lik_calibrated"] - f["val_crossfit"]["log_lik_uncalibrated"]
+                for f in facts
+            ]
+            mean = statistics.mean(val)
+            se = statistics.stdev(val) / math.sqrt(len(val)) if len(val) > 1 else float("inf")
+            raw = [f["test_uncalibrated"] for f in facts]
+            test = [c["test"] for c in cells]
+            gain = [t["log_lik"] - r["log_lik"] for t, r in zip(test, raw, strict=True)]
+            checks = []
+            for c, r in zip(cells, raw, strict=True):
+                recorded = runs / f"{column.replace(MIXCAL, '')}__{name}__{c['split']:02d}.json"
+                if recorded.exists():
+                    old = json.loads(recorded.read_text())["test"]["log_lik"]
+                    checks.append(abs(r["log_lik"] - old))
+            lines.append(
+                f"| {name} | `{column}` | {len(cells)} | {statistics.median(scales):.2f} "
+                f"({min(scales):.2f}–{max(scales):.2f}) | {_won(val)} | "
+                f"{'yes' if mean > 0 and mean > se else 'no'} | "
+                f"{statistics.mean(r['coverage90'] for r in raw):.3f} → "
+                f"{statistics.mean(t['coverage90'] for t in test):.3f} | "
+                f"{statistics.mean(r['log_lik'] for r in raw):.3f} → "
+                f"{statistics.mean(t['log_lik'] for t in test):.3f} | {_won(gain)} | "
+                f"{max(checks) if checks else float('nan'):.1e} ({len(checks)}) |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=ROOT / "docs/results/uci_runs")
+    parser.add_argument(
+        "--calibration", action="store_true", help="the mixtures' predictive scales instead"
+    )
     args = parser.parse_args(argv)
-    print(ensemble_table(args.runs))
+    print(calibration_table(args.runs) if args.calibration else ensemble_table(args.runs))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -83,6 +85,11 @@ def fit_predictive_scale(
     logits of every unscented sigma point (:meth:`~pyro_gpn.heads.SoftmaxHead.point_logits`)
     are divided by ``T`` -- the quantity :meth:`~pyro_gpn.heads.Head.log_predictive` reports.
 
+    A :class:`~pyro_gpn.models.NetworkEnsemble` is calibrated as a whole: its own scale
+    stretches the members' mixture about the mixture's mean (per output, fitted on that
+    output's marginal predictive), or its temperature divides every member's sigma-point
+    logits; the members' own scales stay as they are and act first.
+
     Both: a grid of 161 log-spaced values, then golden-section search between the best one's
     neighbours.
 
@@ -92,12 +99,14 @@ def fit_predictive_scale(
             :class:`~pyro_gpn.GPNSequential`, the fixed-activation baselines) whose head is
             :class:`~pyro_gpn.heads.GaussianHead`,
             :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead` or
-            :class:`~pyro_gpn.heads.SoftmaxHead`.
+            :class:`~pyro_gpn.heads.SoftmaxHead`; or a
+            :class:`~pyro_gpn.models.NetworkEnsemble` of such networks.
         x, y: held-out rows ``[S, M]`` and targets: ``[S, D]`` (or ``[S]`` for ``D = 1``)
             regression targets or ``[S]`` integer class labels; ``S >= 2``, never the test rows.
         bounds: ``(low, high)``, ``0 < low < 1 < high``: the range searched. A scale at a bound
             warns.
-        set_scale: write the result into ``model.head.predictive_scale``.
+        set_scale: write the result into ``model.head.predictive_scale`` (an ensemble's:
+            ``model.predictive_scale``).
 
     Returns:
         the fitted scales: ``[D]`` for regression (``s > 1`` widens the predictive, ``s < 1``
@@ -105,16 +114,11 @@ def fit_predictive_scale(
         probabilities, ``T < 1`` sharpens them).
 
     Raises:
-        ValueError: a head without a predictive scale, bad rows, labels or bounds.
+        ValueError: a head without a predictive scale (and not an ensemble), bad rows, labels
+            or bounds.
     """
-    head = getattr(model, "head", None)
-    task = getattr(head, "task", None)
-    if task not in ("regression", "classification") or not hasattr(head, "predictive_scale"):
-        raise ValueError(
-            "model must have a head with a predictive scale (GaussianHead, "
-            "HeteroscedasticGaussianHead or SoftmaxHead) to calibrate its predictive, got "
-            f"{type(head).__name__}"
-        )
+    target = _CalibrationTarget.of(model)
+    task = target.task
     low, high = (float(b) for b in bounds)
     if not (math.isfinite(low) and math.isfinite(high) and 0 < low < 1 < high):
         raise ValueError(f"bounds must satisfy 0 < low < 1 < high, got {bounds!r}")
@@ -123,27 +127,26 @@ def fit_predictive_scale(
     if x.dim() != 2 or x.shape[0] < 2:
         raise ValueError(f"x must be [S, M] with at least 2 rows, got {tuple(x.shape)}")
     if task == "classification":
-        check_labels(y, x.shape[0], head.num_classes, name="y")
+        check_labels(y, x.shape[0], target.width, name="y")
     else:
         check_tensor("y", y)
         check_finite("y", y)
         y = y.reshape(x.shape[0], -1) if y.dim() == 1 else y
-        if y.shape != (x.shape[0], head.num_outputs):
+        if y.shape != (x.shape[0], target.width):
             raise ValueError(
-                f"y must be [{x.shape[0]}, {head.num_outputs}] (or [{x.shape[0]}] for one "
+                f"y must be [{x.shape[0]}, {target.width}] (or [{x.shape[0]}] for one "
                 f"output), got {tuple(y.shape)}"
             )
-    kept = head.predictive_scale.clone()
+    kept = target.scale.clone()
     try:
-        head.predictive_scale.fill_(1.0)
+        target.scale.fill_(1.0)
         with torch.no_grad():
-            features = model.hidden(x)
             if task == "classification":
-                logits, point_weights = head.point_logits(features)
+                logits, point_weights = target.point_logits(x)
             else:
-                weights, mean, var = head.predictive_mixture(features)
+                weights, mean, var = target.predictive_mixture(x)
     finally:
-        head.predictive_scale.copy_(kept)
+        target.scale.copy_(kept)
 
     if task == "classification":
         logits, point_weights, labels = logits.double(), point_weights.double(), y.long()
@@ -167,10 +170,51 @@ def fit_predictive_scale(
             f"reached a bound of {bounds} ({scale.tolist()}); the predictive is far off",
             stacklevel=2,
         )
-    scale = scale.to(head.predictive_scale)
+    scale = scale.to(target.scale)
     if set_scale:
-        head.predictive_scale.copy_(scale)
+        target.scale.copy_(scale)
     return scale
+
+
+@dataclass(frozen=True)
+class _CalibrationTarget:
+    """What :func:`fit_predictive_scale` calibrates: a network's head, or a
+    :class:`~pyro_gpn.models.NetworkEnsemble` as a whole (its own scale; the members' scales
+    stay as they are). ``scale`` is the buffer to fit, ``width`` the number of outputs
+    (regression) or classes, and ``predictive_mixture(x)`` / ``point_logits(x)`` give the
+    predictive at the current scale."""
+
+    task: str
+    scale: Tensor
+    width: int
+    predictive_mixture: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
+    point_logits: Callable[[Tensor], tuple[Tensor, Tensor]]
+
+    @classmethod
+    def of(cls, model) -> _CalibrationTarget:
+        from ..models.ensemble import NetworkEnsemble
+
+        if isinstance(model, NetworkEnsemble):
+            task = model.task
+            width = model.num_outputs if task == "regression" else model.num_classes
+            return cls(
+                task, model.predictive_scale, width, model.predictive_mixture, model.point_logits
+            )
+        head = getattr(model, "head", None)
+        task = getattr(head, "task", None)
+        if task not in ("regression", "classification") or not hasattr(head, "predictive_scale"):
+            raise ValueError(
+                "model must have a head with a predictive scale (GaussianHead, "
+                "HeteroscedasticGaussianHead or SoftmaxHead) or be a NetworkEnsemble to "
+                f"calibrate its predictive, got {type(head).__name__}"
+            )
+        return cls(
+            task,
+            head.predictive_scale,
+            head.num_outputs if task == "regression" else head.num_classes,
+            lambda x: head.predictive_mixture(model.hidden(x)),
+            lambda x: head.point_logits(model.hidden(x)),
+        )
 
 
 def _maximise_over_scale(score, width: int, low: float, high: float) -> tuple[Tensor, Tensor]:

@@ -102,7 +102,177 @@ def test_bad_members_are_named():
         NetworkEnsemble([])
     with pytest.raises(TypeError, match=r"members\[1\]"):
         NetworkEnsemble([_members(k=1)[0], torch.nn.Linear(2, 1)])
-    with pytest.raises(ValueError, match="one task and input width"):
+    with pytest.raises(ValueError, match="one task, input width and output width"):
         NetworkEnsemble([_members(k=1)[0], GPNNet([2, 4, 3], head="softmax").double()])
-    with pytest.raises(ValueError, match="one task and input width"):
+    with pytest.raises(ValueError, match="one task, input width and output width"):
         NetworkEnsemble([_members(k=1)[0], _members(k=1, sizes=(3, 4, 1))[0]])
+
+
+# --------------------------------------------------------------------- the mixture's own scale
+
+
+def _numpy_mixture(members, x):
+    """Every member's components together, equal weight across members: weights ``[KT]`` and
+    means and standard deviations ``[KT, S]`` (numpy, output 0)."""
+    ws, ms, vs = [], [], []
+    for net in members:
+        with torch.no_grad():
+            w, m, v = (t.numpy() for t in net.head.predictive_mixture(net.hidden(x)))
+        ws.append(w / len(members))
+        ms.append(m[..., 0])
+        vs.append(v[..., 0])
+    return np.concatenate(ws), np.concatenate(ms), np.sqrt(np.concatenate(vs))
+
+
+@pytest.mark.parametrize("head", ["gaussian", "heteroscedastic"])
+@pytest.mark.parametrize("scale", [0.6, 1.7])
+def test_scaled_mixture_is_the_mixture_stretched_about_its_mean(head, scale):
+    """``log p_s(y) = log p_1(m + (y - m) / s) - log s`` with ``m`` the mixture's mean, by scipy
+    over the members' components; the moments scale by ``s``; the components agree."""
+    members = _members(head)
+    x, y = _rows()
+    ensemble = NetworkEnsemble(members)
+    plain = ensemble.predict(x)
+    ensemble.predictive_scale.fill_(scale)
+    w, m, sd = _numpy_mixture(members, x)
+    centre = (w[:, None] * m).sum(0)
+    u = centre + (y.numpy()[:, 0] - centre) / scale
+    expected = special.logsumexp(
+        stats.norm.logpdf(u[None], m, sd) + np.log(w)[:, None], axis=0
+    ) - math.log(scale)
+    got = ensemble.log_predictive(x, y).detach().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        weights, mean, var = ensemble.predictive_mixture(x)
+    comp = stats.norm.logpdf(
+        y.numpy()[:, 0][None], mean[..., 0].numpy(), var[..., 0].sqrt().numpy()
+    )
+    from_components = special.logsumexp(comp + np.log(weights.numpy())[:, None], axis=0)
+    np.testing.assert_allclose(from_components, expected, rtol=1e-10, atol=1e-12)
+    pred = ensemble.predict(x)
+    torch.testing.assert_close(pred.mean, plain.mean, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(pred.std, scale * plain.std, rtol=1e-12, atol=1e-14)
+    mix_mean = torch.einsum("k,ksd->sd", weights, mean)
+    mix_var = torch.einsum("k,ksd->sd", weights, var + mean.square()) - mix_mean.square()
+    torch.testing.assert_close(mix_var.sqrt(), pred.std, rtol=1e-9, atol=1e-12)
+
+
+def test_scale_one_changes_no_bit_and_members_keep_their_scales():
+    members = _members("heteroscedastic")
+    members[1].head.predictive_scale.fill_(1.3)  # a calibrated member acts as it is
+    x, y = _rows()
+    ensemble = NetworkEnsemble(members)
+    before = (ensemble.log_predictive(x, y), ensemble.predict(x), ensemble.predictive_mixture(x))
+    ensemble.predictive_scale.fill_(0.5)
+    ensemble.predictive_scale.fill_(1.0)
+    assert torch.equal(ensemble.log_predictive(x, y), before[0])
+    assert torch.equal(ensemble.predict(x).std, before[1].std)
+    assert all(torch.equal(a, b) for a, b in zip(ensemble.predictive_mixture(x), before[2]))
+    assert float(members[1].head.predictive_scale) == 1.3
+
+
+@pytest.mark.parametrize("true_scale", [0.5, 2.0])
+def test_fit_predictive_scale_recovers_the_scale_rows_were_drawn_with(true_scale):
+    """Rows drawn from the mixture stretched by ``s``: the scale fitted on 4,000 of them is
+    ``s`` within 4 %, the members' own scales untouched; fresh rows' 90 % coverage and log
+    density improve over the unscaled mixture's."""
+    from pyro_gpn.inference import fit_predictive_scale
+
+    members = _members("heteroscedastic")
+    ensemble = NetworkEnsemble(members)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5_000, 2, generator=gen, dtype=torch.float64)
+    ensemble.predictive_scale.fill_(true_scale)
+    with torch.no_grad():
+        w, m, v = ensemble.predictive_mixture(x)
+    comp = torch.multinomial(w, x.shape[0], replacement=True, generator=gen)
+    rows = torch.arange(x.shape[0])
+    y = m[comp, rows] + v[comp, rows].sqrt() * torch.randn(x.shape[0], 1, generator=gen)
+    ensemble.predictive_scale.fill_(1.0)
+    fit_x, fit_y, new_x, new_y = x[:4000], y[:4000], x[4000:], y[4000:]
+    raw = ensemble.log_predictive(new_x, new_y).mean()
+    scale = fit_predictive_scale(ensemble, fit_x, fit_y)
+    assert abs(float(scale) / true_scale - 1) < 0.04  # 3.5 standard errors at 4,000 rows
+    assert float(ensemble.predictive_scale) == float(scale)
+    assert all(float(net.head.predictive_scale) == 1.0 for net in members)
+    assert ensemble.log_predictive(new_x, new_y).mean() > raw + 0.05
+
+
+def test_fit_predictive_scale_of_an_ensemble_maximises_scipys_log_density():
+    from scipy.optimize import minimize_scalar
+
+    from pyro_gpn.inference import fit_predictive_scale
+
+    members = _members("gaussian")
+    x, y = _rows(rows=40)
+    y = 3.0 * y  # a mixture too narrow for these rows
+    w, m, sd = _numpy_mixture(members, x)
+    centre = (w[:, None] * m).sum(0)
+
+    def nll(log_s):
+        s = math.exp(log_s)
+        u = centre + (y.numpy()[:, 0] - centre) / s
+        dens = special.logsumexp(stats.norm.logpdf(u[None], m, sd) + np.log(w)[:, None], axis=0)
+        return -(dens - log_s).mean()
+
+    best = minimize_scalar(nll, bounds=(math.log(0.01), math.log(100)), method="bounded")
+    ensemble = NetworkEnsemble(members)
+    got = fit_predictive_scale(ensemble, x, y)
+    assert abs(float(got.log()) - best.x) < 1e-4
+
+
+def test_classifier_ensemble_temperature():
+    """Temperature ``T``: every member's sigma-point logits over ``T`` (after its own), the
+    labels' log probability from those probabilities; a temperature fitted on labels drawn at
+    ``T = 2.5`` is 2.5 within 10 %."""
+    from pyro_gpn.inference import fit_predictive_scale
+
+    members = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        members.append(GPNNet([3, 4, 3], head="softmax").double())
+    members[0].head.predictive_scale.fill_(0.8)
+    ensemble = NetworkEnsemble(members)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4_000, 3, generator=gen, dtype=torch.float64) * 3
+    ensemble.predictive_scale.fill_(2.5)
+    probs = []
+    for net in members:
+        logits, pw = net.head.point_logits(net.hidden(x))
+        p = (logits / (net.head.predictive_scale * 2.5)).softmax(-1)
+        probs.append((pw.view(1, -1, 1) * p).sum(1))
+    expected = torch.stack(probs).mean(0)
+    torch.testing.assert_close(ensemble.predict(x).probs, expected, rtol=1e-10, atol=1e-12)
+    labels = torch.multinomial(expected, 1, generator=gen).squeeze(-1)
+    torch.testing.assert_close(
+        ensemble.log_predictive(x, labels), expected[torch.arange(4000), labels].log()
+    )
+    ensemble.predictive_scale.fill_(1.0)
+    temperature = fit_predictive_scale(ensemble, x, labels)
+    assert abs(float(temperature) / 2.5 - 1) < 0.1
+    with pytest.raises(ValueError, match="classification heads only"):
+        NetworkEnsemble(_members(k=1)).point_logits(x[:, :2])
+
+
+def test_ensemble_scale_is_saved_and_old_states_load_uncalibrated():
+    members = _members(k=2)
+    ensemble = NetworkEnsemble(members)
+    ensemble.predictive_scale.fill_(0.7)
+    state = ensemble.state_dict()
+    fresh = NetworkEnsemble(_members(k=2))
+    fresh.load_state_dict(state)
+    assert float(fresh.predictive_scale) == pytest.approx(0.7)
+    del state["predictive_scale"]
+    fresh.load_state_dict(state)
+    assert float(fresh.predictive_scale) == 1.0
+
+
+def test_fit_predictive_scale_names_a_bad_target_of_an_ensemble():
+    from pyro_gpn.inference import fit_predictive_scale
+
+    ensemble = NetworkEnsemble(_members(k=2))
+    x, y = _rows()
+    with pytest.raises(ValueError, match=r"y must be \[9, 1\]"):
+        fit_predictive_scale(ensemble, x, torch.zeros(9, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="bounds"):
+        fit_predictive_scale(ensemble, x, y, bounds=(2.0, 3.0))
