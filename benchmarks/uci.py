@@ -135,6 +135,10 @@ BGPN_MODELS = (
     "bgpn_het_qw2_ens5_mixcal",
     "bgpn_het_qw2_long_ens5_mixcal",
     "bgpn_wide_point_long_cal_ens5_mixcal",
+    # the large sets' chosen columns as calibrated mixtures (section 20)
+    "bgpn_long_warm1500_cal_ens5_mixcal",
+    "bgpn_wide_longer_cal_ens5_mixcal",
+    "bgpn_het_point_long_ens5_mixcal",
 )
 PLL = "_pll"
 MODELS = (

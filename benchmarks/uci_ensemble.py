@@ -13,6 +13,9 @@ run:
 * the check: member 0's test log-likelihood minus the recorded cell of the column without
   ``_ens5`` (zero up to round-off if the fit is reproduced).
 
+A set run only as a calibrated mixture (``*_ens5_mixcal``) enters with that mixture at its own
+scale 1, which such a cell records beside the calibrated one.
+
 With ``--calibration``, the ``*_ens5_mixcal`` cells instead (section 20): the mixture's own
 predictive scale fitted on the validation rows (``fit_predictive_scale(ensemble, ...)``) --
 the scales, the cross-fitted validation gain (the scale fitted on one half of the validation
@@ -45,6 +48,20 @@ def _mean_se(values: list[float], fmt: str = "+.3f") -> str:
     return f"{mean:{fmt}} ± {se:.3f}"
 
 
+def _uncalibrated(cell: dict) -> dict:
+    """The mixture of an ensemble cell at its own scale 1: ``{"test": metrics, "val":
+    log-likelihood}`` (a ``mixcal`` cell records them in its ``mixture_calibration``; its
+    cross-fitted uncalibrated score is the row-weighted mean over both halves, the whole
+    validation rows' log-likelihood)."""
+    facts = cell.get("mixture_calibration")
+    if facts is None:
+        return {"test": cell["test"], "val": cell["val"]["log_lik"]}
+    return {
+        "test": facts["test_uncalibrated"],
+        "val": facts["val_crossfit"]["log_lik_uncalibrated"],
+    }
+
+
 def ensemble_table(runs: Path) -> str:
     """The markdown table of the module docstring."""
     head = (
@@ -54,16 +71,19 @@ def ensemble_table(runs: Path) -> str:
     )
     lines = [head, "|" + " --- |" * 9]
     for name in SETS:
-        for path in sorted(runs.glob(f"*_ens5*__{name}__00.json")):
-            column = path.name.split("__")[0]
-            if MIXCAL in column:
-                continue
+        columns = [p.name.split("__")[0] for p in sorted(runs.glob(f"*_ens5*__{name}__00.json"))]
+        plain = [c for c in columns if MIXCAL not in c]
+        for column in plain or columns:  # a calibrated column where no plain one was run
             cells = [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
-            val = [c["val"]["log_lik"] - c["single"]["val"]["log_lik"] for c in cells]
-            test = [c["test"]["log_lik"] - c["single"]["test"]["log_lik"] for c in cells]
+            mixture = [_uncalibrated(c) for c in cells]
+            val = [m["val"] - c["single"]["val"]["log_lik"] for m, c in zip(mixture, cells)]
+            test = [
+                m["test"]["log_lik"] - c["single"]["test"]["log_lik"]
+                for m, c in zip(mixture, cells)
+            ]
             mean, se = statistics.mean(val), statistics.stdev(val) / math.sqrt(len(val))
             adopt = "yes" if mean > 0 and mean > se else "no"
-            base = column.replace("_ens5", "")
+            base = column.replace("_ens5", "").replace(MIXCAL, "")
             checks = []
             for c in cells:
                 recorded = runs / f"{base}__{name}__{c['split']:02d}.json"
@@ -71,9 +91,9 @@ def ensemble_table(runs: Path) -> str:
                     old = json.loads(recorded.read_text())["test"]["log_lik"]
                     checks.append(abs(c["single"]["test"]["log_lik"] - old))
             single_ll = statistics.mean(c["single"]["test"]["log_lik"] for c in cells)
-            mix_ll = statistics.mean(c["test"]["log_lik"] for c in cells)
+            mix_ll = statistics.mean(m["test"]["log_lik"] for m in mixture)
             single_cov = statistics.mean(c["single"]["test"]["coverage90"] for c in cells)
-            mix_cov = statistics.mean(c["test"]["coverage90"] for c in cells)
+            mix_cov = statistics.mean(m["test"]["coverage90"] for m in mixture)
             lines.append(
                 f"| {name} | `{column}` | {len(cells)} | {_mean_se(val)} "
                 f"({sum(v > 0 for v in val)}/{len(val)}) | {adopt} | {_mean_se(test)} "

@@ -59,6 +59,8 @@ def _mixcal_cell(runs, name, split, scale, val_raw, val_cal, test_raw, test_cal)
         "set": name,
         "split": split,
         "test": _metrics(test_cal, 0.9),
+        "val": _metrics(val_cal + 0.01),  # in-sample: optimistic, never read
+        "single": {"test": _metrics(test_raw - 0.1), "val": _metrics(val_raw - 0.05)},
         "mixture_calibration": {
             "scale": [scale],
             "val_crossfit": {"log_lik_uncalibrated": val_raw, "log_lik_calibrated": val_cal},
@@ -77,8 +79,15 @@ def test_calibration_table_reads_the_crossfitted_gain_and_checks_the_recorded_mi
     _mixcal_cell(tmp_path, "boston", 1, 1.1, -2.30, -2.29, -2.4, -2.3)
     recorded = {"set": "kin8nm", "split": 1, "test": _metrics(1.15 + 2e-3)}
     (tmp_path / "bgpn_ens5__kin8nm__01.json").write_text(json.dumps(recorded))
-    # the uncalibrated table leaves the calibrated columns out
-    assert "mixcal" not in ensemble_table(tmp_path)
+    # the uncalibrated table: a plain ens5 column wins over a calibrated one; a set run only
+    # calibrated enters with its mixture at scale 1 against member 0
+    _cell(tmp_path, "bgpn_ens5", "boston", 0, -2.3, -2.4, -2.5, -2.5)
+    _cell(tmp_path, "bgpn_ens5", "boston", 1, -2.6, -2.2, -2.5, -2.5)
+    table = ensemble_table(tmp_path)
+    assert "`bgpn_ens5_mixcal` |" not in [r for r in table.splitlines() if "boston" in r][0]
+    kin8nm = next(r.split(" | ") for r in table.splitlines() if r.startswith("| kin8nm"))
+    assert kin8nm[1] == "`bgpn_ens5_mixcal`"
+    assert kin8nm[3:7] == ["+0.050 ± 0.000 (2/2)", "yes", "+0.100 ± 0.000 (2/2)", "1.100 → 1.200"]
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in
             calibration_table(tmp_path).splitlines()[2:]}  # fmt: skip
     assert rows["kin8nm"][3:6] == ["0.85 (0.80–0.90)", "+0.030 ± 0.010 (2/2)", "yes"]
