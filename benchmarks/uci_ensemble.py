@@ -48,6 +48,33 @@ def _mean_se(values: list[float], fmt: str = "+.3f") -> str:
     return f"{mean:{fmt}} ± {se:.3f}"
 
 
+def _adopt(gains: list[float]) -> str:
+    """The rule fixed before any cell ran: adopt where the mean gain is positive and larger
+    than its standard error."""
+    mean = statistics.mean(gains)
+    se = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else float("inf")
+    return "yes" if mean > 0 and mean > se else "no"
+
+
+def _won(values: list[float]) -> str:
+    return f"{_mean_se(values)} ({sum(v > 0 for v in values)}/{len(values)})"
+
+
+def _reproduced(runs: Path, column: str, name: str, cells: list, log_liks: list) -> str:
+    """The largest gap between each cell's ``log_liks`` entry and the recorded test
+    log-likelihood of column ``column`` on the same split, and how many were recorded."""
+    gaps = []
+    for cell, value in zip(cells, log_liks, strict=True):
+        recorded = runs / f"{column}__{name}__{cell['split']:02d}.json"
+        if recorded.exists():
+            gaps.append(abs(value - json.loads(recorded.read_text())["test"]["log_lik"]))
+    return f"{max(gaps) if gaps else float('nan'):.1e} ({len(gaps)})"
+
+
+def _cells(runs: Path, column: str, name: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
+
+
 def _uncalibrated(cell: dict) -> dict:
     """The mixture of an ensemble cell at its own scale 1: ``{"test": metrics, "val":
     log-likelihood}`` (a ``mixcal`` cell records them in its ``mixture_calibration``; its
@@ -74,38 +101,26 @@ def ensemble_table(runs: Path) -> str:
         columns = [p.name.split("__")[0] for p in sorted(runs.glob(f"*_ens5*__{name}__00.json"))]
         plain = [c for c in columns if MIXCAL not in c]
         for column in plain or columns:  # a calibrated column where no plain one was run
-            cells = [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
+            cells = _cells(runs, column, name)
             mixture = [_uncalibrated(c) for c in cells]
             val = [m["val"] - c["single"]["val"]["log_lik"] for m, c in zip(mixture, cells)]
             test = [
                 m["test"]["log_lik"] - c["single"]["test"]["log_lik"]
                 for m, c in zip(mixture, cells)
             ]
-            mean, se = statistics.mean(val), statistics.stdev(val) / math.sqrt(len(val))
-            adopt = "yes" if mean > 0 and mean > se else "no"
             base = column.replace("_ens5", "").replace(MIXCAL, "")
-            checks = []
-            for c in cells:
-                recorded = runs / f"{base}__{name}__{c['split']:02d}.json"
-                if recorded.exists():
-                    old = json.loads(recorded.read_text())["test"]["log_lik"]
-                    checks.append(abs(c["single"]["test"]["log_lik"] - old))
+            singles = [c["single"]["test"]["log_lik"] for c in cells]
             single_ll = statistics.mean(c["single"]["test"]["log_lik"] for c in cells)
             mix_ll = statistics.mean(m["test"]["log_lik"] for m in mixture)
             single_cov = statistics.mean(c["single"]["test"]["coverage90"] for c in cells)
             mix_cov = statistics.mean(m["test"]["coverage90"] for m in mixture)
             lines.append(
-                f"| {name} | `{column}` | {len(cells)} | {_mean_se(val)} "
-                f"({sum(v > 0 for v in val)}/{len(val)}) | {adopt} | {_mean_se(test)} "
-                f"({sum(t > 0 for t in test)}/{len(test)}) | {single_ll:.3f} → {mix_ll:.3f} | "
+                f"| {name} | `{column}` | {len(cells)} | {_won(val)} | {_adopt(val)} | "
+                f"{_won(test)} | {single_ll:.3f} → {mix_ll:.3f} | "
                 f"{single_cov:.3f} → {mix_cov:.3f} | "
-                f"{max(checks) if checks else float('nan'):.1e} ({len(checks)}) |"
+                f"{_reproduced(runs, base, name, cells, singles)} |"
             )
     return "\n".join(lines)
-
-
-def _won(values: list[float]) -> str:
-    return f"{_mean_se(values)} ({sum(v > 0 for v in values)}/{len(values)})"
 
 
 def calibration_table(runs: Path) -> str:
@@ -119,33 +134,25 @@ def calibration_table(runs: Path) -> str:
     for name in SETS:
         for path in sorted(runs.glob(f"*{MIXCAL}*__{name}__00.json")):
             column = path.name.split("__")[0]
-            cells = [json.loads(p.read_text()) for p in sorted(runs.glob(f"{column}__{name}__*"))]
+            cells = _cells(runs, column, name)
             facts = [c["mixture_calibration"] for c in cells]
             scales = [f["scale"][0] for f in facts]
             val = [
                 f["val_crossfit"]["log_lik_calibrated"] - f["val_crossfit"]["log_lik_uncalibrated"]
                 for f in facts
             ]
-            mean = statistics.mean(val)
-            se = statistics.stdev(val) / math.sqrt(len(val)) if len(val) > 1 else float("inf")
             raw = [f["test_uncalibrated"] for f in facts]
             test = [c["test"] for c in cells]
             gain = [t["log_lik"] - r["log_lik"] for t, r in zip(test, raw, strict=True)]
-            checks = []
-            for c, r in zip(cells, raw, strict=True):
-                recorded = runs / f"{column.replace(MIXCAL, '')}__{name}__{c['split']:02d}.json"
-                if recorded.exists():
-                    old = json.loads(recorded.read_text())["test"]["log_lik"]
-                    checks.append(abs(r["log_lik"] - old))
+            raw_ll = [r["log_lik"] for r in raw]
             lines.append(
                 f"| {name} | `{column}` | {len(cells)} | {statistics.median(scales):.2f} "
-                f"({min(scales):.2f}–{max(scales):.2f}) | {_won(val)} | "
-                f"{'yes' if mean > 0 and mean > se else 'no'} | "
+                f"({min(scales):.2f}–{max(scales):.2f}) | {_won(val)} | {_adopt(val)} | "
                 f"{statistics.mean(r['coverage90'] for r in raw):.3f} → "
                 f"{statistics.mean(t['coverage90'] for t in test):.3f} | "
                 f"{statistics.mean(r['log_lik'] for r in raw):.3f} → "
                 f"{statistics.mean(t['log_lik'] for t in test):.3f} | {_won(gain)} | "
-                f"{max(checks) if checks else float('nan'):.1e} ({len(checks)}) |"
+                f"{_reproduced(runs, column.replace(MIXCAL, ''), name, cells, raw_ll)} |"
             )
     return "\n".join(lines)
 
