@@ -558,18 +558,6 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     }
 
 
-def _scale_buffer(model) -> Tensor:
-    """The predictive scale a calibration fits: a network head's, or a
-    :class:`~pyro_gpn.models.NetworkEnsemble`'s own."""
-    from pyro_gpn.models import NetworkEnsemble
-
-    return (
-        model.predictive_scale
-        if isinstance(model, NetworkEnsemble)
-        else model.head.predictive_scale
-    )
-
-
 def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[float, float]:
     """A validation score of a model with a predictive scale (``head.predictive_scale``, or an
     ensemble's own) at scale 1 and with the scale fitted on the other half of the validation
@@ -577,9 +565,9 @@ def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[floa
     ``(uncalibrated, calibrated)``, the figures a choice may use (the in-sample calibrated score
     is optimistic). ``score(x, y)`` scores rows at the current scale; the scale is left as it
     was."""
-    from pyro_gpn.inference import fit_predictive_scale
+    from pyro_gpn.inference import fit_predictive_scale, predictive_scale_of
 
-    scale = _scale_buffer(model)
+    scale = predictive_scale_of(model)
     kept = scale.clone()
     halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
@@ -607,7 +595,9 @@ def calibration_facts(model, predict, data) -> dict:
     raw, calibrated = crossfitted_scores(
         model, data.x_val, data.y_val, lambda x, y: _score(predict, x, y, y_std)["log_lik"]
     )
-    scale = _scale_buffer(model)
+    from pyro_gpn.inference import predictive_scale_of
+
+    scale = predictive_scale_of(model)
     fitted = scale.clone()
     try:
         scale.fill_(1.0)

@@ -1,6 +1,6 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
-from .calibration import fit_predictive_scale
+from .calibration import fit_predictive_scale, predictive_scale_of
 from .closed_form import (
     ClosedFormELBO,
     VGPNFit,
@@ -26,6 +26,7 @@ __all__ = [
     "evaluate",
     "fit_predictive_scale",
     "fit_svi",
+    "predictive_scale_of",
     "fit_vgpn",
     "predictive_log_likelihood",
     "init_distributed",

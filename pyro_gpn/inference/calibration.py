@@ -28,7 +28,7 @@ from torch import Tensor
 from .._validation import check_finite, check_tensor
 from ..losses import check_labels, gaussian_mixture_log_density
 
-__all__ = ["fit_predictive_scale"]
+__all__ = ["fit_predictive_scale", "predictive_scale_of"]
 
 #: log-spaced scales of the first search; the best one is then refined by golden section
 _GRID = 161
@@ -174,6 +174,17 @@ def fit_predictive_scale(
     if set_scale:
         target.scale.copy_(scale)
     return scale
+
+
+def predictive_scale_of(model) -> Tensor:
+    """The buffer :func:`fit_predictive_scale` fits for ``model``: its head's
+    ``predictive_scale``, or a :class:`~pyro_gpn.models.NetworkEnsemble`'s own (the tensor
+    itself, not a copy: writing it rescales the predictive).
+
+    Raises:
+        ValueError: as :func:`fit_predictive_scale`, for a model without one.
+    """
+    return _CalibrationTarget.of(model).scale
 
 
 @dataclass(frozen=True)

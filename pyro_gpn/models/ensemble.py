@@ -112,18 +112,15 @@ class NetworkEnsemble(nn.Module):
         ``mean = avg_k m_k``, ``var = avg_k (s_k^2 + m_k^2) - mean^2`` (the law of total
         variance, for both tasks); the standard deviation times the predictive scale, or the
         class probabilities at the temperature (class docstring)."""
-        if self.task == "classification" and self._is_scaled():
-            probs, weights = self._point_probs(x, x_var)  # [S, P, C], [P]
-            weights = weights.view(1, -1, 1)
-            mean = (weights * probs).sum(1)
-            var = (weights * (probs - mean.unsqueeze(1)).square()).sum(1)
-            return Prediction(mean, var.clamp_min(0).sqrt(), self.task)
+        if self.task == "classification":
+            mean, var = self._class_moments(x, x_var)
+            return Prediction(mean, var.sqrt(), self.task)
         parts = [member.predict(x, x_var) for member in self.members]
         means = torch.stack([p.mean for p in parts])
         second = torch.stack([p.std.square() + p.mean.square() for p in parts])
         mean = means.mean(0)
         std = (second.mean(0) - mean.square()).clamp_min(0.0).sqrt()
-        if self.task == "regression" and self._is_scaled():
+        if self._is_scaled():
             std = std * self.predictive_scale.to(std.dtype)
         return Prediction(mean, std, self.task)
 
@@ -132,11 +129,11 @@ class NetworkEnsemble(nn.Module):
         the row's outputs under its closed-form predictive, mixed exactly; with a predictive
         scale ``s``, that of ``m + (y - m) / s`` less ``sum_d log s_d`` (regression), or the
         log probability of the label at the temperature (classification)."""
-        if self.task == "classification" and self._is_scaled():
-            probs = self.predict(x).probs
+        if self.task == "classification":
+            probs, _ = self._class_moments(x, None)
             return probs.gather(-1, y.long().reshape(-1, 1)).squeeze(-1).clamp_min(1e-300).log()
         correction = None
-        if self.task == "regression" and self._is_scaled():
+        if self._is_scaled():
             weights, mean, _ = self._mixture(x)
             centre = torch.einsum("k,ksd->sd", weights, mean)
             scale = self.predictive_scale.to(centre.dtype)
@@ -187,9 +184,15 @@ class NetworkEnsemble(nn.Module):
             weights.append(member_weights / len(self.members))
         return torch.cat(logits, 1), torch.cat(weights)
 
-    def _point_probs(self, x: Tensor, x_var: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _class_moments(self, x: Tensor, x_var: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Classification: the mean and variance ``[S, C]`` of the class probabilities over
+        every member's sigma points at the ensemble's temperature (the points of member ``k``
+        weighted ``w_p / K``: the law of total variance over members and points at once)."""
         logits, weights = self._point_logits(x, x_var)
-        return (logits / self.predictive_scale.to(logits.dtype)).softmax(-1), weights
+        probs = (logits / self.predictive_scale.to(logits.dtype)).softmax(-1)  # [S, P, C]
+        weights = weights.view(1, -1, 1)
+        mean = (weights * probs).sum(1)
+        return mean, (weights * (probs - mean.unsqueeze(1)).square()).sum(1).clamp_min(0)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         # a state saved before the ensemble had a predictive scale is an uncalibrated one

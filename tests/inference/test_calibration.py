@@ -388,3 +388,15 @@ def test_fit_vgpn_calibrate_fits_a_classifiers_temperature():
 
     best = val_score(fitted)
     assert all(best >= val_score(fitted * f) for f in (0.5, 0.8, 0.95, 1.05, 1.25, 2.0))
+
+
+def test_predictive_scale_of_is_the_buffer_the_fit_writes():
+    from pyro_gpn.inference import predictive_scale_of
+    from pyro_gpn.models import NetworkEnsemble
+
+    net = _net()
+    assert predictive_scale_of(net) is net.head.predictive_scale
+    ensemble = NetworkEnsemble([net, _net(seed=1)])
+    assert predictive_scale_of(ensemble) is ensemble.predictive_scale
+    with pytest.raises(ValueError, match="predictive scale"):
+        predictive_scale_of(torch.nn.Linear(2, 1))
