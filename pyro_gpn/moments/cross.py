@@ -1,8 +1,22 @@
 r"""Off-diagonal output covariances of a GPN layer (``eq:gpn_normal_Sigmatilde_cov``,
-``"cov"`` mode of :func:`~pyro_gpn.moments.propagate.response_moments`), chunked over samples
-and checkpointed so that the per-pair ``[R, R]`` tensors are never all held at once."""
+``"cov"`` mode of :func:`~pyro_gpn.moments.propagate.response_moments`).
+
+Two evaluations of the same quantity, ``Cov[m_n(a_n), m_m(a_m)]`` for the mean functions
+``m_n(a) = alpha_n(a)^T beta_n`` of two units under their activations' bivariate Gaussian:
+
+* :func:`_mehler_cross_covariance` (first choice): Mehler's expansion of the bivariate Gaussian
+  in Hermite polynomials turns the covariance into ``sum_k Sigma_nm^k b_kn b_km`` with
+  coefficients ``b_kn`` of one unit each: ``O(N R K)`` per sample for the coefficients and
+  ``O(N^2 K)`` for the pairs, instead of ``O(N^2 R^2)``. A proven bound on its truncation error
+  picks the number of terms and sends the pairs it cannot bound to the second evaluation.
+* :func:`_cross_covariance`: ``Lambda`` contracted with ``beta`` per pair (``[R, R]``), or
+  Gauss-Hermite nodes of the conditional where both units are narrow; chunked over samples
+  and checkpointed so that the per-pair tensors are never all held at once.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.utils.checkpoint
@@ -12,11 +26,152 @@ from .quadrature import _NodeValues, gauss_hermite
 
 __all__ = [
     "COV_CHUNK_ELEMENTS",
+    "MEHLER_MAX_TERMS",
+    "MEHLER_RTOL",
 ]
 
 
 #: Upper bound on the elements of one ``Lambda`` chunk in the covariance path.
 COV_CHUNK_ELEMENTS = 2**22
+
+#: Most terms of the Mehler series (:func:`_mehler_cross_covariance`); a pair whose truncation
+#: bound needs more is evaluated through ``Lambda`` instead.
+MEHLER_MAX_TERMS = 40
+
+#: The Mehler series is truncated where its proven remainder is at most this fraction of
+#: ``sqrt(Var f_n Var f_m)`` (the scale of the covariance it approximates).
+MEHLER_RTOL = 1e-8
+
+#: Cramer's inequality for the probabilists' Hermite polynomials:
+#: ``|He_k(x)| <= CRAMER sqrt(k!) exp(x^2 / 4)`` for every ``k`` and real ``x``.
+_CRAMER = 1.086435
+
+
+def _hermite_coefficients(
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    num_terms: int,
+) -> tuple[Tensor, Tensor]:
+    r"""Hermite coefficients of every unit's mean function under its activation's marginal.
+
+    With ``c = lambda^2 + v`` and ``t_r = (mu - V_r) / sqrt(c)``, Stein's identity applied ``k``
+    times gives ``E[m(a) He_k(z)] = v^{k/2} d^k/dmu^k E[m(a)]`` (``a = mu + sqrt(v) z``), and the
+    ``k``-th derivative of ``psi_r = lambda / sqrt(c) exp(-t_r^2 / 2)`` is
+    ``(-1)^k c^{-k/2} He_k(t_r) psi_r``. The coefficient that :func:`_mehler_cross_covariance`
+    needs, ``E[m(a) He_k(z)] (c / v)^{k/2} / sqrt(k!)`` (free of ``sqrt(v)``), is therefore
+
+    .. math::
+
+        b_k = (-1)^k \sum_r \beta_r \psi_r \frac{He_k(t_r)}{\sqrt{k!}},
+
+    evaluated by the three-term recurrence of the normalised Hermite *functions*
+    ``u_k = beta psi He_k(t) / sqrt(k!)`` (``u_{k+1} = (t u_k - sqrt(k) u_{k-1}) / sqrt(k+1)``),
+    which stay below ``CRAMER |beta| lambda / sqrt(c) exp(-t^2 / 4)``: no overflow for
+    activations far outside the inducing points. A linear form in ``beta``, so as accurate as
+    the mean itself however ill-conditioned ``K + S`` is.
+
+    Shape:
+        - mean, var: ``[S, N]``; inducing_points, beta: ``[N | 1, R]``; lengthscales ``[N | 1]``
+        - returns ``b`` ``[K, S, N]`` (``k = 1 .. K``) and the bound ``B`` ``[S, N]`` with
+          ``|b_k| <= B`` for every ``k`` (Cramer's inequality).
+    """
+    width = lengthscales.square() + var  # c, [S, N]
+    scale = width.rsqrt()
+    t = (mean.unsqueeze(-1) - inducing_points) * scale.unsqueeze(-1)  # [S, N, R]
+    amplitude = (lengthscales * scale).unsqueeze(-1)
+    weighted = beta * amplitude * (-0.5 * t.square()).exp()  # beta_r psi_r = u_0, [S, N, R]
+    bound = _CRAMER * (beta.abs() * amplitude * (-0.25 * t.square()).exp()).sum(-1)
+    coefficients = []
+    previous, current = weighted, t * weighted  # u_0, u_1
+    for k in range(1, num_terms + 1):
+        coefficients.append(current.sum(-1) if k % 2 == 0 else -current.sum(-1))
+        if k < num_terms:
+            previous, current = current, (t * current - math.sqrt(k) * previous) / math.sqrt(k + 1)
+    return torch.stack(coefficients), bound
+
+
+def _mehler_terms(ratio: Tensor, bound: Tensor, tolerance: Tensor) -> tuple[Tensor, Tensor]:
+    """Terms each pair needs (``[S, N, N]``, int) and whether it can have them.
+
+    With ``q = |rho_nm| < 1`` (the scaled covariance of :func:`_mehler_cross_covariance`) the
+    ``k``-th term of the series is at most ``q^k B_n B_m``, so after ``K`` terms the remainder
+    is at most ``B_n B_m q^{K+1} / (1 - q)``; ``K`` is the least one that brings it to
+    ``tolerance``.
+    """
+    products = bound.unsqueeze(-1) * bound.unsqueeze(-2)
+    ratio = ratio.abs().clamp_max(1.0)
+    # the remainder after K terms: log(B B) + (K + 1) log q - log(1 - q) <= log(tolerance)
+    log_q = ratio.log()
+    needed = (tolerance.log() + torch.log1p(-ratio) - products.log()) / log_q - 1
+    needed = torch.where(
+        (ratio == 0) | (products == 0) | (products * ratio / (1 - ratio) <= tolerance),
+        torch.ones_like(needed),
+        needed.nan_to_num(nan=math.inf),
+    )
+    ok = (needed <= MEHLER_MAX_TERMS) & (ratio < 1)
+    return needed.clamp(1, MEHLER_MAX_TERMS).ceil().to(torch.int64), ok
+
+
+def _mehler_cross_covariance(
+    mean: Tensor,
+    cov: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    out_var: Tensor,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Off-diagonal ``Cov[m_n(a_n), m_m(a_m)]`` by Mehler's formula, ``[S, N, N]``.
+
+    Mehler's formula writes the standard bivariate normal density of correlation ``rho`` as
+    ``phi(x) phi(y) sum_k rho^k / k! He_k(x) He_k(y)``, so for
+    ``(a_n, a_m) ~ N(mu, Sigma)``
+
+    .. math::
+
+        Cov[m_n(a_n), m_m(a_m)] = \sum_{k \ge 1} \rho_{nm}^k\, b_{kn}\, b_{km}, \qquad
+        \rho_{nm} = \frac{\Sigma_{nm}}{\sqrt{(\lambda_n^2 + v_n)(\lambda_m^2 + v_m)}},
+
+    with the coefficients of one unit each (:func:`_hermite_coefficients`), all of them
+    bounded (no power of a large number is formed); the pair sum is evaluated by Horner's
+    scheme in ``rho`` on whole ``[S, N, N]`` matrices. The series converges geometrically:
+    ``|rho| <= |corr(a_n, a_m)| sqrt(v_n v_m / c_n c_m) < 1``. It is truncated after the fewest
+    terms that bound the remainder of every pair it serves by :data:`MEHLER_RTOL`
+    ``sqrt(out_var_n out_var_m)`` (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`;
+    the other pairs' ``rho`` is set to zero here (finite values and gradients).
+
+    Shape:
+        - mean ``[S, N]``, cov ``[S, N, N]`` (activations), out_var ``[S, N]`` (noise-free output
+          variances: the scale of the tolerance)
+        - returns the covariances ``[S, N, N]`` (zero diagonal) and ``None``, or a boolean
+          ``[S, N, N]`` mask of the pairs it could not bound, whose entries are then wrong and
+          must be replaced (:func:`_cross_covariance`).
+    """
+    num_units = mean.shape[-1]
+    var = torch.diagonal(cov, dim1=-2, dim2=-1)
+    eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
+    width = lengthscales.square() + var
+    ratio = cov * (width.unsqueeze(-1) * width.unsqueeze(-2)).rsqrt()
+    with torch.no_grad():
+        _, bound = _hermite_coefficients(
+            mean.detach(), var.detach(), inducing_points, lengthscales.detach(), beta.detach(), 1
+        )
+        scale = (out_var.detach().unsqueeze(-1) * out_var.detach().unsqueeze(-2)).sqrt()
+        needed, ok = _mehler_terms(ratio.detach(), bound, MEHLER_RTOL * scale)
+        ok = ok | eye
+        num_terms = int(needed.where(ok & ~eye, 1).amax()) if num_units > 1 else 1
+    ratio = ratio.masked_fill(~ok | eye, 0)
+    coefficients, _ = _hermite_coefficients(
+        mean, var, inducing_points, lengthscales, beta, num_terms
+    )
+    total = coefficients[-1].unsqueeze(-1) * coefficients[-1].unsqueeze(-2)
+    for k in range(num_terms - 2, -1, -1):
+        total = torch.addcmul(
+            total * ratio, coefficients[k].unsqueeze(-1), coefficients[k].unsqueeze(-2)
+        )
+    return total * ratio, None if bool(ok.all()) else ~ok
 
 
 def _cross_covariance_chunk(

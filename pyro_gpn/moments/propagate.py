@@ -35,7 +35,11 @@ Cost structure (paper, section "Computational and Model Complexity"):
   ahead (:func:`midpoint_expansion`); for equidistant inducing points only ``2R - 1`` distinct
   midpoints exist, so the per-sample work is ``2R - 1`` exponentials instead of ``R^2``.
   Learnable (or irregular) inducing points fall back to the ``R (R + 1) / 2`` unordered pairs.
-* the full covariance contracts ``Lambda`` with ``beta`` chunk by chunk over samples, so the
+* the full covariance's off-diagonal is Mehler's series ``sum_k rho_nm^k b_kn b_km``
+  (:func:`~pyro_gpn.moments.cross._mehler_cross_covariance`): ``O(N R K)`` per sample for
+  the coefficients and ``O(N^2 K)`` for the pairs, with the number of terms ``K`` chosen by a
+  proven truncation bound (7 for a fresh 50-unit layer); the pairs it cannot bound contract
+  ``Lambda`` with ``beta`` chunk by chunk over samples (``O(N^2 R^2)``), so the
   ``[S, N, N, R, R]`` tensor is never held in memory at once (forward or backward).
 
 Numerics (issue 13, ``docs/results/accuracy.md``): ``beta`` has huge alternating entries when
@@ -239,9 +243,52 @@ def response_moments(
     response = (inducing_points, lengthscales, beta, variance_reduction)
     factors = (variance_cholesky, variance_inner, equidistant)
     out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
-    nodes = None
-    if mode == "cov" and activations.cov is not None and bool(narrow.any()):
-        num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
+    out_var = out_var.clamp_min(0)
+    if mode == "meanvar" or activations.cov is None:
+        if noise_var is not None:
+            out_var = out_var + noise_var
+        if mode == "cov":
+            return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+        return Moments(out_mean, var=out_var, validate=False)
+
+    # eq:gpn_normal_Sigmatilde_cov: off-diagonal covariances by Mehler's series, and through
+    # Lambda (or the narrow regime's nodes) for the pairs whose series it cannot bound
+    out_cov, unbounded = cross._mehler_cross_covariance(
+        mean, activations.cov, inducing_points, lengthscales, beta, out_var
+    )
+    if unbounded is not None:
+        rows = unbounded.flatten(1).any(-1).nonzero().squeeze(-1)
+        exact = _lambda_cross_covariance(
+            rows, activations, out_mean, narrow, ratio2, *response, *factors[:2]
+        )
+        out_cov = out_cov.index_put((rows,), torch.where(unbounded[rows], exact, out_cov[rows]))
+    if noise_var is not None:
+        out_var = out_var + noise_var
+    eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
+    out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
+    return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+
+
+def _lambda_cross_covariance(
+    rows: Tensor,
+    activations: Moments,
+    out_mean: Tensor,
+    narrow: Tensor,
+    ratio2: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+) -> Tensor:
+    """Off-diagonal covariances ``[len(rows), N, N]`` of the samples ``rows`` through ``Lambda``,
+    or the narrow regime's Gauss-Hermite nodes where both units are narrow
+    (:func:`~pyro_gpn.moments.cross._cross_covariance`)."""
+    mean, cov, var = activations.mean[rows], activations.cov[rows], activations.variance[rows]
+    narrow, nodes = narrow[rows], None
+    if bool(narrow.any()):
+        num_nodes = gauss_hermite_nodes(float(ratio2[rows].detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(
             mean,
             var,
@@ -253,21 +300,9 @@ def response_moments(
             variance_inner,
             num_nodes,
         )
-    out_var = out_var.clamp_min(0)
-    if noise_var is not None:
-        out_var = out_var + noise_var
-    if mode == "meanvar" or activations.cov is None:
-        if mode == "cov":
-            return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
-        return Moments(out_mean, var=out_var, validate=False)
-
-    # eq:gpn_normal_Sigmatilde_cov: off-diagonal covariances, in chunks of samples
-    out_cov = cross._cross_covariance(
-        mean, activations.cov, inducing_points, lengthscales, beta, out_mean, nodes, narrow
+    return cross._cross_covariance(
+        mean, cov, inducing_points, lengthscales, beta, out_mean[rows], nodes, narrow
     )
-    eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
-    out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
-    return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
 
 
 def _narrow_regime(
