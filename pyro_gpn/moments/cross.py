@@ -93,26 +93,29 @@ def _hermite_coefficients(
     return torch.stack(coefficients), bound
 
 
-def _mehler_terms(ratio: Tensor, bound: Tensor, tolerance: Tensor) -> tuple[Tensor, Tensor]:
-    """Terms each pair needs (``[S, N, N]``, int) and whether it can have them.
+def _mehler_terms(ratio: Tensor, bound: Tensor, out_var: Tensor) -> tuple[int, Tensor]:
+    """The number of terms of the series and which pairs it serves (``[S, N, N]``, bool).
 
-    With ``q = |rho_nm| < 1`` (the scaled covariance of :func:`_mehler_cross_covariance`) the
-    ``k``-th term of the series is at most ``q^k B_n B_m``, so after ``K`` terms the remainder
-    is at most ``B_n B_m q^{K+1} / (1 - q)``; ``K`` is the least one that brings it to
-    ``tolerance``.
+    With ``q = |rho_nm| < 1`` (the scaled covariance of :func:`_mehler_cross_covariance`, zero
+    on the diagonal) the ``k``-th term of the series is at most ``q^k B_n B_m``, so after
+    ``K`` terms the remainder is at most ``B_n B_m q^{K+1} / (1 - q)``. A pair needs the least
+    ``K`` with ``(K + 1) log q <= log MEHLER_RTOL + u_n + u_m + log(1 - q)``,
+    ``u = log(sqrt(out_var) / B)``; it is served if that is at most :data:`MEHLER_MAX_TERMS`
+    (a pair with ``q = 0`` or ``B = 0`` needs none: its terms are zero; ``q = 1`` is not
+    served, nor is ``out_var = 0`` with ``q > 0``). Per-unit logarithms and in-place passes:
+    the ``[S, N, N]`` work is a handful of elementwise passes.
     """
-    products = bound.unsqueeze(-1) * bound.unsqueeze(-2)
-    ratio = ratio.abs().clamp_max(1.0)
-    # the remainder after K terms: log(B B) + (K + 1) log q - log(1 - q) <= log(tolerance)
-    log_q = ratio.log()
-    needed = (tolerance.log() + torch.log1p(-ratio) - products.log()) / log_q - 1
-    needed = torch.where(
-        (ratio == 0) | (products == 0) | (products * ratio / (1 - ratio) <= tolerance),
-        torch.ones_like(needed),
-        needed.nan_to_num(nan=math.inf),
-    )
-    ok = (needed <= MEHLER_MAX_TERMS) & (ratio < 1)
-    return needed.clamp(1, MEHLER_MAX_TERMS).ceil().to(torch.int64), ok
+    per_unit = 0.5 * out_var.log() - bound.log()
+    q = ratio.abs()
+    limit = (per_unit.unsqueeze(-1) + per_unit.unsqueeze(-2)).add_(math.log(MEHLER_RTOL))
+    log_q = q.log()
+    log_gap = q.neg_().log1p_()  # log(1 - q), in place of q
+    needed = limit.add_(log_gap).div_(log_q).sub_(1)
+    # NaN only where the pair's terms are all exactly zero (q = 0 with an infinite limit, or
+    # B = 0): served; q = 1 (log(1 - q) = -inf) is not
+    ok = ((needed <= MEHLER_MAX_TERMS) | needed.isnan()) & (log_gap > -math.inf)
+    num_terms = max(1, math.ceil(float(needed.nan_to_num(0).where(ok, 0).amax())))
+    return num_terms, ok
 
 
 def _mehler_cross_covariance(
@@ -152,17 +155,16 @@ def _mehler_cross_covariance(
     num_units = mean.shape[-1]
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
-    width = lengthscales.square() + var
-    ratio = cov * (width.unsqueeze(-1) * width.unsqueeze(-2)).rsqrt()
+    scale = (lengthscales.square() + var).rsqrt()  # c^-1/2, [S, N]
+    ratio = (cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)).masked_fill(eye, 0)
     with torch.no_grad():
         _, bound = _hermite_coefficients(
             mean.detach(), var.detach(), inducing_points, lengthscales.detach(), beta.detach(), 1
         )
-        scale = (out_var.detach().unsqueeze(-1) * out_var.detach().unsqueeze(-2)).sqrt()
-        needed, ok = _mehler_terms(ratio.detach(), bound, MEHLER_RTOL * scale)
-        ok = ok | eye
-        num_terms = int(needed.where(ok & ~eye, 1).amax()) if num_units > 1 else 1
-    ratio = ratio.masked_fill(~ok | eye, 0)
+        num_terms, ok = _mehler_terms(ratio.detach(), bound, out_var.detach())
+        unbounded = None if bool(ok.all()) else ~ok
+    if unbounded is not None:
+        ratio = ratio.masked_fill(unbounded, 0)
     coefficients, _ = _hermite_coefficients(
         mean, var, inducing_points, lengthscales, beta, num_terms
     )
@@ -171,7 +173,7 @@ def _mehler_cross_covariance(
         total = torch.addcmul(
             total * ratio, coefficients[k].unsqueeze(-1), coefficients[k].unsqueeze(-2)
         )
-    return total * ratio, None if bool(ok.all()) else ~ok
+    return total * ratio, unbounded
 
 
 def _cross_covariance_chunk(

@@ -251,15 +251,42 @@ def response_moments(
             return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
         return Moments(out_mean, var=out_var, validate=False)
 
-    # eq:gpn_normal_Sigmatilde_cov: off-diagonal covariances by Mehler's series, and through
-    # Lambda (or the narrow regime's nodes) for the pairs whose series it cannot bound
+    response = (*response, variance_cholesky, variance_inner)
+    return _with_cross_covariance(activations, out_mean, out_var, noise_var, *response)
+
+
+def _with_cross_covariance(
+    activations: Moments,
+    out_mean: Tensor,
+    out_var: Tensor,
+    noise_var: Tensor | None,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None = None,
+    variance_inner: Tensor | None = None,
+) -> Moments:
+    """The output :class:`Moments` with full covariance (``eq:gpn_normal_Sigmatilde_cov``):
+    the diagonal ``out_var`` (noise-free, ``[S, N]``, from the reference path or the CPU
+    kernels) plus ``noise_var``, the off-diagonal by Mehler's series, and through ``Lambda``
+    (or the narrow regime's nodes) for the pairs whose series it cannot bound."""
+    mean, num_units = activations.mean, activations.mean.shape[-1]
     out_cov, unbounded = cross._mehler_cross_covariance(
         mean, activations.cov, inducing_points, lengthscales, beta, out_var
     )
     if unbounded is not None:
         rows = unbounded.flatten(1).any(-1).nonzero().squeeze(-1)
         exact = _lambda_cross_covariance(
-            rows, activations, out_mean, narrow, ratio2, *response, *factors[:2]
+            rows,
+            activations,
+            out_mean,
+            inducing_points,
+            lengthscales,
+            beta,
+            variance_reduction,
+            variance_cholesky,
+            variance_inner,
         )
         out_cov = out_cov.index_put((rows,), torch.where(unbounded[rows], exact, out_cov[rows]))
     if noise_var is not None:
@@ -273,8 +300,6 @@ def _lambda_cross_covariance(
     rows: Tensor,
     activations: Moments,
     out_mean: Tensor,
-    narrow: Tensor,
-    ratio2: Tensor,
     inducing_points: Tensor,
     lengthscales: Tensor,
     beta: Tensor,
@@ -286,9 +311,10 @@ def _lambda_cross_covariance(
     or the narrow regime's Gauss-Hermite nodes where both units are narrow
     (:func:`~pyro_gpn.moments.cross._cross_covariance`)."""
     mean, cov, var = activations.mean[rows], activations.cov[rows], activations.variance[rows]
-    narrow, nodes = narrow[rows], None
+    ratio2 = var / lengthscales.square()  # as response_moments
+    narrow, nodes = ratio2 <= GH_MAX_STD_RATIO**2, None
     if bool(narrow.any()):
-        num_nodes = gauss_hermite_nodes(float(ratio2[rows].detach().where(narrow, 0).amax()) ** 0.5)
+        num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(
             mean,
             var,
@@ -371,8 +397,6 @@ def _cpu_unsupported(
     mode: str, activations: Moments, variance_cholesky: Tensor | None
 ) -> str | None:
     """Why the CPU kernels cannot evaluate this :func:`response_moments` call (or ``None``)."""
-    if mode == "cov" and activations.cov is not None:
-        return "the fused CPU kernels have no full-covariance (cross-term) path yet"
     if mode != "mean" and variance_cholesky is not None:
         return "the fused CPU kernels take an explicit C, not variance_cholesky"
     return None
@@ -394,11 +418,13 @@ def _fused_response_moments(
     """:func:`response_moments` through the fused kernels: ``kind`` ``"triton"``
     (:mod:`pyro_gpn.moments.fused`) or ``"cpu"`` (:mod:`pyro_gpn.moments.cpu_kernels`).
 
-    The CPU kernels cover ``"mean"`` and ``"meanvar"`` (and ``"cov"`` without an activation
-    covariance), with an explicit ``C`` (see :func:`_cpu_unsupported`), and apply the narrow
-    regime's rule themselves. The Triton kernels evaluate the closed form; the narrow-regime rows
-    are then replaced here as on the reference path (:func:`_narrow_regime`), except for a full
-    activation covariance (the covariance kernels, float32, the closed form only).
+    The CPU kernels cover ``"mean"`` and ``"meanvar"`` with an explicit ``C`` (see
+    :func:`_cpu_unsupported`), and apply the narrow regime's rule themselves; in ``"cov"`` mode
+    they give the mean and the diagonal, and Mehler's series the off-diagonal
+    (:func:`_with_cross_covariance`). The Triton kernels evaluate the closed form; the
+    narrow-regime rows are then replaced here as on the reference path (:func:`_narrow_regime`),
+    except for a full activation covariance (the covariance kernels, float32, the closed form
+    only).
     """
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
@@ -410,6 +436,12 @@ def _fused_response_moments(
                 cpu_response_mean(mean, var, inducing_points, lengthscales, beta), validate=False
             )
         var = activations.variance if var is None else var
+        if mode == "cov" and activations.cov is not None:
+            out_mean, out_var = cpu_response_meanvar(
+                mean, var, inducing_points, lengthscales, beta, variance_reduction, None
+            )
+            response = (inducing_points, lengthscales, beta, variance_reduction)
+            return _with_cross_covariance(activations, out_mean, out_var, noise_var, *response)
         out_mean, out_var = cpu_response_meanvar(
             mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var
         )
