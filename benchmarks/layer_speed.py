@@ -116,8 +116,8 @@ def all_variants(
             for be in backends_for(device):
                 if backends and be not in backends:
                     continue
-                if be == "cpu" and mode == "cov":
-                    continue  # no cross-term kernel: "cpu" would raise
+                if be == "cpu" and dt == "f32" and mode != "mean":
+                    continue  # float32 algebra: the layer's Cholesky factors need the reference
                 if be == "triton" and dt == "f64":
                     continue  # the Triton kernels compute in float32
                 out.append(f"{mode}-{dt}-{be}")

@@ -5,8 +5,9 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
 * ``"reference"`` -- readable PyTorch on any device and dtype (the ground truth of the tests);
 * ``"cpu"`` -- :mod:`pyro_gpn.moments.cpu_kernels`: compiled Numba loops, one pass per
   (sample, unit) forward and backward, float32 and float64 CPU tensors, fixed equidistant
-  inducing points (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the diagonal, with the
-  cross term of the reference path); needs the optional ``numba`` (``pyro-gpn[fast]``). A
+  inducing points (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the diagonal, and the
+  off-diagonal's Mehler series in one pass over the unit pairs, :mod:`pyro_gpn.moments.cpu_mehler`);
+  needs the optional ``numba`` (``pyro-gpn[fast]``). A
   parametric layer's whole response (parameter-only algebra and rows) is one autograd node there,
   :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's unscented cross-entropy of
   diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;

@@ -22,6 +22,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
+from .backend import select_backend
 from .quadrature import _NodeValues, gauss_hermite
 
 __all__ = [
@@ -75,7 +76,7 @@ def _hermite_coefficients(
 
     Shape:
         - mean, var: ``[S, N]``; inducing_points, beta: ``[N | 1, R]``; lengthscales ``[N | 1]``
-        - returns ``b`` ``[K, S, N]`` (``k = 1 .. K``) and the bound ``B`` ``[S, N]`` with
+        - returns ``b`` ``[S, N, K]`` (``k = 1 .. K``) and the bound ``B`` ``[S, N]`` with
           ``|b_k| <= B`` for every ``k`` (Cramer's inequality).
     """
     width = lengthscales.square() + var  # c, [S, N]
@@ -90,22 +91,22 @@ def _hermite_coefficients(
         coefficients.append(current.sum(-1) if k % 2 == 0 else -current.sum(-1))
         if k < num_terms:
             previous, current = current, (t * current - math.sqrt(k) * previous) / math.sqrt(k + 1)
-    return torch.stack(coefficients), bound
+    return torch.stack(coefficients, -1), bound
 
 
-def _mehler_terms(ratio: Tensor, bound: Tensor, out_var: Tensor) -> tuple[int, Tensor]:
+def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
     """The number of terms of the series and which pairs it serves (``[S, N, N]``, bool).
 
     With ``q = |rho_nm| < 1`` (the scaled covariance of :func:`_mehler_cross_covariance`, zero
     on the diagonal) the ``k``-th term of the series is at most ``q^k B_n B_m``, so after
     ``K`` terms the remainder is at most ``B_n B_m q^{K+1} / (1 - q)``. A pair needs the least
     ``K`` with ``(K + 1) log q <= log MEHLER_RTOL + u_n + u_m + log(1 - q)``,
-    ``u = log(sqrt(out_var) / B)``; it is served if that is at most :data:`MEHLER_MAX_TERMS`
-    (a pair with ``q = 0`` or ``B = 0`` needs none: its terms are zero; ``q = 1`` is not
-    served, nor is ``out_var = 0`` with ``q > 0``). Per-unit logarithms and in-place passes:
-    the ``[S, N, N]`` work is a handful of elementwise passes.
+    ``u = per_unit = log(sqrt(out_var) / B)`` (``+inf`` where ``B = 0``); it is served if that
+    is at most :data:`MEHLER_MAX_TERMS` (a pair with ``q = 0`` or ``B = 0`` needs none: its
+    terms are zero; ``q = 1`` is not served, nor is ``out_var = 0`` with ``q > 0``). Per-unit
+    logarithms and in-place passes: the ``[S, N, N]`` work is a handful of elementwise passes
+    (one compiled pass on the CPU kernels, :func:`~pyro_gpn.moments.cpu_mehler.cpu_mehler_terms`).
     """
-    per_unit = 0.5 * out_var.log() - bound.log()
     q = ratio.abs()
     limit = (per_unit.unsqueeze(-1) + per_unit.unsqueeze(-2)).add_(math.log(MEHLER_RTOL))
     log_q = q.log()
@@ -139,7 +140,10 @@ def _mehler_cross_covariance(
 
     with the coefficients of one unit each (:func:`_hermite_coefficients`), all of them
     bounded (no power of a large number is formed); the pair sum is evaluated by Horner's
-    scheme in ``rho`` on whole ``[S, N, N]`` matrices. The series converges geometrically:
+    scheme in ``rho``, in one compiled pass over the pairs on the fused CPU kernels
+    (:mod:`~pyro_gpn.moments.cpu_mehler`, backend ``"auto"``/``"cpu"``, the truncation rule
+    too) or on whole ``[S, N, N]`` matrices. A pair's covariance is taken as the symmetric part
+    ``(Sigma_nm + Sigma_mn) / 2``. The series converges geometrically:
     ``|rho| <= |corr(a_n, a_m)| sqrt(v_n v_m / c_n c_m) < 1``. It is truncated after the fewest
     terms that bound the remainder of every pair it serves by :data:`MEHLER_RTOL`
     ``sqrt(out_var_n out_var_m)`` (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`;
@@ -156,23 +160,34 @@ def _mehler_cross_covariance(
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
     scale = (lengthscales.square() + var).rsqrt()  # c^-1/2, [S, N]
-    ratio = (cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)).masked_fill(eye, 0)
     with torch.no_grad():
         _, bound = _hermite_coefficients(
             mean.detach(), var.detach(), inducing_points, lengthscales.detach(), beta.detach(), 1
         )
-        num_terms, ok = _mehler_terms(ratio.detach(), bound, out_var.detach())
+        per_unit = (0.5 * out_var.detach().log() - bound.log()).where(bound > 0, math.inf)
+    if select_backend(cov, scale, triton_auto=False) == "cpu":
+        from .cpu_mehler import cpu_mehler_pairs, cpu_mehler_terms
+
+        args = (cov.detach(), scale.detach(), per_unit, MEHLER_RTOL, MEHLER_MAX_TERMS)
+        num_terms, ok, every = cpu_mehler_terms(*args)
+        coefficients, _ = _hermite_coefficients(
+            mean, var, inducing_points, lengthscales, beta, num_terms
+        )
+        return cpu_mehler_pairs(cov, scale, coefficients, ok), None if every else ~ok
+    ratio = cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)
+    ratio = (0.5 * (ratio + ratio.mT)).masked_fill(eye, 0)
+    with torch.no_grad():
+        num_terms, ok = _mehler_terms(ratio.detach(), per_unit)
         unbounded = None if bool(ok.all()) else ~ok
     if unbounded is not None:
         ratio = ratio.masked_fill(unbounded, 0)
     coefficients, _ = _hermite_coefficients(
         mean, var, inducing_points, lengthscales, beta, num_terms
     )
-    total = coefficients[-1].unsqueeze(-1) * coefficients[-1].unsqueeze(-2)
+    total = coefficients[..., -1].unsqueeze(-1) * coefficients[..., -1].unsqueeze(-2)
     for k in range(num_terms - 2, -1, -1):
-        total = torch.addcmul(
-            total * ratio, coefficients[k].unsqueeze(-1), coefficients[k].unsqueeze(-2)
-        )
+        term = coefficients[..., k]
+        total = torch.addcmul(total * ratio, term.unsqueeze(-1), term.unsqueeze(-2))
     return total * ratio, unbounded
 
 

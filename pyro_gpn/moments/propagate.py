@@ -271,7 +271,7 @@ def _with_cross_covariance(
     the diagonal ``out_var`` (noise-free, ``[S, N]``, from the reference path or the CPU
     kernels) plus ``noise_var``, the off-diagonal by Mehler's series, and through ``Lambda``
     (or the narrow regime's nodes) for the pairs whose series it cannot bound."""
-    mean, num_units = activations.mean, activations.mean.shape[-1]
+    mean = activations.mean
     out_cov, unbounded = cross._mehler_cross_covariance(
         mean, activations.cov, inducing_points, lengthscales, beta, out_var
     )
@@ -291,9 +291,9 @@ def _with_cross_covariance(
         out_cov = out_cov.index_put((rows,), torch.where(unbounded[rows], exact, out_cov[rows]))
     if noise_var is not None:
         out_var = out_var + noise_var
-    eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
-    out_cov = torch.where(eye, torch.diag_embed(out_var), out_cov)
-    return Moments(out_mean, cov=0.5 * (out_cov + out_cov.mT), validate=False)
+    # both evaluations give symmetric matrices with a zero diagonal
+    out_cov = torch.diagonal_scatter(out_cov, out_var, dim1=-2, dim2=-1)
+    return Moments(out_mean, cov=out_cov, validate=False)
 
 
 def _lambda_cross_covariance(

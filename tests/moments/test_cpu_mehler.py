@@ -1,0 +1,142 @@
+"""Mehler's series on the fused CPU kernels (``pyro_gpn/moments/cpu_mehler.py``): the compiled
+truncation rule against the tensor rule, the compiled pair sum against the sum written out and
+the whole-tensor Horner scheme of the reference path, values and gradients, and by gradcheck."""
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from pyro_gpn.moments import Moments, cross, response_moments, virtual_observation_weights
+from pyro_gpn.moments.backend import backend, numba_available
+
+pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+F64 = torch.float64
+
+
+def _inputs(samples=4, units=5, terms=6, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(samples, units, units, generator=g, dtype=F64)
+    cov = 0.9 * torch.tanh(a)  # not symmetric: the kernel takes the symmetric part
+    scale = 0.5 + torch.rand(samples, units, generator=g, dtype=F64)
+    coef = torch.randn(samples, units, terms, generator=g, dtype=F64)
+    return cov.to(dtype), scale.to(dtype), coef.to(dtype)
+
+
+def _written_out(cov, scale, coef, ok=None):
+    """The pair sum term by term (no Horner), zero diagonal (and zero where not ``ok``)."""
+    rho = 0.5 * (cov + cov.mT) * scale.unsqueeze(-1) * scale.unsqueeze(-2)
+    total = sum(
+        rho.pow(k + 1) * coef[..., k].unsqueeze(-1) * coef[..., k].unsqueeze(-2)
+        for k in range(coef.shape[-1])
+    )
+    keep = ~torch.eye(rho.shape[-1], dtype=torch.bool) if ok is None else ok
+    return total * keep
+
+
+@pytest.mark.parametrize("units, terms", [(1, 1), (2, 1), (5, 6), (7, 40)])
+def test_pairs_match_the_sum_written_out(units, terms):
+    """Values and every gradient against autograd through the written-out sum, with a mask
+    that drops some pairs."""
+    from pyro_gpn.moments.cpu_mehler import cpu_mehler_pairs
+
+    cov, scale, coef = _inputs(units=units, terms=terms)
+    ok = torch.rand(4, units, units, generator=torch.Generator().manual_seed(2)) < 0.7
+    ok = (ok & ok.mT) | torch.eye(units, dtype=torch.bool)
+    inputs = [t.requires_grad_(True) for t in (cov, scale, coef)]
+    got = cpu_mehler_pairs(*inputs, ok)
+    want = _written_out(*inputs, ok & ~torch.eye(units, dtype=torch.bool))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weight = torch.randn(got.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((got * weight).sum(), inputs)
+    want_grads = torch.autograd.grad((want * weight).sum(), inputs)
+    for x, y in zip(grads, want_grads):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+def test_pairs_gradcheck():
+    from pyro_gpn.moments.cpu_mehler import cpu_mehler_pairs
+
+    cov, scale, coef = _inputs(samples=2, units=4, terms=5)
+    ok = torch.ones(2, 4, 4, dtype=torch.bool)
+    inputs = tuple(t.requires_grad_(True) for t in (cov, scale, coef))
+    assert gradcheck(lambda *x: cpu_mehler_pairs(*x, ok), inputs)
+
+
+def test_float32_results_in_float32():
+    from pyro_gpn.moments.cpu_mehler import cpu_mehler_pairs
+
+    cov, scale, coef = _inputs(dtype=torch.float32)
+    out = cpu_mehler_pairs(cov, scale, coef, torch.ones(cov.shape, dtype=torch.bool))
+    assert out.dtype == torch.float32
+    want = _written_out(cov.double(), scale.double(), coef.double())
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_truncation_rule_same_as_the_tensor_rule():
+    """:func:`cpu_mehler_terms` against :func:`cross._mehler_terms`: the same number of terms
+    and the same pairs served, over random pairs and the edge cases (a zero covariance, a unit
+    with ``B = 0``, one with ``out_var = 0``, ``|rho|`` just below and at 1)."""
+    from pyro_gpn.moments.cpu_mehler import cpu_mehler_terms
+
+    g = torch.Generator().manual_seed(3)
+    samples, units = 6, 7
+    a = torch.randn(samples, units, units, generator=g, dtype=F64)
+    cov = torch.tanh(a + a.mT)
+    cov[0, 1, 2] = cov[0, 2, 1] = 0.0
+    cov[1, 0, 3] = cov[1, 3, 0] = 1.0 - 1e-12
+    cov[2, 0, 3] = cov[2, 3, 0] = 1.0
+    scale = torch.ones(samples, units, dtype=F64)
+    per_unit = torch.randn(samples, units, generator=g, dtype=F64) + 3.0
+    per_unit[3, 4] = math.inf  # B = 0
+    per_unit[4, 5] = -math.inf  # out_var = 0
+    for rtol, max_terms in ((1e-8, 40), (1e-3, 5), (1e-8, 2)):
+        ratio = (cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)).masked_fill(
+            torch.eye(units, dtype=torch.bool), 0
+        )
+        saved = cross.MEHLER_RTOL, cross.MEHLER_MAX_TERMS
+        cross.MEHLER_RTOL, cross.MEHLER_MAX_TERMS = rtol, max_terms
+        try:
+            want_terms, want_ok = cross._mehler_terms(ratio, per_unit)
+        finally:
+            cross.MEHLER_RTOL, cross.MEHLER_MAX_TERMS = saved
+        terms, ok, every = cpu_mehler_terms(cov, scale, per_unit, rtol, max_terms)
+        assert terms == want_terms
+        assert torch.equal(ok, want_ok)
+        assert every == bool(want_ok.all())
+        assert not every  # the edge cases include pairs that are not served
+
+
+def test_layer_covariance_same_with_and_without_the_kernel(monkeypatch):
+    """``response_moments`` in ``"cov"`` mode: the compiled pair sum (backend ``"auto"``) and
+    the whole-tensor Horner scheme (``"reference"``) agree, values and gradients; the kernel
+    is what ``"auto"`` runs."""
+    import pyro_gpn.moments.cpu_mehler as cpu_mehler
+
+    g = torch.Generator().manual_seed(0)
+    points = torch.linspace(-2, 2, 14, dtype=F64).expand(6, -1)
+    targets = torch.randn(6, 14, generator=g, dtype=F64).requires_grad_(True)
+    variances = torch.full((6, 14), 0.01, dtype=F64)
+    ls = torch.full((6,), 0.4, dtype=F64)
+    mean = (1.5 * torch.randn(5, 6, generator=g, dtype=F64)).requires_grad_(True)
+    a = torch.randn(5, 6, 6, generator=g, dtype=F64) / 6**0.5
+    cov = (a @ a.mT + 0.01 * torch.eye(6, dtype=F64)).requires_grad_(True)
+    calls = []
+    original = cpu_mehler.cpu_mehler_pairs
+    monkeypatch.setattr(cpu_mehler, "cpu_mehler_pairs", lambda *x: calls.append(1) or original(*x))
+
+    def run():
+        kappa, beta = virtual_observation_weights(points, targets, variances, ls)
+        out = response_moments(Moments(mean, cov=cov), points, ls, beta, kappa, None, "cov")
+        return [out.cov, *torch.autograd.grad(out.cov.square().sum(), (mean, cov, targets))]
+
+    got = run()
+    assert calls
+    with backend("reference"):
+        want = run()
+    assert len(calls) == 1
+    for i, (x, y) in enumerate(zip(got, want)):
+        if i == 2:  # d/dcov: split evenly by the kernel, by the Horner tensors as they come
+            x, y = x + x.mT, y + y.mT
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
