@@ -11,9 +11,10 @@ One layer of 50 units with 50 inputs (the paper's hidden layer), forward + backw
   Numba kernels, :mod:`pyro_gpn.moments.cpu_kernels`) or ``triton`` (CUDA).
 
 Whole network (``--nets``): one training step (loss, backward, Adam step) of the paper's Letter
-network ``GPNNet([16, 30, 15, 26])`` (softmax head, meanvar) and of a UCI regression network
-``GPNNet([13, 50, 1])`` (gaussian head, meanvar), each against the tanh network of the same
-sizes (cross-entropy resp. squared error), on every backend.
+network ``GPNNet([16, 30, 15, 26])`` (softmax head) and of a UCI regression network
+``GPNNet([13, 50, 1])`` (gaussian head), propagating ``--net-modes`` (``meanvar``, ``cov``),
+each against the tanh network of the same sizes (cross-entropy resp. squared error), on every
+backend.
 
 Each variant is timed in the same process, interleaved round by round, and reported as the
 median over rounds and as a ratio to ``tanh`` measured in the same run; ``cpu-x`` is the same
@@ -114,18 +115,23 @@ def all_variants(
     for mode in modes:
         for dt in dtypes:
             for be in backends_for(device):
-                if backends and be not in backends:
-                    continue
-                if be == "cpu" and dt == "f32" and mode != "mean":
-                    continue  # float32 algebra: the layer's Cholesky factors need the reference
-                if be == "triton" and dt == "f64":
-                    continue  # the Triton kernels compute in float32
-                out.append(f"{mode}-{dt}-{be}")
-                # the baseline's kernels; for cov its reference path (before Mehler's series,
-                # the only one that had the cross term)
-                kernel = be == "reference" if mode == "cov" else be != "reference"
-                if baseline and kernel:
-                    out.append(f"{mode}-{dt}-{be}@{baseline}")
+                if not backends or be in backends:
+                    out += _variants(mode, dt, be, baseline)
+    return out
+
+
+def _variants(mode: str, dt: str, be: str, baseline: str | None) -> list[str]:
+    """The variant names of ``mode`` on backend ``be`` in dtype ``dt`` (none where it cannot
+    run), and of the baseline revision where it has them."""
+    if be == "cpu" and dt == "f32" and mode != "mean":
+        return []  # float32 algebra: the layer's Cholesky factors need the reference path
+    if be == "triton" and dt == "f64":
+        return []  # the Triton kernels compute in float32
+    out = [f"{mode}-{dt}-{be}"]
+    # the baseline's kernels; for cov its reference path (before Mehler's series, the only one
+    # that had the cross term)
+    if baseline and (be == "reference" if mode == "cov" else be != "reference"):
+        out.append(f"{mode}-{dt}-{be}@{baseline}")
     return out
 
 
@@ -182,7 +188,7 @@ def make_step(variant: str, batch: int, width: int, device: torch.device) -> Cal
 
 def make_net_step(variant: str, net: str, batch: int, device: torch.device) -> Callable[[], None]:
     """One training step (loss, backward, Adam step) of network ``net``: ``tanh`` or
-    ``meanvar-<dtype>-<backend>``."""
+    ``<mode>-<dtype>-<backend>`` (``mode`` ``meanvar`` or ``cov``)."""
     sizes, head = NETS[net]
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, sizes[0], generator=gen).to(device)
@@ -318,17 +324,16 @@ def benchmark_net(
     dtypes=DTYPES,
     baseline: str | None = None,
     backends: list[str] | None = None,
+    modes: tuple[str, ...] = ("meanvar",),
 ) -> dict[str, dict]:
-    """Training steps of network ``net`` on every backend against its tanh network."""
+    """Training steps of network ``net`` in ``modes`` on every backend against its tanh
+    network."""
     variants = ["tanh"]
-    for dt in dtypes:
-        for be in backends_for(device):
-            if backends and be not in backends:
-                continue
-            if not (be == "triton" and dt == "f64"):
-                variants.append(f"meanvar-{dt}-{be}")
-                if baseline and be != "reference":
-                    variants.append(f"meanvar-{dt}-{be}@{baseline}")
+    for mode in modes:
+        for dt in dtypes:
+            for be in backends_for(device):
+                if not backends or be in backends:
+                    variants += _variants(mode, dt, be, baseline)
     steps = {v: make_net_step(v, net, batch, device) for v in variants}
     return time_steps(steps, rounds, device, memory=False)
 
@@ -401,6 +406,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--net-batch", type=int, default=256)
     parser.add_argument("--net-rounds", type=int, default=30)
     parser.add_argument(
+        "--net-modes",
+        nargs="+",
+        default=["meanvar"],
+        choices=["meanvar", "cov"],
+        help="what the networks propagate between layers",
+    )
+    parser.add_argument(
         "--device", nargs="+", default=None, help="cpu and/or cuda (default: all present)"
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -431,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in devices:
         device = torch.device(name)
         machine = machine_description(device)
-        for batch in args.batch:
+        for batch in args.batch or []:
             variants = all_variants(device, args.modes, args.dtypes, args.baseline, args.backends)
             res = benchmark(batch, args.width, args.rounds, device, variants, args.cov_rounds)
             report(machine, f"layer, batch {batch}", res)
@@ -444,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.dtypes,
                 args.baseline,
                 args.backends,
+                tuple(args.net_modes),
             )
             sizes = "x".join(map(str, NETS[net][0]))
             report(machine, f"{net} network {sizes} training step, batch {args.net_batch}", res)
