@@ -145,6 +145,8 @@ def test_deterministic_activations_are_exact():
 
 
 def test_chunked_covariance_equals_unchunked_with_gradients(monkeypatch):
+    """The ``Lambda`` path, chunked over samples (every pair sent there: no Mehler term)."""
+    monkeypatch.setattr(cross, "MEHLER_MAX_TERMS", 0)
     points, ls, beta, kappa, noise_var, *_ = _params()
     mean, cov = _inputs(S=5)
 
