@@ -7,7 +7,8 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
   (sample, unit) forward and backward, float32 and float64 CPU tensors, fixed equidistant
   inducing points (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the diagonal, and the
   off-diagonal's Mehler series in one pass over the unit pairs, :mod:`pyro_gpn.moments.cpu_mehler`);
-  needs the optional ``numba`` (``pyro-gpn[fast]``). A
+  needs the optional ``numba`` (``pyro-gpn[fast]``); first-order gradients only (use
+  ``"reference"`` for ``create_graph=True``). A
   parametric layer's whole response (parameter-only algebra and rows) is one autograd node there,
   :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's unscented cross-entropy of
   diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;

@@ -10,6 +10,8 @@ Horner steps two forward and some five backward (a 50-unit layer at batch 256: a
 per pass); here a pair's terms stay in registers. A pair's covariance is taken as the symmetric
 part ``(Sigma_nm + Sigma_mn) / 2`` (the activation covariance is symmetric up to rounding).
 Everything is computed in float64; the results and gradients are returned in the inputs' dtypes.
+Gradients are first order only (``once_differentiable``, as every CPU kernel's): for
+second-order derivatives (``create_graph=True``) use ``backend("reference")``.
 """
 
 from __future__ import annotations
@@ -56,15 +58,15 @@ class _MehlerPairs(torch.autograd.Function):
         ok_ = np.ascontiguousarray(ok.numpy().view(np.uint8))
         out = np.empty(cov_.shape)
         _numba_module("_numba_mehler").mehler_pairs_fwd(cov_, scale_, coef_, ok_, out)
-        ctx.arrays = (cov_, scale_, coef_, ok_)
-        ctx.like = (cov, scale, coef)
+        ctx.save_for_backward(cov, scale, coef)  # (version-checked)
+        ctx.ok = ok_
         return _out(out, cov)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gout: Tensor):
-        cov_, scale_, coef_, ok_ = ctx.arrays
-        cov, scale, coef = ctx.like
+        cov, scale, coef = ctx.saved_tensors
+        cov_, scale_, coef_, ok_ = _f64(cov), _f64(scale), _f64(coef), ctx.ok
         dcov, dscale, dcoef = np.empty(cov_.shape), np.empty(scale_.shape), np.empty(coef_.shape)
         _numba_module("_numba_mehler").mehler_pairs_bwd(
             cov_, scale_, coef_, ok_, _f64(gout), dcov, dscale, dcoef

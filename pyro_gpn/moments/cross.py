@@ -103,19 +103,26 @@ def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
     ``K`` with ``(K + 1) log q <= log MEHLER_RTOL + u_n + u_m + log(1 - q)``,
     ``u = per_unit = log(sqrt(out_var) / B)`` (``+inf`` where ``B = 0``); it is served if that
     is at most :data:`MEHLER_MAX_TERMS` (a pair with ``q = 0`` or ``B = 0`` needs none: its
-    terms are zero; ``q = 1`` is not served, nor is ``out_var = 0`` with ``q > 0``). Per-unit
+    terms are zero; otherwise ``q = 1`` is not served, nor is ``out_var = 0`` or NaN). The
+    bound is on the values; a gradient's remainder may be larger, by up to about
+    ``(K + 1) / (q (1 - q))``. Per-unit
     logarithms and in-place passes: the ``[S, N, N]`` work is a handful of elementwise passes
     (one compiled pass on the CPU kernels, :func:`~pyro_gpn.moments.cpu_mehler.cpu_mehler_terms`).
     """
+    zero_coefficients = per_unit == math.inf  # B = 0
+    zero = (ratio == 0) | zero_coefficients.unsqueeze(-1) | zero_coefficients.unsqueeze(-2)
     q = ratio.abs()
     limit = (per_unit.unsqueeze(-1) + per_unit.unsqueeze(-2)).add_(math.log(MEHLER_RTOL))
     log_q = q.log()
     log_gap = q.neg_().log1p_()  # log(1 - q), in place of q
     needed = limit.add_(log_gap).div_(log_q).sub_(1)
-    # NaN only where the pair's terms are all exactly zero (q = 0 with an infinite limit, or
-    # B = 0): served; q = 1 (log(1 - q) = -inf) is not
-    ok = ((needed <= MEHLER_MAX_TERMS) | needed.isnan()) & (log_gap > -math.inf)
-    num_terms = max(1, math.ceil(float(needed.nan_to_num(0).where(ok, 0).amax())))
+    # served: every term zero, or the bound met within the limit (False for NaN: out_var = 0
+    # or NaN) with q < 1 (log(1 - q) > -inf); the same order as the compiled rule
+    fits = (needed <= MEHLER_MAX_TERMS) & (log_gap > -math.inf)
+    ok = zero | fits
+    if not ok.numel():  # no sample
+        return 1, ok
+    num_terms = max(1, math.ceil(float(needed.where(fits & ~zero, 0).amax())))
     return num_terms, ok
 
 

@@ -156,8 +156,10 @@ def response_moments(
     (:func:`_node_values`), which does not cancel the ``|beta|^2``-sized terms that make the
     closed form lose up to all digits when ``K + S`` is ill-conditioned. The mean is always the
     closed form ``psi^T beta`` (a linear form in ``beta``). ``"cov"`` mode uses the same
-    variances on its diagonal and the same regimes for the off-diagonal (see
-    :func:`_cross_covariance`).
+    variances on its diagonal and Mehler's series for the off-diagonal (linear forms in
+    ``beta`` too, :func:`~pyro_gpn.moments.cross._mehler_cross_covariance`), the pairs its
+    truncation bound cannot serve through ``Lambda`` or, both units narrow, the same nodes
+    (:func:`~pyro_gpn.moments.cross._cross_covariance`).
 
     Returns:
         :class:`Moments` of the outputs: ``mean`` only, ``mean`` and ``var``, or ``mean`` and

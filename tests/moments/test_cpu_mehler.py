@@ -91,6 +91,8 @@ def test_truncation_rule_same_as_the_tensor_rule():
     per_unit = torch.randn(samples, units, generator=g, dtype=F64) + 3.0
     per_unit[3, 4] = math.inf  # B = 0
     per_unit[4, 5] = -math.inf  # out_var = 0
+    per_unit[5, 1] = math.nan  # out_var NaN
+    per_unit[2, 0] = math.inf  # B = 0 beside |rho| = 1 (sample 2's pair 0, 3): served, all zero
     for rtol, max_terms in ((1e-8, 40), (1e-3, 5), (1e-8, 2)):
         ratio = (cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)).masked_fill(
             torch.eye(units, dtype=torch.bool), 0
