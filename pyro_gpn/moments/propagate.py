@@ -279,17 +279,9 @@ def _with_cross_covariance(
     )
     if unbounded is not None:
         rows = unbounded.flatten(1).any(-1).nonzero().squeeze(-1)
-        exact = _lambda_cross_covariance(
-            rows,
-            activations,
-            out_mean,
-            inducing_points,
-            lengthscales,
-            beta,
-            variance_reduction,
-            variance_cholesky,
-            variance_inner,
-        )
+        response = (inducing_points, lengthscales, beta, variance_reduction)
+        factors = (variance_cholesky, variance_inner)
+        exact = _lambda_cross_covariance(rows, activations, out_mean, response, factors)
         out_cov = out_cov.index_put((rows,), torch.where(unbounded[rows], exact, out_cov[rows]))
     if noise_var is not None:
         out_var = out_var + noise_var
@@ -302,32 +294,21 @@ def _lambda_cross_covariance(
     rows: Tensor,
     activations: Moments,
     out_mean: Tensor,
-    inducing_points: Tensor,
-    lengthscales: Tensor,
-    beta: Tensor,
-    variance_reduction: Tensor,
-    variance_cholesky: Tensor | None,
-    variance_inner: Tensor | None,
+    response: tuple[Tensor, Tensor, Tensor, Tensor],
+    factors: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
     """Off-diagonal covariances ``[len(rows), N, N]`` of the samples ``rows`` through ``Lambda``,
     or the narrow regime's Gauss-Hermite nodes where both units are narrow
-    (:func:`~pyro_gpn.moments.cross._cross_covariance`)."""
+    (:func:`~pyro_gpn.moments.cross._cross_covariance`). ``response`` is ``(inducing_points,
+    lengthscales, beta, variance_reduction)``, ``factors`` ``(variance_cholesky,
+    variance_inner)`` as for :func:`response_moments`."""
     mean, cov, var = activations.mean[rows], activations.cov[rows], activations.variance[rows]
+    inducing_points, lengthscales, beta, _ = response
     ratio2 = var / lengthscales.square()  # as response_moments
     narrow, nodes = ratio2 <= GH_MAX_STD_RATIO**2, None
     if bool(narrow.any()):
         num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
-        nodes = _node_values(
-            mean,
-            var,
-            inducing_points,
-            lengthscales,
-            beta,
-            variance_reduction,
-            variance_cholesky,
-            variance_inner,
-            num_nodes,
-        )
+        nodes = _node_values(mean, var, *response, *factors, num_nodes)
     return cross._cross_covariance(
         mean, cov, inducing_points, lengthscales, beta, out_mean[rows], nodes, narrow
     )
