@@ -1,10 +1,11 @@
 """Numba kernels of :mod:`pyro_gpn.moments.cpu_mehler` (imported on first use: imports numba).
 
-All arrays float64 (the mask uint8) and C-contiguous: the activation covariances ``cov``, the
-mask ``ok`` and the outputs ``[S, N, N]``, ``scale = (lambda^2 + v)^-1/2`` and the per-unit
-logarithms ``[S, N]``, the coefficients ``coef`` ``[S, N, K]`` (term ``k + 1`` at index ``k``).
-Each unordered pair ``n < m`` is visited once, with the scaled covariance
-``r = (cov_nm + cov_mn) / 2 * scale_n * scale_m`` (the symmetric part).
+All arrays float64 (the terms int32) and C-contiguous: the activation covariances ``cov``,
+the number of terms of every pair ``terms`` (-1: not served) and the outputs ``[S, N, N]``,
+``scale = (lambda^2 + v)^-1/2`` and the per-unit logarithms ``[S, N]``, the coefficients
+``coef`` ``[S, N, K]`` (term ``k + 1`` at index ``k``). Each unordered pair ``n < m`` is
+visited once, with the scaled covariance ``r = (cov_nm + cov_mn) / 2 * scale_n * scale_m``
+(the symmetric part).
 """
 
 from __future__ import annotations
@@ -17,53 +18,57 @@ _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": {"con
 
 
 @njit(**_OPTS)
-def mehler_terms(cov, scale, per_unit, log_rtol, max_terms, ok):
-    """The least ``K`` of every pair (see :func:`pyro_gpn.moments.cross._mehler_terms`), its
-    mask ``ok`` (1: served, the diagonal included) and ``(largest K served, pairs not
-    served)``. ``per_unit = log(sqrt(out_var) / B)``, ``+inf`` where ``B = 0``."""
+def mehler_terms(cov, scale, per_unit, log_rtol, max_terms, terms):
+    """The least ``K`` of every pair (see :func:`pyro_gpn.moments.cross._mehler_terms`) in
+    ``terms`` (0: every term is zero, -1: not served; the diagonal 0), and ``(largest K
+    served, pairs not served)``. ``per_unit = log(sqrt(out_var) / B)``, ``+inf`` where
+    ``B = 0``."""
     S, N = scale.shape
-    largest = 0.0
+    largest = 0
     missed = 0
     for s in range(S):
         for n in range(N):
-            ok[s, n, n] = 1
+            terms[s, n, n] = 0
             for m in range(n + 1, N):
                 q = abs(0.5 * (cov[s, n, m] + cov[s, m, n])) * scale[s, n] * scale[s, m]
                 un = per_unit[s, n]
                 um = per_unit[s, m]
-                served = 1
+                k = 0
                 if q == 0.0 or un == math.inf or um == math.inf:
                     pass  # every term is zero
                 elif q >= 1.0:
-                    served = 0
+                    k = -1
                 else:
                     limit = un + um + log_rtol + math.log1p(-q)
                     needed = limit / math.log(q) - 1.0
-                    if needed <= max_terms:  # False for NaN (out_var = 0)
-                        if needed > largest:
-                            largest = needed
+                    if needed <= max_terms:  # False for NaN (out_var = 0 or NaN)
+                        k = max(1, int(math.ceil(needed)))
+                        largest = max(largest, k)
                     else:
-                        served = 0
-                ok[s, n, m] = served
-                ok[s, m, n] = served
-                missed += 2 * (1 - served)
+                        k = -1
+                terms[s, n, m] = k
+                terms[s, m, n] = k
+                if k < 0:
+                    missed += 2
     return largest, missed
 
 
 @njit(**_OPTS)
-def mehler_pairs_fwd(cov, scale, coef, ok, out):
-    """``out[s, n, m] = out[s, m, n] = sum_k r^k coef[s, n, k] coef[s, m, k]`` (Horner in
-    ``r``) for the served pairs, zero elsewhere and on the diagonal."""
-    S, N, K = coef.shape
+def mehler_pairs_fwd(cov, scale, coef, terms, out):
+    """``out[s, n, m] = out[s, m, n] = sum_{k <= K_nm} r^k coef[s, n, k] coef[s, m, k]``
+    (Horner in ``r``) with each pair's own number of terms ``K_nm`` (``terms``); zero for the
+    pairs not served, those without terms and on the diagonal."""
+    S, N, _ = coef.shape
     for s in range(S):
         for n in range(N):
             out[s, n, n] = 0.0
             for m in range(n + 1, N):
+                num = terms[s, n, m]
                 acc = 0.0
-                if ok[s, n, m]:
+                if num > 0:
                     r = 0.5 * (cov[s, n, m] + cov[s, m, n]) * scale[s, n] * scale[s, m]
-                    acc = coef[s, n, K - 1] * coef[s, m, K - 1]
-                    for k in range(K - 2, -1, -1):
+                    acc = coef[s, n, num - 1] * coef[s, m, num - 1]
+                    for k in range(num - 2, -1, -1):
                         acc = acc * r + coef[s, n, k] * coef[s, m, k]
                     acc *= r
                 out[s, n, m] = acc
@@ -71,7 +76,7 @@ def mehler_pairs_fwd(cov, scale, coef, ok, out):
 
 
 @njit(**_OPTS)
-def mehler_pairs_bwd(cov, scale, coef, ok, gout, dcov, dscale, dcoef):
+def mehler_pairs_bwd(cov, scale, coef, terms, gout, dcov, dscale, dcoef):
     """Gradients of :func:`mehler_pairs_fwd`: ``dcov`` (``[S, N, N]``, half of the pair's
     gradient on each of its two entries), ``dscale`` (``[S, N]``) and ``dcoef``
     (``[S, N, K]``), all written here."""
@@ -84,7 +89,8 @@ def mehler_pairs_bwd(cov, scale, coef, ok, gout, dcov, dscale, dcoef):
                 dcoef[s, n, k] = 0.0
         for n in range(N):
             for m in range(n + 1, N):
-                if not ok[s, n, m]:
+                num = terms[s, n, m]
+                if num <= 0:
                     dcov[s, n, m] = 0.0
                     dcov[s, m, n] = 0.0
                     continue
@@ -93,7 +99,7 @@ def mehler_pairs_bwd(cov, scale, coef, ok, gout, dcov, dscale, dcoef):
                 g = gout[s, n, m] + gout[s, m, n]
                 power = 1.0  # r^(k - 1) at term k
                 slope = 0.0  # d out / d r
-                for k in range(K):
+                for k in range(num):
                     cn = coef[s, n, k]
                     cm = coef[s, m, k]
                     slope += (k + 1) * power * cn * cm

@@ -32,7 +32,8 @@ __all__ = ["cpu_mehler_pairs", "cpu_mehler_terms"]
 def cpu_mehler_terms(
     cov: Tensor, scale: Tensor, per_unit: Tensor, rtol: float, max_terms: int
 ) -> tuple[int, Tensor, bool]:
-    """The truncation rule of :func:`~pyro_gpn.moments.cross._mehler_terms` in one pass.
+    """The truncation rule of :func:`~pyro_gpn.moments.cross._mehler_terms` in one pass, with
+    each pair's own number of terms.
 
     Args:
         cov: ``[S, N, N]`` activation covariances; scale: ``[S, N]``, ``(lambda^2 + v)^-1/2``.
@@ -41,35 +42,38 @@ def cpu_mehler_terms(
             :data:`~pyro_gpn.moments.cross.MEHLER_MAX_TERMS`.
 
     Returns:
-        The number of terms (at least 1), the ``[S, N, N]`` boolean mask of the pairs served
-        (the diagonal set) and whether every pair is served.
+        The largest number of terms (at least 1), every pair's number of terms (``[S, N, N]``,
+        int32: 0 where every term is zero, -1 where the pair is not served; the diagonal 0) and
+        whether every pair is served.
     """
-    ok = np.empty(cov.shape, dtype=np.uint8)
+    terms = np.empty(cov.shape, dtype=np.int32)
     largest, missed = _numba_module("_numba_mehler").mehler_terms(
-        _f64(cov), _f64(scale), _f64(per_unit), math.log(rtol), float(max_terms), ok
+        _f64(cov), _f64(scale), _f64(per_unit), math.log(rtol), float(max_terms), terms
     )
-    return max(1, math.ceil(largest)), torch.from_numpy(ok.view(np.bool_)), missed == 0
+    return max(1, int(largest)), torch.from_numpy(terms), missed == 0
 
 
 class _MehlerPairs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, cov: Tensor, scale: Tensor, coef: Tensor, ok: Tensor) -> Tensor:
+    def forward(
+        ctx: FunctionCtx, cov: Tensor, scale: Tensor, coef: Tensor, terms: Tensor
+    ) -> Tensor:
         cov_, scale_, coef_ = _f64(cov), _f64(scale), _f64(coef)
-        ok_ = np.ascontiguousarray(ok.numpy().view(np.uint8))
+        terms_ = np.ascontiguousarray(terms.numpy(), dtype=np.int32)
         out = np.empty(cov_.shape)
-        _numba_module("_numba_mehler").mehler_pairs_fwd(cov_, scale_, coef_, ok_, out)
+        _numba_module("_numba_mehler").mehler_pairs_fwd(cov_, scale_, coef_, terms_, out)
         ctx.save_for_backward(cov, scale, coef)  # (version-checked)
-        ctx.ok = ok_
+        ctx.terms = terms_
         return _out(out, cov)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gout: Tensor):
         cov, scale, coef = ctx.saved_tensors
-        cov_, scale_, coef_, ok_ = _f64(cov), _f64(scale), _f64(coef), ctx.ok
+        cov_, scale_, coef_ = _f64(cov), _f64(scale), _f64(coef)
         dcov, dscale, dcoef = np.empty(cov_.shape), np.empty(scale_.shape), np.empty(coef_.shape)
         _numba_module("_numba_mehler").mehler_pairs_bwd(
-            cov_, scale_, coef_, ok_, _f64(gout), dcov, dscale, dcoef
+            cov_, scale_, coef_, ctx.terms, _f64(gout), dcov, dscale, dcoef
         )
         need = ctx.needs_input_grad
         return (
@@ -80,14 +84,15 @@ class _MehlerPairs(torch.autograd.Function):
         )
 
 
-def cpu_mehler_pairs(cov: Tensor, scale: Tensor, coef: Tensor, ok: Tensor) -> Tensor:
-    """``sum_{k=1}^K rho_nm^k coef[s, n, k-1] coef[s, m, k-1]`` with
-    ``rho_nm = (cov_nm + cov_mn) / 2 * scale_n * scale_m`` for the pairs ``ok``; zero for the
-    others and on the diagonal.
+def cpu_mehler_pairs(cov: Tensor, scale: Tensor, coef: Tensor, terms: Tensor) -> Tensor:
+    """``sum_{k=1}^{K_nm} rho_nm^k coef[s, n, k-1] coef[s, m, k-1]`` with
+    ``rho_nm = (cov_nm + cov_mn) / 2 * scale_n * scale_m`` and each pair's own number of terms
+    ``K_nm = terms[s, n, m]`` (at most ``coef``'s ``K``); zero where ``K_nm <= 0`` and on the
+    diagonal.
 
     Shape:
-        - cov: ``[S, N, N]``; scale: ``[S, N]``; coef: ``[S, N, K]``; ok: ``[S, N, N]`` (bool)
+        - cov: ``[S, N, N]``; scale: ``[S, N]``; coef: ``[S, N, K]``; terms: ``[S, N, N]`` (int)
         - returns ``[S, N, N]`` (symmetric) in ``cov``'s dtype, differentiable w.r.t. ``cov``,
           ``scale`` and ``coef``.
     """
-    return _MehlerPairs.apply(cov, scale, coef, ok)
+    return _MehlerPairs.apply(cov, scale, coef, terms)

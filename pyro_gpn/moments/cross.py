@@ -9,9 +9,10 @@ Two evaluations of the same quantity, ``Cov[m_n(a_n), m_m(a_m)]`` for the mean f
   coefficients ``b_kn`` of one unit each: ``O(N R K)`` per sample for the coefficients and
   ``O(N^2 K)`` for the pairs, instead of ``O(N^2 R^2)``. A proven bound on its truncation error
   picks the number of terms and sends the pairs it cannot bound to the second evaluation.
-* :func:`_cross_covariance`: ``Lambda`` contracted with ``beta`` per pair (``[R, R]``), or
-  Gauss-Hermite nodes of the conditional where both units are narrow; chunked over samples
-  and checkpointed so that the per-pair tensors are never all held at once.
+* :func:`_lambda_entries`: ``Lambda`` contracted with ``beta`` per pair (``[R, R]``), or
+  Gauss-Hermite nodes of the conditional where both units are narrow, for the pairs the
+  series leaves; chunked and checkpointed so that the per-pair tensors are never all held at
+  once.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ __all__ = [
 COV_CHUNK_ELEMENTS = 2**22
 
 #: Most terms of the Mehler series (:func:`_mehler_cross_covariance`); a pair whose truncation
-#: bound needs more is evaluated through ``Lambda`` instead.
-MEHLER_MAX_TERMS = 40
+#: bound needs more is evaluated through ``Lambda`` instead (``R^2`` Gaussians a pair, and its
+#: backward: a pair's series is cheaper even at this many terms). A fresh layer needs about 7;
+#: broad activations correlated near +-1 a hundred or more.
+MEHLER_MAX_TERMS = 200
 
 #: The Mehler series is truncated where its proven remainder is at most this fraction of
 #: ``sqrt(Var f_n Var f_m)`` (the scale of the covariance it approximates).
@@ -161,7 +164,7 @@ def _mehler_cross_covariance(
           variances: the scale of the tolerance)
         - returns the covariances ``[S, N, N]`` (zero diagonal) and ``None``, or a boolean
           ``[S, N, N]`` mask of the pairs it could not bound, whose entries are then wrong and
-          must be replaced (:func:`_cross_covariance`).
+          must be replaced (:func:`_lambda_entries`).
     """
     num_units = mean.shape[-1]
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
@@ -176,11 +179,11 @@ def _mehler_cross_covariance(
         from .cpu_mehler import cpu_mehler_pairs, cpu_mehler_terms
 
         args = (cov.detach(), scale.detach(), per_unit, MEHLER_RTOL, MEHLER_MAX_TERMS)
-        num_terms, ok, every = cpu_mehler_terms(*args)
+        num_terms, terms, every = cpu_mehler_terms(*args)
         coefficients, _ = _hermite_coefficients(
             mean, var, inducing_points, lengthscales, beta, num_terms
         )
-        return cpu_mehler_pairs(cov, scale, coefficients, ok), None if every else ~ok
+        return cpu_mehler_pairs(cov, scale, coefficients, terms), None if every else terms < 0
     ratio = cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     ratio = (0.5 * (ratio + ratio.mT)).masked_fill(eye, 0)
     with torch.no_grad():
@@ -198,7 +201,8 @@ def _mehler_cross_covariance(
     return total * ratio, unbounded
 
 
-def _cross_covariance_chunk(
+def _lambda_entries_chunk(
+    entries: Tensor,
     mean: Tensor,
     cov: Tensor,
     out_mean: Tensor,
@@ -209,7 +213,8 @@ def _cross_covariance_chunk(
     std: Tensor | None,
     narrow: Tensor | None,
 ) -> Tensor:
-    r"""``Cov[f_n, f_m]`` for the unit pairs ``n < m``, ``[S, N (N - 1) / 2]``.
+    r"""``Cov[f_n, f_m]`` of the entries ``(s, n, m)`` (``entries`` ``[3, E]``, ``n != m``),
+    ``[E]``.
 
     *Broad* pairs: ``sum_rt beta_rn beta_tm Lambda_rtnm - mu_n mu_m`` with ``Lambda``
     (``eq:gpn_normal_lambda``, corrected) written with its exponent completed to a square,
@@ -232,48 +237,42 @@ def _cross_covariance_chunk(
     forms in ``beta`` only, consistent with the diagonal's Gauss-Hermite variance.
     """
     num_units = mean.shape[-1]
-    rows, cols = torch.triu_indices(num_units, num_units, offset=1, device=mean.device)
+    sample, n, m = entries
     ls = lengthscales.expand(num_units)
     ls2 = ls.square()
     beta = beta.expand(num_units, -1)
     points = inducing_points.expand(num_units, -1)
-    var = torch.diagonal(cov, dim1=-2, dim2=-1)
-    var_n, var_m, cross = var[:, rows], var[:, cols], cov[:, rows, cols]  # [S, P]
-    c_n = ls2[rows] + var_n
-    det = (
-        ls2[rows] * ls2[cols]
-        + ls2[rows] * var_m
-        + ls2[cols] * var_n
-        + (var_n * var_m - cross.square()).clamp_min(0)
-    )
-    dist = points - mean.unsqueeze(-1)  # d_rn = V_rn - mu_n, [S, N, R]
-    d_n, d_m = dist[:, rows], dist[:, cols]  # [S, P, R]
-    left = beta[rows] * (-d_n.square() / (2 * c_n).unsqueeze(-1)).exp()
-    shift = (cross / c_n).unsqueeze(-1) * d_n  # [S, P, R]
+    var_n, var_m, cross = cov[sample, n, n], cov[sample, m, m], cov[sample, n, m]  # [E]
+    c_n = ls2[n] + var_n
+    det = ls2[n] * ls2[m] + ls2[n] * var_m + ls2[m] * var_n
+    det = det + (var_n * var_m - cross.square()).clamp_min(0)
+    d_n = points[n] - mean[sample, n].unsqueeze(-1)  # d_rn = V_rn - mu_n, [E, R]
+    d_m = points[m] - mean[sample, m].unsqueeze(-1)
+    left = beta[n] * (-d_n.square() / (2 * c_n).unsqueeze(-1)).exp()
+    shift = (cross / c_n).unsqueeze(-1) * d_n  # [E, R]
     coupling = (d_m.unsqueeze(-2) - shift.unsqueeze(-1)).square_()
-    coupling = coupling.mul_((-c_n / (2 * det))[..., None, None]).exp_()  # [S, P, R, R]
-    quad = (left * (coupling @ beta[cols].unsqueeze(-1)).squeeze(-1)).sum(-1)
-    broad = ls[rows] * ls[cols] / det.sqrt() * quad - out_mean[:, rows] * out_mean[:, cols]
+    coupling = coupling.mul_((-c_n / (2 * det))[..., None, None]).exp_()  # [E, R, R]
+    quad = (left * (coupling @ beta[m].unsqueeze(-1)).squeeze(-1)).sum(-1)
+    broad = ls[n] * ls[m] / det.sqrt() * quad - out_mean[sample, n] * out_mean[sample, m]
     if centred is None:
         return broad
 
     z, w = gauss_hermite(centred.shape[-1], mean.dtype, mean.device)
-    std_n = std[:, rows]
+    std_n = std[sample, n]
     slope = torch.where(std_n > 0, cross / torch.where(std_n > 0, std_n, 1), 0)  # Sigma_nm / sd_n
     cond_var = (var_m - slope.square()).clamp_min(0)
-    width = ls2[cols] + cond_var  # [S, P]
-    centre = mean[:, cols].unsqueeze(-1) + slope.unsqueeze(-1) * z  # [S, P, G]
-    expo = (centre.unsqueeze(-1) - points[cols].unsqueeze(-2)).square()  # [S, P, G, R]
+    width = ls2[m] + cond_var  # [E]
+    centre = mean[sample, m].unsqueeze(-1) + slope.unsqueeze(-1) * z  # [E, G]
+    expo = (centre.unsqueeze(-1) - points[m].unsqueeze(-2)).square()  # [E, G, R]
     expo = expo.mul_((-0.5 / width)[..., None, None]).exp_()
-    cond_mean = (ls2[cols] / width).sqrt().unsqueeze(-1) * torch.einsum(
-        "spgr,pr->spg", expo, beta[cols]
-    )
+    cond_mean = (ls2[m] / width).sqrt().unsqueeze(-1) * torch.einsum("egr,er->eg", expo, beta[m])
     cond_mean = cond_mean - (cond_mean @ w).unsqueeze(-1)
-    gh = (centred[:, rows] * cond_mean) @ w
-    return torch.where(narrow[:, rows] & narrow[:, cols], gh, broad)
+    gh = (centred[sample, n] * cond_mean) @ w
+    return torch.where(narrow[sample, n] & narrow[sample, m], gh, broad)
 
 
-def _cross_covariance(
+def _lambda_entries(
+    entries: Tensor,
     mean: Tensor,
     cov: Tensor,
     inducing_points: Tensor,
@@ -283,51 +282,32 @@ def _cross_covariance(
     nodes: _NodeValues | None,
     narrow: Tensor,
 ) -> Tensor:
-    """Off-diagonal output covariances ``[S, N, N]`` (zero diagonal), see
-    :func:`_cross_covariance_chunk`.
+    """Off-diagonal covariances ``[E]`` of the entries ``(s, n, m)`` (``[3, E]``) through
+    ``Lambda`` or the narrow regime's nodes, see :func:`_lambda_entries_chunk`.
 
-    Evaluated in chunks of samples with at most :data:`COV_CHUNK_ELEMENTS` entries of the
+    Evaluated in chunks of entries with at most :data:`COV_CHUNK_ELEMENTS` elements of the
     per-pair ``[R, R]`` (``Lambda``) and ``[G, R]`` (node) tensors each; under autograd each
-    chunk is checkpointed, so the backward pass recomputes it instead of storing it.
+    chunk is checkpointed, so the backward pass recomputes it instead of storing it. The cost
+    is that of the entries asked for, not of every pair of their samples.
     """
-    num_samples, num_units = mean.shape
     num_points = inducing_points.shape[-1]
-    per_pair = num_points * max(num_points, nodes.centred.shape[-1] if nodes is not None else 0)
-    per_sample = max(1, num_units * (num_units - 1) // 2) * per_pair
-    chunk = max(1, COV_CHUNK_ELEMENTS // per_sample)
+    per_entry = num_points * max(num_points, nodes.centred.shape[-1] if nodes is not None else 0)
+    chunk = max(1, COV_CHUNK_ELEMENTS // per_entry)
     extra = (None, None, None) if nodes is None else (nodes.centred, nodes.std, narrow)
-
-    def rows(tensor: Tensor | None, start: int) -> Tensor | None:
-        return None if tensor is None else tensor[start : start + chunk]
-
-    if chunk >= num_samples:
-        pairs = _cross_covariance_chunk(
-            mean, cov, out_mean, inducing_points, lengthscales, beta, *extra
-        )
-        return _pairs_to_matrix(pairs, num_units)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad
-        for t in (mean, cov, out_mean, inducing_points, lengthscales, beta, *extra)
-    )
+    args = (mean, cov, out_mean, inducing_points, lengthscales, beta, *extra)
+    num_entries = entries.shape[-1]
+    if chunk >= num_entries:
+        return _lambda_entries_chunk(entries, *args)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
     parts = []
-    for start in range(0, num_samples, chunk):
-        args = (rows(mean, start), rows(cov, start), rows(out_mean, start))
-        args = (*args, inducing_points, lengthscales, beta, *(rows(t, start) for t in extra))
+    for start in range(0, num_entries, chunk):
+        part = entries[:, start : start + chunk]
         if needs_grad:
             parts.append(
                 torch.utils.checkpoint.checkpoint(
-                    _cross_covariance_chunk, *args, use_reentrant=False
+                    _lambda_entries_chunk, part, *args, use_reentrant=False
                 )
             )
         else:
-            parts.append(_cross_covariance_chunk(*args))
-    return _pairs_to_matrix(torch.cat(parts), num_units)
-
-
-def _pairs_to_matrix(pairs: Tensor, num_units: int) -> Tensor:
-    """Scatter ``[S, N (N - 1) / 2]`` values of the pairs ``n < m`` into symmetric ``[S, N, N]``
-    matrices with a zero diagonal."""
-    rows, cols = torch.triu_indices(num_units, num_units, offset=1, device=pairs.device)
-    out = pairs.new_zeros(pairs.shape[0], num_units, num_units)
-    out[:, rows, cols] = pairs
-    return out + out.mT
+            parts.append(_lambda_entries_chunk(part, *args))
+    return torch.cat(parts)

@@ -159,7 +159,7 @@ def response_moments(
     variances on its diagonal and Mehler's series for the off-diagonal (linear forms in
     ``beta`` too, :func:`~pyro_gpn.moments.cross._mehler_cross_covariance`), the pairs its
     truncation bound cannot serve through ``Lambda`` or, both units narrow, the same nodes
-    (:func:`~pyro_gpn.moments.cross._cross_covariance`).
+    (:func:`~pyro_gpn.moments.cross._lambda_entries`).
 
     Returns:
         :class:`Moments` of the outputs: ``mean`` only, ``mean`` and ``var``, or ``mean`` and
@@ -278,11 +278,11 @@ def _with_cross_covariance(
         mean, activations.cov, inducing_points, lengthscales, beta, out_var
     )
     if unbounded is not None:
-        rows = unbounded.flatten(1).any(-1).nonzero().squeeze(-1)
         response = (inducing_points, lengthscales, beta, variance_reduction)
         factors = (variance_cholesky, variance_inner)
-        exact = _lambda_cross_covariance(rows, activations, out_mean, response, factors)
-        out_cov = out_cov.index_put((rows,), torch.where(unbounded[rows], exact, out_cov[rows]))
+        out_cov = _lambda_cross_covariance(
+            out_cov, unbounded, activations, out_mean, response, factors
+        )
     if noise_var is not None:
         out_var = out_var + noise_var
     # both evaluations give symmetric matrices with a zero diagonal
@@ -291,17 +291,21 @@ def _with_cross_covariance(
 
 
 def _lambda_cross_covariance(
-    rows: Tensor,
+    out_cov: Tensor,
+    unbounded: Tensor,
     activations: Moments,
     out_mean: Tensor,
     response: tuple[Tensor, Tensor, Tensor, Tensor],
     factors: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
-    """Off-diagonal covariances ``[len(rows), N, N]`` of the samples ``rows`` through ``Lambda``,
-    or the narrow regime's Gauss-Hermite nodes where both units are narrow
-    (:func:`~pyro_gpn.moments.cross._cross_covariance`). ``response`` is ``(inducing_points,
-    lengthscales, beta, variance_reduction)``, ``factors`` ``(variance_cholesky,
-    variance_inner)`` as for :func:`response_moments`."""
+    """``out_cov`` ``[S, N, N]`` with the pairs ``unbounded`` (a symmetric boolean mask)
+    replaced by their covariances through ``Lambda``, or the narrow regime's Gauss-Hermite
+    nodes where both units are narrow (:func:`~pyro_gpn.moments.cross._lambda_entries`): the
+    cost is that of those pairs. ``response`` is ``(inducing_points, lengthscales, beta,
+    variance_reduction)``, ``factors`` ``(variance_cholesky, variance_inner)`` as for
+    :func:`response_moments`."""
+    sample, n, m = unbounded.triu(1).nonzero().unbind(-1)
+    rows, local = torch.unique(sample, return_inverse=True)  # the samples involved
     mean, cov, var = activations.mean[rows], activations.cov[rows], activations.variance[rows]
     inducing_points, lengthscales, beta, _ = response
     ratio2 = var / lengthscales.square()  # as response_moments
@@ -309,9 +313,12 @@ def _lambda_cross_covariance(
     if bool(narrow.any()):
         num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(mean, var, *response, *factors, num_nodes)
-    return cross._cross_covariance(
-        mean, cov, inducing_points, lengthscales, beta, out_mean[rows], nodes, narrow
+    entries = torch.stack([local, n, m])
+    values = cross._lambda_entries(
+        entries, mean, cov, inducing_points, lengthscales, beta, out_mean[rows], nodes, narrow
     )
+    out_cov = out_cov.index_put((sample, n, m), values)
+    return out_cov.index_put((sample, m, n), values)
 
 
 def _narrow_regime(

@@ -161,7 +161,7 @@ def test_chunked_covariance_equals_unchunked_with_gradients(monkeypatch):
 
     whole = run()
     pairs = 4 * 3 // 2
-    monkeypatch.setattr(cross, "COV_CHUNK_ELEMENTS", pairs * 6 * 6 * 2)  # two samples a chunk
+    monkeypatch.setattr(cross, "COV_CHUNK_ELEMENTS", pairs * 6 * 6 * 2)  # a dozen entries or less
     chunked = run()
     for w, c in zip(whole, chunked):
         torch.testing.assert_close(w, c)
