@@ -72,7 +72,12 @@ def test_coefficients_obey_cramers_bound_and_never_overflow():
             beta = (1e3 * torch.randn(3, 14, generator=g)).to(dtype)
             lengthscales = torch.full((3,), ls, dtype=dtype)
             coef, bound = cross._hermite_coefficients(
-                mean, var, POINTS.to(dtype).expand(3, -1), lengthscales, beta, 40
+                mean,
+                var,
+                POINTS.to(dtype).expand(3, -1),
+                lengthscales,
+                beta,
+                cross.MEHLER_MAX_TERMS,
             )
             assert torch.isfinite(coef).all() and torch.isfinite(bound).all()
             assert (coef.abs() <= bound.unsqueeze(-1) * (1 + 1e-5)).all()
