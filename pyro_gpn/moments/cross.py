@@ -155,9 +155,10 @@ def _mehler_cross_covariance(
     too) or on whole ``[S, N, N]`` matrices. A pair's covariance is taken as the symmetric part
     ``(Sigma_nm + Sigma_mn) / 2``. The series converges geometrically:
     ``|rho| <= |corr(a_n, a_m)| sqrt(v_n v_m / c_n c_m) < 1``. It is truncated after the fewest
-    terms that bound the remainder of every pair it serves by :data:`MEHLER_RTOL`
-    ``sqrt(out_var_n out_var_m)`` (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`;
-    the other pairs' ``rho`` is set to zero here (finite values and gradients).
+    terms that bound the remainder by :data:`MEHLER_RTOL` ``sqrt(out_var_n out_var_m)``
+    (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`: on the CPU kernels each pair
+    after its own, on whole tensors every pair after the largest any pair it serves needs; the
+    pairs it does not serve are zero here (finite values and gradients).
 
     Shape:
         - mean ``[S, N]``, cov ``[S, N, N]`` (activations), out_var ``[S, N]`` (noise-free output
