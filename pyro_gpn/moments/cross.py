@@ -98,7 +98,8 @@ def _hermite_coefficients(
 
 
 def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
-    """The number of terms of the series and which pairs it serves (``[S, N, N]``, bool).
+    """The largest number of terms of the series, and every pair's (``[S, N, N]``, int32: 0
+    where every term is zero and on the diagonal, -1 where the pair is not served).
 
     With ``q = |rho_nm| < 1`` (the scaled covariance of :func:`_mehler_cross_covariance`, zero
     on the diagonal) the ``k``-th term of the series is at most ``q^k B_n B_m``, so after
@@ -122,11 +123,11 @@ def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
     # served: every term zero, or the bound met within the limit (False for NaN: out_var = 0
     # or NaN) with q < 1 (log(1 - q) > -inf); the same order as the compiled rule
     fits = (needed <= MEHLER_MAX_TERMS) & (log_gap > -math.inf)
-    ok = zero | fits
-    if not ok.numel():  # no sample
-        return 1, ok
-    num_terms = max(1, math.ceil(float(needed.where(fits & ~zero, 0).amax())))
-    return num_terms, ok
+    terms = needed.nan_to_num_(0).ceil_().clamp_(1, MEHLER_MAX_TERMS).to(torch.int32)
+    terms = terms.masked_fill_(~fits, -1).masked_fill_(zero, 0)
+    if not terms.numel():  # no sample
+        return 1, terms
+    return max(1, int(terms.amax())), terms
 
 
 def _mehler_cross_covariance(
@@ -156,9 +157,9 @@ def _mehler_cross_covariance(
     ``(Sigma_nm + Sigma_mn) / 2``. The series converges geometrically:
     ``|rho| <= |corr(a_n, a_m)| sqrt(v_n v_m / c_n c_m) < 1``. It is truncated after the fewest
     terms that bound the remainder by :data:`MEHLER_RTOL` ``sqrt(out_var_n out_var_m)``
-    (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`: on the CPU kernels each pair
-    after its own, on whole tensors every pair after the largest any pair it serves needs; the
-    pairs it does not serve are zero here (finite values and gradients).
+    (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`, each pair after its own number
+    of terms (on both paths: they agree to rounding); the pairs it does not serve are zero here
+    (finite values and gradients).
 
     Shape:
         - mean ``[S, N]``, cov ``[S, N, N]`` (activations), out_var ``[S, N]`` (noise-free output
@@ -188,17 +189,20 @@ def _mehler_cross_covariance(
     ratio = cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     ratio = (0.5 * (ratio + ratio.mT)).masked_fill(eye, 0)
     with torch.no_grad():
-        num_terms, ok = _mehler_terms(ratio.detach(), per_unit)
-        unbounded = None if bool(ok.all()) else ~ok
+        num_terms, terms = _mehler_terms(ratio.detach(), per_unit)
+        unbounded = terms < 0
+        unbounded = unbounded if bool(unbounded.any()) else None
     if unbounded is not None:
         ratio = ratio.masked_fill(unbounded, 0)
     coefficients, _ = _hermite_coefficients(
         mean, var, inducing_points, lengthscales, beta, num_terms
     )
-    total = coefficients[..., -1].unsqueeze(-1) * coefficients[..., -1].unsqueeze(-2)
-    for k in range(num_terms - 2, -1, -1):
+    # Horner's scheme, each pair to its own number of terms (term k + 1 where terms > k)
+    total = 0
+    for k in range(num_terms - 1, -1, -1):
         term = coefficients[..., k]
-        total = torch.addcmul(total * ratio, term.unsqueeze(-1), term.unsqueeze(-2))
+        outer = (term.unsqueeze(-1) * term.unsqueeze(-2)).masked_fill_(terms <= k, 0)
+        total = total * ratio + outer
     return total * ratio, unbounded
 
 
