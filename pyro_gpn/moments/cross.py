@@ -88,13 +88,16 @@ def _hermite_coefficients(
     amplitude = (lengthscales * scale).unsqueeze(-1)
     weighted = beta * amplitude * (-0.5 * t.square()).exp()  # beta_r psi_r = u_0, [S, N, R]
     bound = _CRAMER * (beta.abs() * amplitude * (-0.25 * t.square()).exp()).sum(-1)
-    coefficients = []
+    sums = []
     previous, current = weighted, t * weighted  # u_0, u_1
     for k in range(1, num_terms + 1):
-        coefficients.append(current.sum(-1) if k % 2 == 0 else -current.sum(-1))
-        if k < num_terms:
-            previous, current = current, (t * current - math.sqrt(k) * previous) / math.sqrt(k + 1)
-    return torch.stack(coefficients, -1), bound
+        sums.append(current.sum(-1))
+        if k < num_terms:  # u_{k+1} = (t u_k - sqrt(k) u_{k-1}) / sqrt(k + 1)
+            scaled = previous * -math.sqrt(k / (k + 1))
+            previous, current = current, scaled.addcmul_(t, current, value=(k + 1) ** -0.5)
+    signs = torch.ones(num_terms, dtype=t.dtype, device=t.device)
+    signs[::2] = -1  # (-1)^k, k = 1 .. K
+    return torch.stack(sums, -1) * signs, bound
 
 
 def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:

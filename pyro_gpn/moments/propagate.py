@@ -285,8 +285,9 @@ def _with_cross_covariance(
         )
     if noise_var is not None:
         out_var = out_var + noise_var
-    # both evaluations give symmetric matrices with a zero diagonal
-    out_cov = torch.diagonal_scatter(out_cov, out_var, dim1=-2, dim2=-1)
+    # both evaluations give fresh symmetric matrices with a zero diagonal (no autograd node
+    # keeps them): the diagonal is written in place
+    torch.diagonal(out_cov, dim1=-2, dim2=-1).copy_(out_var)
     return Moments(out_mean, cov=out_cov, validate=False)
 
 
