@@ -113,3 +113,87 @@ def mehler_pairs_bwd(cov, scale, coef, terms, gout, dcov, dscale, dcoef):
                 dcov[s, m, n] = half
                 dscale[s, n] += dr * sym * scale[s, m]
                 dscale[s, m] += dr * sym * scale[s, n]
+
+
+@njit(**_OPTS)
+def hermite_fwd(mean, var, points, lengthscales, beta, coef, bound):
+    """``coef[s, n, k - 1] = (-1)^k sum_r beta_r psi_r h_k(t_r)`` for ``k = 1 .. K`` and
+    ``bound[s, n] = CRAMER sum_r |beta_r| lambda / sqrt(c) exp(-t_r^2 / 4)`` (see
+    :func:`pyro_gpn.moments.cross._hermite_coefficients`; ``h_k = He_k / sqrt(k!)``, by the
+    three-term recurrence of the Hermite functions). ``points``, ``beta`` ``[N | 1, R]``,
+    ``lengthscales`` ``[N | 1]`` (a leading size of 1 is shared by every unit)."""
+    S, N, K = coef.shape
+    R = points.shape[1]
+    for s in range(S):
+        for n in range(N):
+            p = n * min(points.shape[0] - 1, 1)
+            b = n * min(beta.shape[0] - 1, 1)
+            q = n * min(lengthscales.shape[0] - 1, 1)
+            lam = lengthscales[q]
+            scale = 1.0 / math.sqrt(lam * lam + var[s, n])
+            amplitude = lam * scale
+            for k in range(K):
+                coef[s, n, k] = 0.0
+            total = 0.0
+            for r in range(R):
+                t = (mean[s, n] - points[p, r]) * scale
+                gauss = math.exp(-0.25 * t * t)
+                total += abs(beta[b, r]) * amplitude * gauss
+                previous = beta[b, r] * amplitude * math.exp(-0.5 * t * t)  # u_0
+                current = t * previous  # u_1
+                sign = -1.0
+                for k in range(1, K + 1):
+                    coef[s, n, k - 1] += sign * current
+                    sign = -sign
+                    following = (t * current - math.sqrt(k) * previous) / math.sqrt(k + 1)
+                    previous = current
+                    current = following
+            bound[s, n] = 1.086435 * total
+
+
+@njit(**_OPTS)
+def hermite_bwd(mean, var, points, lengthscales, beta, gcoef, dmean, dvar, dlam, dbeta):
+    """Gradients of :func:`hermite_fwd`'s coefficients: ``dmean``, ``dvar`` ``[S, N]`` written,
+    ``dlam`` ``[N | 1]`` and ``dbeta`` ``[N | 1, R]`` accumulated (zero them first). With the
+    Hermite functions ``u_k = exp(-t^2 / 2) h_k(t)``: ``du_k / dt = -sqrt(k + 1) u_{k+1}``,
+    ``t = (mu - V) / sqrt(c)``, ``c = lambda^2 + v``, the amplitude ``lambda / sqrt(c)``."""
+    S, N, K = gcoef.shape
+    R = points.shape[1]
+    for s in range(S):
+        for n in range(N):
+            p = n * min(points.shape[0] - 1, 1)
+            b = n * min(beta.shape[0] - 1, 1)
+            q = n * min(lengthscales.shape[0] - 1, 1)
+            lam = lengthscales[q]
+            width = lam * lam + var[s, n]
+            scale = 1.0 / math.sqrt(width)
+            amplitude = lam * scale
+            gt_sum = 0.0  # sum_r dL/dt_r
+            gtt_sum = 0.0  # sum_r dL/dt_r t_r
+            gamp = 0.0  # dL/d amplitude
+            for r in range(R):
+                t = (mean[s, n] - points[p, r]) * scale
+                # the Hermite functions u_k = exp(-t^2 / 2) h_k(t): bounded, no overflow
+                u_previous = math.exp(-0.5 * t * t)  # u_0
+                u_current = t * u_previous  # u_1
+                dsum = 0.0  # sum_k g_k (-1)^k u_k
+                dtsum = 0.0  # sum_k g_k (-1)^k (-sqrt(k + 1)) u_{k+1} = d dsum / dt
+                sign = -1.0
+                for k in range(1, K + 1):
+                    u_next = (t * u_current - math.sqrt(k) * u_previous) / math.sqrt(k + 1)
+                    g = gcoef[s, n, k - 1] * sign
+                    dsum += g * u_current
+                    dtsum -= g * math.sqrt(k + 1) * u_next
+                    sign = -sign
+                    u_previous = u_current
+                    u_current = u_next
+                dbeta[b, r] += amplitude * dsum
+                gamp += beta[b, r] * dsum
+                gt = beta[b, r] * amplitude * dtsum
+                gt_sum += gt
+                gtt_sum += gt * t
+            # t = (mu - V) c^-1/2: dt/dmu = c^-1/2, dt/dc = -t / (2c); amplitude = lam c^-1/2
+            gwidth = -0.5 * gtt_sum / width - 0.5 * gamp * amplitude / width
+            dmean[s, n] = gt_sum * scale
+            dvar[s, n] = gwidth
+            dlam[q] += gamp * scale + 2.0 * lam * gwidth

@@ -26,7 +26,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from .cpu_kernels import _numba_module
 from .cpu_layer import _f64, _out
 
-__all__ = ["cpu_mehler_pairs", "cpu_mehler_terms"]
+__all__ = ["cpu_hermite_coefficients", "cpu_mehler_pairs", "cpu_mehler_terms"]
 
 
 def cpu_mehler_terms(
@@ -96,3 +96,62 @@ def cpu_mehler_pairs(cov: Tensor, scale: Tensor, coef: Tensor, terms: Tensor) ->
           ``scale`` and ``coef``.
     """
     return _MehlerPairs.apply(cov, scale, coef, terms)
+
+
+class _HermiteCoefficients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, mean, var, points, lengthscales, beta, num_terms: int):
+        mean_, var_, points_, lam_, beta_ = (
+            _f64(t) for t in (mean, var, points, lengthscales, beta)
+        )
+        coef = np.empty((*mean_.shape, num_terms))
+        bound = np.empty(mean_.shape)
+        _numba_module("_numba_mehler").hermite_fwd(mean_, var_, points_, lam_, beta_, coef, bound)
+        ctx.save_for_backward(mean, var, points, lengthscales, beta)
+        coef_, bound_ = _out(coef, mean), _out(bound, mean)
+        ctx.mark_non_differentiable(bound_)
+        return coef_, bound_
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, gcoef, gbound):
+        mean, var, points, lengthscales, beta = ctx.saved_tensors
+        mean_, var_, points_, lam_, beta_ = (
+            _f64(t) for t in (mean, var, points, lengthscales, beta)
+        )
+        dmean, dvar = np.empty(mean_.shape), np.empty(var_.shape)
+        dlam, dbeta = np.zeros(lam_.shape), np.zeros(beta_.shape)
+        _numba_module("_numba_mehler").hermite_bwd(
+            mean_, var_, points_, lam_, beta_, _f64(gcoef), dmean, dvar, dlam, dbeta
+        )
+        need = ctx.needs_input_grad
+        return (
+            _out(dmean, mean) if need[0] else None,
+            _out(dvar, var) if need[1] else None,
+            None,  # the inducing points are fixed on this path
+            _out(dlam, lengthscales) if need[3] else None,
+            _out(dbeta, beta) if need[4] else None,
+            None,
+        )
+
+
+def cpu_hermite_coefficients(
+    mean: Tensor,
+    var: Tensor,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    num_terms: int,
+) -> tuple[Tensor, Tensor]:
+    """:func:`~pyro_gpn.moments.cross._hermite_coefficients` in one compiled pass per
+    (sample, unit), forward and backward (fixed inducing points: no gradient for them).
+
+    Shape:
+        - mean, var: ``[S, N]``; inducing_points, beta: ``[N | 1, R]``; lengthscales ``[N | 1]``
+        - returns the coefficients ``[S, N, K]`` (differentiable w.r.t. ``mean``, ``var``,
+          ``lengthscales`` and ``beta``) and the bound ``[S, N]`` (not differentiable).
+    """
+    coef, bound = _HermiteCoefficients.apply(
+        mean, var, inducing_points, lengthscales, beta, int(num_terms)
+    )
+    return coef, bound.detach()

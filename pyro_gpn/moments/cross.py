@@ -156,8 +156,9 @@ def _mehler_cross_covariance(
     bounded (no power of a large number is formed); the pair sum is evaluated by Horner's
     scheme in ``rho``, in one compiled pass over the pairs on the fused CPU kernels
     (:mod:`~pyro_gpn.moments.cpu_mehler`, backend ``"auto"``/``"cpu"``, the truncation rule
-    too) or on whole ``[S, N, N]`` matrices. A pair's covariance is taken as the symmetric part
-    ``(Sigma_nm + Sigma_mn) / 2``. The series converges geometrically:
+    and, for fixed inducing points, the coefficients too) or on whole ``[S, N, N]`` matrices.
+    A pair's covariance is taken as the symmetric part ``(Sigma_nm + Sigma_mn) / 2``. The
+    series converges geometrically:
     ``|rho| <= |corr(a_n, a_m)| sqrt(v_n v_m / c_n c_m) < 1``. It is truncated after the fewest
     terms that bound the remainder by :data:`MEHLER_RTOL` ``sqrt(out_var_n out_var_m)``
     (:func:`_mehler_terms`), at most :data:`MEHLER_MAX_TERMS`, each pair after its own number
@@ -175,19 +176,21 @@ def _mehler_cross_covariance(
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
     scale = (lengthscales.square() + var).rsqrt()  # c^-1/2, [S, N]
+    kernels = select_backend(cov, scale, triton_auto=False) == "cpu"
+    coefficients_of = _hermite_coefficients
+    if kernels and not inducing_points.requires_grad:
+        from .cpu_mehler import cpu_hermite_coefficients as coefficients_of
     with torch.no_grad():
-        _, bound = _hermite_coefficients(
+        _, bound = coefficients_of(
             mean.detach(), var.detach(), inducing_points, lengthscales.detach(), beta.detach(), 1
         )
         per_unit = (0.5 * out_var.detach().log() - bound.log()).where(bound > 0, math.inf)
-    if select_backend(cov, scale, triton_auto=False) == "cpu":
+    if kernels:
         from .cpu_mehler import cpu_mehler_pairs, cpu_mehler_terms
 
         args = (cov.detach(), scale.detach(), per_unit, MEHLER_RTOL, MEHLER_MAX_TERMS)
         num_terms, terms, every = cpu_mehler_terms(*args)
-        coefficients, _ = _hermite_coefficients(
-            mean, var, inducing_points, lengthscales, beta, num_terms
-        )
+        coefficients, _ = coefficients_of(mean, var, inducing_points, lengthscales, beta, num_terms)
         return cpu_mehler_pairs(cov, scale, coefficients, terms), None if every else terms < 0
     ratio = cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     ratio = (0.5 * (ratio + ratio.mT)).masked_fill(eye, 0)

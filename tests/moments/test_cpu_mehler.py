@@ -151,3 +151,54 @@ def test_layer_covariance_same_with_and_without_the_kernel(monkeypatch):
         if i == 2:  # d/dcov: split evenly by the kernel, by the Horner tensors as they come
             x, y = x + x.mT, y + y.mT
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("num_terms", [1, 7, 200])
+def test_coefficients_match_the_tensor_recurrence(shared, num_terms):
+    """The compiled Hermite coefficients (and Cramér's bound) against
+    :func:`cross._hermite_coefficients`, values and the gradients w.r.t. the means, variances,
+    lengthscales and ``beta``, for means up to 50 lengthscales outside the grid, zero and wide
+    variances, per-unit and shared (leading size 1) parameters."""
+    from pyro_gpn.moments.cpu_mehler import cpu_hermite_coefficients
+
+    g = torch.Generator().manual_seed(4)
+    units = 1 if shared else 5
+    mean = torch.linspace(-20, 20, 9, dtype=F64).unsqueeze(-1).repeat(1, 5)
+    mean = mean + torch.randn(9, 5, generator=g, dtype=F64)
+    var = torch.rand(9, 5, generator=g, dtype=F64) * torch.tensor([0, 1e-6, 0.1, 1, 10])
+    points = torch.linspace(-2, 2, 14, dtype=F64).expand(units, -1)
+    ls = (0.3 + torch.rand(units, generator=g, dtype=F64)).requires_grad_(True)
+    beta = (10 * torch.randn(units, 14, generator=g, dtype=F64)).requires_grad_(True)
+    inputs = [mean.requires_grad_(True), var.requires_grad_(True), ls, beta]
+    got, got_bound = cpu_hermite_coefficients(inputs[0], inputs[1], points, ls, beta, num_terms)
+    want, want_bound = cross._hermite_coefficients(inputs[0], inputs[1], points, ls, beta,
+                                                   num_terms)  # fmt: skip
+    scale = float(beta.detach().abs().sum())
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-13 * scale)
+    torch.testing.assert_close(got_bound, want_bound.detach(), rtol=1e-12, atol=0)
+    weight = torch.randn(got.shape, generator=g, dtype=F64)
+    grads = torch.autograd.grad((got * weight).sum(), inputs)
+    want_grads = torch.autograd.grad((want * weight).sum(), inputs)
+    for x, y in zip(grads, want_grads):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-12 * scale * num_terms)
+
+
+def test_coefficients_gradcheck():
+    from pyro_gpn.moments.cpu_mehler import cpu_hermite_coefficients
+
+    g = torch.Generator().manual_seed(5)
+    points = torch.linspace(-2, 2, 6, dtype=F64).expand(3, -1)
+    inputs = (
+        torch.randn(2, 3, generator=g, dtype=F64),
+        torch.rand(2, 3, generator=g, dtype=F64),
+        0.5 + torch.rand(3, generator=g, dtype=F64),
+        torch.randn(3, 6, generator=g, dtype=F64),
+    )
+    inputs = tuple(t.requires_grad_(True) for t in inputs)
+
+    def fn(mean, var, ls, beta):
+        return cpu_hermite_coefficients(mean, var, points, ls, beta, 6)[0]
+
+    assert gradcheck(fn, inputs)
