@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
@@ -116,14 +117,18 @@ def mehler_pairs_bwd(cov, scale, coef, terms, gout, dcov, dscale, dcoef):
 
 
 @njit(**_OPTS)
-def hermite_fwd(mean, var, points, lengthscales, beta, coef, bound):
+def hermite_fwd(mean, var, points, lengthscales, beta, roots, coef, bound):
     """``coef[s, n, k - 1] = (-1)^k sum_r beta_r psi_r h_k(t_r)`` for ``k = 1 .. K`` and
     ``bound[s, n] = CRAMER sum_r |beta_r| lambda / sqrt(c) exp(-t_r^2 / 4)`` (see
     :func:`pyro_gpn.moments.cross._hermite_coefficients`; ``h_k = He_k / sqrt(k!)``, by the
-    three-term recurrence of the Hermite functions). ``points``, ``beta`` ``[N | 1, R]``,
-    ``lengthscales`` ``[N | 1]`` (a leading size of 1 is shared by every unit)."""
+    three-term recurrence of the Hermite functions, the ``R`` recurrences of a unit side by
+    side). ``points``, ``beta`` ``[N | 1, R]``, ``lengthscales`` ``[N | 1]`` (a leading size of
+    1 is shared by every unit); ``roots[k] = sqrt(k)``, ``k = 0 .. K + 1``."""
     S, N, K = coef.shape
     R = points.shape[1]
+    t = np.empty(R)
+    previous = np.empty(R)
+    current = np.empty(R)
     for s in range(S):
         for n in range(N):
             p = n * min(points.shape[0] - 1, 1)
@@ -132,33 +137,42 @@ def hermite_fwd(mean, var, points, lengthscales, beta, coef, bound):
             lam = lengthscales[q]
             scale = 1.0 / math.sqrt(lam * lam + var[s, n])
             amplitude = lam * scale
-            for k in range(K):
-                coef[s, n, k] = 0.0
             total = 0.0
             for r in range(R):
-                t = (mean[s, n] - points[p, r]) * scale
-                gauss = math.exp(-0.25 * t * t)
-                total += abs(beta[b, r]) * amplitude * gauss
-                previous = beta[b, r] * amplitude * math.exp(-0.5 * t * t)  # u_0
-                current = t * previous  # u_1
-                sign = -1.0
-                for k in range(1, K + 1):
-                    coef[s, n, k - 1] += sign * current
-                    sign = -sign
-                    following = (t * current - math.sqrt(k) * previous) / math.sqrt(k + 1)
-                    previous = current
-                    current = following
+                t[r] = (mean[s, n] - points[p, r]) * scale
+                total += abs(beta[b, r]) * amplitude * math.exp(-0.25 * t[r] * t[r])
+                previous[r] = beta[b, r] * amplitude * math.exp(-0.5 * t[r] * t[r])  # u_0
+                current[r] = t[r] * previous[r]  # u_1
             bound[s, n] = 1.086435 * total
+            sign = -1.0
+            for k in range(1, K + 1):
+                acc = 0.0
+                for r in range(R):
+                    acc += current[r]
+                coef[s, n, k - 1] = sign * acc
+                sign = -sign
+                if k < K:
+                    down = roots[k]
+                    inverse = 1.0 / roots[k + 1]
+                    for r in range(R):
+                        following = (t[r] * current[r] - down * previous[r]) * inverse
+                        previous[r] = current[r]
+                        current[r] = following
 
 
 @njit(**_OPTS)
-def hermite_bwd(mean, var, points, lengthscales, beta, gcoef, dmean, dvar, dlam, dbeta):
+def hermite_bwd(mean, var, points, lengthscales, beta, roots, gcoef, dmean, dvar, dlam, dbeta):
     """Gradients of :func:`hermite_fwd`'s coefficients: ``dmean``, ``dvar`` ``[S, N]`` written,
     ``dlam`` ``[N | 1]`` and ``dbeta`` ``[N | 1, R]`` accumulated (zero them first). With the
     Hermite functions ``u_k = exp(-t^2 / 2) h_k(t)``: ``du_k / dt = -sqrt(k + 1) u_{k+1}``,
     ``t = (mu - V) / sqrt(c)``, ``c = lambda^2 + v``, the amplitude ``lambda / sqrt(c)``."""
     S, N, K = gcoef.shape
     R = points.shape[1]
+    t = np.empty(R)
+    previous = np.empty(R)
+    current = np.empty(R)
+    dsum = np.empty(R)  # sum_k g_k (-1)^k u_k
+    dtsum = np.empty(R)  # sum_k g_k (-1)^k (-sqrt(k + 1)) u_{k+1}: d dsum / dt
     for s in range(S):
         for n in range(N):
             p = n * min(points.shape[0] - 1, 1)
@@ -168,30 +182,34 @@ def hermite_bwd(mean, var, points, lengthscales, beta, gcoef, dmean, dvar, dlam,
             width = lam * lam + var[s, n]
             scale = 1.0 / math.sqrt(width)
             amplitude = lam * scale
+            for r in range(R):
+                t[r] = (mean[s, n] - points[p, r]) * scale
+                previous[r] = math.exp(-0.5 * t[r] * t[r])  # u_0 (bounded: no overflow)
+                current[r] = t[r] * previous[r]  # u_1
+                dsum[r] = 0.0
+                dtsum[r] = 0.0
+            sign = -1.0
+            for k in range(1, K + 1):
+                g = gcoef[s, n, k - 1] * sign
+                sign = -sign
+                down = roots[k]
+                up = roots[k + 1]
+                inverse = 1.0 / up
+                for r in range(R):
+                    following = (t[r] * current[r] - down * previous[r]) * inverse
+                    dsum[r] += g * current[r]
+                    dtsum[r] -= g * up * following
+                    previous[r] = current[r]
+                    current[r] = following
             gt_sum = 0.0  # sum_r dL/dt_r
             gtt_sum = 0.0  # sum_r dL/dt_r t_r
             gamp = 0.0  # dL/d amplitude
             for r in range(R):
-                t = (mean[s, n] - points[p, r]) * scale
-                # the Hermite functions u_k = exp(-t^2 / 2) h_k(t): bounded, no overflow
-                u_previous = math.exp(-0.5 * t * t)  # u_0
-                u_current = t * u_previous  # u_1
-                dsum = 0.0  # sum_k g_k (-1)^k u_k
-                dtsum = 0.0  # sum_k g_k (-1)^k (-sqrt(k + 1)) u_{k+1} = d dsum / dt
-                sign = -1.0
-                for k in range(1, K + 1):
-                    u_next = (t * u_current - math.sqrt(k) * u_previous) / math.sqrt(k + 1)
-                    g = gcoef[s, n, k - 1] * sign
-                    dsum += g * u_current
-                    dtsum -= g * math.sqrt(k + 1) * u_next
-                    sign = -sign
-                    u_previous = u_current
-                    u_current = u_next
-                dbeta[b, r] += amplitude * dsum
-                gamp += beta[b, r] * dsum
-                gt = beta[b, r] * amplitude * dtsum
+                dbeta[b, r] += amplitude * dsum[r]
+                gamp += beta[b, r] * dsum[r]
+                gt = beta[b, r] * amplitude * dtsum[r]
                 gt_sum += gt
-                gtt_sum += gt * t
+                gtt_sum += gt * t[r]
             # t = (mu - V) c^-1/2: dt/dmu = c^-1/2, dt/dc = -t / (2c); amplitude = lam c^-1/2
             gwidth = -0.5 * gtt_sum / width - 0.5 * gamp * amplitude / width
             dmean[s, n] = gt_sum * scale

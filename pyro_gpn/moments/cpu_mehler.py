@@ -106,7 +106,9 @@ class _HermiteCoefficients(torch.autograd.Function):
         )
         coef = np.empty((*mean_.shape, num_terms))
         bound = np.empty(mean_.shape)
-        _numba_module("_numba_mehler").hermite_fwd(mean_, var_, points_, lam_, beta_, coef, bound)
+        roots = np.sqrt(np.arange(num_terms + 2, dtype=np.float64))
+        kernels = _numba_module("_numba_mehler")
+        kernels.hermite_fwd(mean_, var_, points_, lam_, beta_, roots, coef, bound)
         ctx.save_for_backward(mean, var, points, lengthscales, beta)
         coef_, bound_ = _out(coef, mean), _out(bound, mean)
         ctx.mark_non_differentiable(bound_)
@@ -121,8 +123,9 @@ class _HermiteCoefficients(torch.autograd.Function):
         )
         dmean, dvar = np.empty(mean_.shape), np.empty(var_.shape)
         dlam, dbeta = np.zeros(lam_.shape), np.zeros(beta_.shape)
+        roots = np.sqrt(np.arange(gcoef.shape[-1] + 2, dtype=np.float64))
         _numba_module("_numba_mehler").hermite_bwd(
-            mean_, var_, points_, lam_, beta_, _f64(gcoef), dmean, dvar, dlam, dbeta
+            mean_, var_, points_, lam_, beta_, roots, _f64(gcoef), dmean, dvar, dlam, dbeta
         )
         need = ctx.needs_input_grad
         return (
