@@ -43,27 +43,37 @@ def inputs(scale: float, batch: int = 256, width: int = 50, seed: int = 0):
 
 def served(layer: GPNLayer, mean, cov) -> tuple[int, int, int]:
     """(pairs served by the series, its largest number of terms, pairs left to Lambda)."""
+    from pyro_gpn.moments import cpu_mehler
+
     seen = {}
-    original_terms, original_series = cross._hermite_coefficients, cross._mehler_cross_covariance
+    rules = [(cross, "_mehler_terms"), (cpu_mehler, "cpu_mehler_terms")]
+    originals = [getattr(module, name) for module, name in rules]
 
-    def terms(*args):
-        seen["terms"] = max(seen.get("terms", 0), args[-1])
-        return original_terms(*args)
+    def spy(original):
+        def rule(*args):
+            out = original(*args)
+            seen["terms"] = out[0]
+            return out
 
-    def series(*args):
-        out, unbounded = original_series(*args)
+        return rule
+
+    for (module, name), original in zip(rules, originals):
+        setattr(module, name, spy(original))
+    series = cross._mehler_cross_covariance
+
+    def served_pairs(*args):
+        out, unbounded = series(*args)
         seen["left"] = 0 if unbounded is None else int(unbounded.sum()) // 2
         return out, unbounded
 
-    cross._hermite_coefficients, cross._mehler_cross_covariance = terms, series
+    cross._mehler_cross_covariance = served_pairs
     try:
         with torch.no_grad():
             layer.propagate(Moments(mean, cov=cov, validate=False), "cov")
     finally:
-        cross._hermite_coefficients, cross._mehler_cross_covariance = (
-            original_terms,
-            original_series,
-        )
+        for (module, name), original in zip(rules, originals):
+            setattr(module, name, original)
+        cross._mehler_cross_covariance = series
     pairs = mean.shape[0] * mean.shape[1] * (mean.shape[1] - 1) // 2
     return pairs - seen["left"], seen["terms"], seen["left"]
 
