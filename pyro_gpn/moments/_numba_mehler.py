@@ -116,6 +116,17 @@ def mehler_pairs_bwd(cov, scale, coef, terms, gout, dcov, dscale, dcoef):
                 dscale[s, m] += dr * sym * scale[s, n]
 
 
+@njit(inline="always", **_OPTS)
+def _rows(n, points, beta, lengthscales):
+    """Unit ``n``'s rows of the inducing points, ``beta`` and the lengthscales (a leading size
+    of 1 is shared by every unit)."""
+    return (
+        n * min(points.shape[0] - 1, 1),
+        n * min(beta.shape[0] - 1, 1),
+        n * min(lengthscales.shape[0] - 1, 1),
+    )
+
+
 @njit(**_OPTS)
 def hermite_fwd(mean, var, points, lengthscales, beta, roots, coef, bound):
     """``coef[s, n, k - 1] = (-1)^k sum_r beta_r psi_r h_k(t_r)`` for ``k = 1 .. K`` and
@@ -131,9 +142,7 @@ def hermite_fwd(mean, var, points, lengthscales, beta, roots, coef, bound):
     current = np.empty(R)
     for s in range(S):
         for n in range(N):
-            p = n * min(points.shape[0] - 1, 1)
-            b = n * min(beta.shape[0] - 1, 1)
-            q = n * min(lengthscales.shape[0] - 1, 1)
+            p, b, q = _rows(n, points, beta, lengthscales)
             lam = lengthscales[q]
             scale = 1.0 / math.sqrt(lam * lam + var[s, n])
             amplitude = lam * scale
@@ -175,9 +184,7 @@ def hermite_bwd(mean, var, points, lengthscales, beta, roots, gcoef, dmean, dvar
     dtsum = np.empty(R)  # sum_k g_k (-1)^k (-sqrt(k + 1)) u_{k+1}: d dsum / dt
     for s in range(S):
         for n in range(N):
-            p = n * min(points.shape[0] - 1, 1)
-            b = n * min(beta.shape[0] - 1, 1)
-            q = n * min(lengthscales.shape[0] - 1, 1)
+            p, b, q = _rows(n, points, beta, lengthscales)
             lam = lengthscales[q]
             width = lam * lam + var[s, n]
             scale = 1.0 / math.sqrt(width)
