@@ -43,8 +43,11 @@ def mehler_terms(cov, scale, per_unit, log_rtol, max_terms, terms):
                     limit = un + um + log_rtol + math.log1p(-q)
                     needed = limit / math.log(q) - 1.0
                     if needed <= max_terms:  # False for NaN (out_var = 0 or NaN)
-                        k = max(1, int(math.ceil(needed)))
-                        largest = max(largest, k)
+                        k = 1 if needed < 1.0 else int(math.ceil(needed))  # K >= 1
+                        if k <= max_terms:
+                            largest = max(largest, k)
+                        else:
+                            k = -1  # (max_terms < 1)
                     else:
                         k = -1
                 terms[s, n, m] = k

@@ -1,10 +1,12 @@
 r"""Mehler's series for the off-diagonal output covariances on the fused CPU kernels.
 
-:func:`cpu_mehler_terms` and :func:`cpu_mehler_pairs` compute what
-:func:`~pyro_gpn.moments.cross._mehler_cross_covariance` computes on whole tensors: the
-truncation rule (:func:`~pyro_gpn.moments.cross._mehler_terms`) and the pair sum
-``T_nm = sum_{k=1}^K rho_nm^k b_kn b_km`` with ``rho_nm = Sigma_nm / sqrt(c_n c_m)``, for every
-sample and unit pair, each in one compiled pass over the unordered pairs, forward and backward.
+:func:`cpu_mehler_terms`, :func:`cpu_hermite_coefficients` and :func:`cpu_mehler_pairs`
+compute what :func:`~pyro_gpn.moments.cross._mehler_cross_covariance` computes on whole
+tensors: the truncation rule (:func:`~pyro_gpn.moments.cross._mehler_terms`), the Hermite
+coefficients (:func:`~pyro_gpn.moments.cross._hermite_coefficients`, one pass per sample and
+unit) and the pair sum ``T_nm = sum_{k=1}^{K_nm} rho_nm^k b_kn b_km`` with
+``rho_nm = Sigma_nm / sqrt(c_n c_m)`` and each pair's own number of terms ``K_nm``, for every
+sample and unit pair, in one compiled pass over the unordered pairs, forward and backward.
 On whole ``[S, N, N]`` tensors the rule takes a dozen elementwise passes and each of the ``K``
 Horner steps two forward and some five backward (a 50-unit layer at batch 256: about 1-1.5 ms
 per pass); here a pair's terms stay in registers. A pair's covariance is taken as the symmetric
@@ -154,6 +156,19 @@ def cpu_hermite_coefficients(
         - returns the coefficients ``[S, N, K]`` (differentiable w.r.t. ``mean``, ``var``,
           ``lengthscales`` and ``beta``) and the bound ``[S, N]`` (not differentiable).
     """
+    if torch.is_grad_enabled() and inducing_points.requires_grad:
+        raise ValueError(
+            "cpu_hermite_coefficients: inducing_points must be fixed (requires_grad=False); "
+            "learnable inducing points take the tensor path"
+        )
+    num_units = mean.shape[-1]
+    for name, tensor in (("inducing_points", inducing_points), ("lengthscales", lengthscales),
+                         ("beta", beta)):  # fmt: skip
+        if tensor.shape[0] not in (1, num_units):
+            raise ValueError(
+                f"cpu_hermite_coefficients: {name} must have a leading size of 1 or "
+                f"{num_units}, got {tuple(tensor.shape)}"
+            )
     coef, bound = _HermiteCoefficients.apply(
         mean, var, inducing_points, lengthscales, beta, int(num_terms)
     )

@@ -125,8 +125,9 @@ def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
     needed = limit.add_(log_gap).div_(log_q).sub_(1)
     # served: every term zero, or the bound met within the limit (False for NaN: out_var = 0
     # or NaN) with q < 1 (log(1 - q) > -inf); the same order as the compiled rule
-    fits = (needed <= MEHLER_MAX_TERMS) & (log_gap > -math.inf)
-    terms = needed.nan_to_num_(0).ceil_().clamp_(1, MEHLER_MAX_TERMS).to(torch.int32)
+    count = needed.nan_to_num(nan=math.inf, neginf=1.0).ceil_().clamp_min_(1)  # K >= 1
+    fits = (count <= MEHLER_MAX_TERMS) & (log_gap > -math.inf)
+    terms = count.clamp_max_(max(MEHLER_MAX_TERMS, 1)).to(torch.int32)
     terms = terms.masked_fill_(~fits, -1).masked_fill_(zero, 0)
     if not terms.numel():  # no sample
         return 1, terms
@@ -198,18 +199,29 @@ def _mehler_cross_covariance(
         num_terms, terms = _mehler_terms(ratio.detach(), per_unit)
         unbounded = terms < 0
         unbounded = unbounded if bool(unbounded.any()) else None
-    if unbounded is not None:
-        ratio = ratio.masked_fill(unbounded, 0)
+    ratio = ratio.masked_fill(terms <= 0, 0)  # pairs without terms or not served: exactly 0
     coefficients, _ = _hermite_coefficients(
         mean, var, inducing_points, lengthscales, beta, num_terms
     )
-    # Horner's scheme, each pair to its own number of terms (term k + 1 where terms > k)
+    if torch.is_grad_enabled() and (ratio.requires_grad or coefficients.requires_grad):
+        # recomputed in the backward pass: the K intermediate [S, N, N] tensors are not kept
+        total = torch.utils.checkpoint.checkpoint(
+            _horner, ratio, coefficients, terms, use_reentrant=False
+        )
+    else:
+        total = _horner(ratio, coefficients, terms)
+    return total, unbounded
+
+
+def _horner(ratio: Tensor, coefficients: Tensor, terms: Tensor) -> Tensor:
+    """``sum_{k <= terms_nm} ratio_nm^k b_kn b_km`` by Horner's scheme on whole ``[S, N, N]``
+    tensors, each pair to its own number of terms (term ``k + 1`` where ``terms > k``)."""
     total = 0
-    for k in range(num_terms - 1, -1, -1):
+    for k in range(coefficients.shape[-1] - 1, -1, -1):
         term = coefficients[..., k]
         outer = (term.unsqueeze(-1) * term.unsqueeze(-2)).masked_fill_(terms <= k, 0)
         total = total * ratio + outer
-    return total * ratio, unbounded
+    return total * ratio
 
 
 def _lambda_entries_chunk(
@@ -253,7 +265,8 @@ def _lambda_entries_chunk(
     ls2 = ls.square()
     beta = beta.expand(num_units, -1)
     points = inducing_points.expand(num_units, -1)
-    var_n, var_m, cross = cov[sample, n, n], cov[sample, m, m], cov[sample, n, m]  # [E]
+    var_n, var_m = cov[sample, n, n], cov[sample, m, m]  # [E]
+    cross = 0.5 * (cov[sample, n, m] + cov[sample, m, n])  # the symmetric part, as the series
     c_n = ls2[n] + var_n
     det = ls2[n] * ls2[m] + ls2[n] * var_m + ls2[m] * var_n
     det = det + (var_n * var_m - cross.square()).clamp_min(0)

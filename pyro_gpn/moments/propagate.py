@@ -39,8 +39,8 @@ Cost structure (paper, section "Computational and Model Complexity"):
   (:func:`~pyro_gpn.moments.cross._mehler_cross_covariance`): ``O(N R K)`` per sample for
   the coefficients and ``O(N^2 K)`` for the pairs, with the number of terms ``K`` chosen by a
   proven truncation bound (7 for a fresh 50-unit layer); the pairs it cannot bound contract
-  ``Lambda`` with ``beta`` chunk by chunk over samples (``O(N^2 R^2)``), so the
-  ``[S, N, N, R, R]`` tensor is never held in memory at once (forward or backward).
+  ``Lambda`` with ``beta`` entry by entry (``O(R^2)`` per pair that needs it), in checkpointed
+  chunks, so no ``[S, N, N, R, R]`` tensor is held in memory (forward or backward).
 
 Numerics (issue 13, ``docs/results/accuracy.md``): ``beta`` has huge alternating entries when
 ``K + S`` is ill-conditioned, and the closed-form variance cancels terms of size ``|beta|^2``.

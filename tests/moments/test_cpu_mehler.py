@@ -101,7 +101,7 @@ def test_truncation_rule_same_as_the_tensor_rule():
     per_unit[4, 5] = -math.inf  # out_var = 0
     per_unit[5, 1] = math.nan  # out_var NaN
     per_unit[2, 0] = math.inf  # B = 0 beside |rho| = 1 (sample 2's pair 0, 3): served, all zero
-    for rtol, max_terms in ((1e-8, 40), (1e-3, 5), (1e-8, 2)):
+    for rtol, max_terms in ((1e-8, 40), (1e-3, 5), (1e-8, 2), (1e-8, 0)):
         ratio = (cov * scale.unsqueeze(-1) * scale.unsqueeze(-2)).masked_fill(
             torch.eye(units, dtype=torch.bool), 0
         )
@@ -202,3 +202,18 @@ def test_coefficients_gradcheck():
         return cpu_hermite_coefficients(mean, var, points, ls, beta, 6)[0]
 
     assert gradcheck(fn, inputs)
+
+
+def test_coefficients_refuse_learnable_points_and_bad_shapes():
+    """The compiled coefficients give no gradient for the inducing points, so learnable ones
+    are refused (the series then takes the tensor path), as are parameters of a leading size
+    other than 1 or N."""
+    from pyro_gpn.moments.cpu_mehler import cpu_hermite_coefficients
+
+    mean, var = torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=F64)
+    points = torch.linspace(-2, 2, 6, dtype=F64).expand(3, -1)
+    ls, beta = torch.ones(3, dtype=F64), torch.ones(3, 6, dtype=F64)
+    with pytest.raises(ValueError, match="inducing_points must be fixed"):
+        cpu_hermite_coefficients(mean, var, points.clone().requires_grad_(True), ls, beta, 3)
+    with pytest.raises(ValueError, match="beta must have a leading size of 1 or 3"):
+        cpu_hermite_coefficients(mean, var, points, ls, torch.ones(2, 6, dtype=F64), 3)
