@@ -112,9 +112,9 @@ def _mehler_terms(ratio: Tensor, per_unit: Tensor) -> tuple[int, Tensor]:
     is at most :data:`MEHLER_MAX_TERMS` (a pair with ``q = 0`` or ``B = 0`` needs none: its
     terms are zero; otherwise ``q = 1`` is not served, nor is ``out_var = 0`` or NaN). The
     bound is on the values; a gradient's remainder may be larger, by up to about
-    ``(K + 1) / (q (1 - q))``. Per-unit
-    logarithms and in-place passes: the ``[S, N, N]`` work is a handful of elementwise passes
-    (one compiled pass on the CPU kernels, :func:`~pyro_gpn.moments.cpu_mehler.cpu_mehler_terms`).
+    ``(K + 1) / (q (1 - q))``. Per-unit logarithms and in-place passes: the ``[S, N, N]`` work is
+    a handful of elementwise passes (one compiled pass on the CPU kernels,
+    :func:`~pyro_gpn.moments.cpu_mehler.cpu_mehler_terms`).
     """
     zero_coefficients = per_unit == math.inf  # B = 0
     zero = (ratio == 0) | zero_coefficients.unsqueeze(-1) | zero_coefficients.unsqueeze(-2)
@@ -203,14 +203,16 @@ def _mehler_cross_covariance(
     coefficients, _ = _hermite_coefficients(
         mean, var, inducing_points, lengthscales, beta, num_terms
     )
-    if torch.is_grad_enabled() and (ratio.requires_grad or coefficients.requires_grad):
-        # recomputed in the backward pass: the K intermediate [S, N, N] tensors are not kept
-        total = torch.utils.checkpoint.checkpoint(
-            _horner, ratio, coefficients, terms, use_reentrant=False
-        )
-    else:
-        total = _horner(ratio, coefficients, terms)
-    return total, unbounded
+    # checkpointed: the K intermediate [S, N, N] tensors are not kept for the backward pass
+    return _checkpointed(_horner, ratio, coefficients, terms), unbounded
+
+
+def _checkpointed(function, *args):
+    """``function(*args)``; under autograd checkpointed, so that the backward pass recomputes
+    its intermediates instead of keeping them."""
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in args):
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+    return function(*args)
 
 
 def _horner(ratio: Tensor, coefficients: Tensor, terms: Tensor) -> Tensor:
@@ -322,16 +324,8 @@ def _lambda_entries(
     num_entries = entries.shape[-1]
     if chunk >= num_entries:
         return _lambda_entries_chunk(entries, *args)
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args)
-    parts = []
-    for start in range(0, num_entries, chunk):
-        part = entries[:, start : start + chunk]
-        if needs_grad:
-            parts.append(
-                torch.utils.checkpoint.checkpoint(
-                    _lambda_entries_chunk, part, *args, use_reentrant=False
-                )
-            )
-        else:
-            parts.append(_lambda_entries_chunk(part, *args))
+    parts = [
+        _checkpointed(_lambda_entries_chunk, entries[:, start : start + chunk], *args)
+        for start in range(0, num_entries, chunk)
+    ]
     return torch.cat(parts)

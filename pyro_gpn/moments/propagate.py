@@ -196,7 +196,7 @@ def response_moments(
         variance_cholesky,
         inducing_points=inducing_points,
         equidistant=equidistant,
-        cpu_unsupported=_cpu_unsupported(mode, activations, variance_cholesky),
+        cpu_unsupported=_cpu_unsupported(mode, variance_cholesky),
         # the covariance kernels compute in float32 without the narrow regime: not by default
         triton_auto=not full_cov,
         triton_dtypes=(torch.float32,) if full_cov else TRITON_MEANVAR_DTYPES,
@@ -253,8 +253,7 @@ def response_moments(
             return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
         return Moments(out_mean, var=out_var, validate=False)
 
-    response = (*response, variance_cholesky, variance_inner)
-    return _with_cross_covariance(activations, out_mean, out_var, noise_var, *response)
+    return _with_cross_covariance(activations, out_mean, out_var, noise_var, response, factors[:2])
 
 
 def _with_cross_covariance(
@@ -262,24 +261,20 @@ def _with_cross_covariance(
     out_mean: Tensor,
     out_var: Tensor,
     noise_var: Tensor | None,
-    inducing_points: Tensor,
-    lengthscales: Tensor,
-    beta: Tensor,
-    variance_reduction: Tensor,
-    variance_cholesky: Tensor | None = None,
-    variance_inner: Tensor | None = None,
+    response: tuple[Tensor, Tensor, Tensor, Tensor],
+    factors: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> Moments:
     """The output :class:`Moments` with full covariance (``eq:gpn_normal_Sigmatilde_cov``):
     the diagonal ``out_var`` (noise-free, ``[S, N]``, from the reference path or the CPU
     kernels) plus ``noise_var``, the off-diagonal by Mehler's series, and through ``Lambda``
-    (or the narrow regime's nodes) for the pairs whose series it cannot bound."""
-    mean = activations.mean
+    (or the narrow regime's nodes) for the pairs whose series it cannot bound. ``response`` is
+    ``(inducing_points, lengthscales, beta, variance_reduction)``, ``factors``
+    ``(variance_cholesky, variance_inner)`` as for :func:`response_moments`."""
+    inducing_points, lengthscales, beta, _ = response
     out_cov, unbounded = cross._mehler_cross_covariance(
-        mean, activations.cov, inducing_points, lengthscales, beta, out_var
+        activations.mean, activations.cov, inducing_points, lengthscales, beta, out_var
     )
     if unbounded is not None:
-        response = (inducing_points, lengthscales, beta, variance_reduction)
-        factors = (variance_cholesky, variance_inner)
         out_cov = _lambda_cross_covariance(
             out_cov, unbounded, activations, out_mean, response, factors
         )
@@ -384,9 +379,7 @@ def _narrow_regime(
     )
 
 
-def _cpu_unsupported(
-    mode: str, activations: Moments, variance_cholesky: Tensor | None
-) -> str | None:
+def _cpu_unsupported(mode: str, variance_cholesky: Tensor | None) -> str | None:
     """Why the CPU kernels cannot evaluate this :func:`response_moments` call (or ``None``)."""
     if mode != "mean" and variance_cholesky is not None:
         return "the fused CPU kernels take an explicit C, not variance_cholesky"
@@ -432,7 +425,7 @@ def _fused_response_moments(
                 mean, var, inducing_points, lengthscales, beta, variance_reduction, None
             )
             response = (inducing_points, lengthscales, beta, variance_reduction)
-            return _with_cross_covariance(activations, out_mean, out_var, noise_var, *response)
+            return _with_cross_covariance(activations, out_mean, out_var, noise_var, response)
         out_mean, out_var = cpu_response_meanvar(
             mean, var, inducing_points, lengthscales, beta, variance_reduction, noise_var
         )
