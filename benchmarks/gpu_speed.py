@@ -116,7 +116,7 @@ def count_fused_calls() -> Iterator[list[int]]:
     from pyro_gpn.moments import fused
 
     calls = [0]
-    classes = (fused._ResponseMean, fused._ResponseMeanVar, fused._ResponseCov)
+    classes = (fused._ResponseMean, fused._ResponseMeanVar)
     originals = [cls.forward for cls in classes]
 
     def wrap(original):
@@ -136,13 +136,11 @@ def count_fused_calls() -> Iterator[list[int]]:
 
 
 def fused_direct(layer, inputs, mode: str):
-    """The layer's output moments from the fused functions, bypassing ``response_moments``."""
+    """The layer's output moments from the fused functions, bypassing ``response_moments``
+    (``"mean"`` and ``"meanvar"``; in ``"cov"`` mode the kernels give the mean and variance
+    inside ``response_moments``, and Mehler's series the off-diagonal: no direct path)."""
     from pyro_gpn import Moments
-    from pyro_gpn.moments.fused import (
-        fused_response_cov,
-        fused_response_mean,
-        fused_response_meanvar,
-    )
+    from pyro_gpn.moments.fused import fused_response_mean, fused_response_meanvar
 
     beta, reduction = layer.response_weights()
     args = (layer.inducing_points, layer.lengthscales, beta)
@@ -154,9 +152,7 @@ def fused_direct(layer, inputs, mode: str):
         act = inputs.diagonal().linear(layer.weight)
         mean, var = fused_response_meanvar(act.mean, act.var, *args, reduction, noise)
         return Moments(mean, var=var, validate=False)
-    act = inputs.linear_full(layer.weight)
-    mean, cov = fused_response_cov(act.mean, act.cov, *args, reduction, noise)
-    return Moments(mean, cov=cov, validate=False)
+    raise RuntimeError(f"mode {mode!r} did not dispatch to the fused kernels")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from ._validation import (
     check_shape,
     check_tensor,
 )
-from .moments.backend import get_backend, select_backend
+from .moments.backend import cpu_kernels_evaluate
 from .moments.gaussian import Moments
 
 __all__ = [
@@ -458,9 +458,7 @@ def _fused_cpu_head(features: Moments, weight: Tensor | None, bias: Tensor | Non
     layers."""
     if features.cov is not None or features.var is None or weight is None:
         return False
-    if get_backend() not in ("auto", "cpu", "fused"):
-        return False
-    return select_backend(features.mean, features.var, weight, bias, triton_auto=False) == "cpu"
+    return cpu_kernels_evaluate(features.mean, features.var, weight, bias)
 
 
 def unscented_logits(

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..moments import cpu_layer
-from ..moments.backend import select_backend
+from ..moments.backend import cpu_kernels_evaluate
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
 
@@ -138,7 +138,7 @@ def _fused_parametric(
     noise_var = None
     if mode != "mean" and noise and layer.noise_std is not None:
         noise_var = layer.noise_std.square()
-    kind = select_backend(
+    fused = cpu_kernels_evaluate(
         mean,
         var,
         lengthscales,
@@ -148,7 +148,7 @@ def _fused_parametric(
         inducing_points=layer.inducing_points,
         equidistant=True,
     )
-    if kind != "cpu":
+    if not fused:
         return None
     cpu_layer_response = cpu_layer.cpu_layer_response
     args = (mean, var, layer.inducing_points, lengthscales, targets, target_variances)

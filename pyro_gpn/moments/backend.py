@@ -13,18 +13,19 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
   :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's unscented cross-entropy of
   diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;
 * ``"triton"`` -- :mod:`pyro_gpn.moments.fused`: one Triton kernel per layer and direction that
-  evaluates ``psi``, ``Omega`` and ``Lambda`` and their contractions in registers, never
-  materialising ``[S, N, R, R]`` or ``[S, N, N, R, R]`` tensors (paper, section
-  "Implementation"); float32 CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``).
+  evaluates ``psi`` and ``Omega`` and their contractions in registers, never materialising
+  ``[S, N, R, R]`` tensors (paper, section "Implementation"); float32 or float64 CUDA tensors
+  (or CPU tensors under ``TRITON_INTERPRET=1``). A full covariance's off-diagonal is Mehler's
+  series on whole tensors (:mod:`pyro_gpn.moments.cross`), as on the reference path.
 
 The backend is chosen per thread with the :func:`backend` context manager:
 
 * ``"auto"`` (default) -- ``"triton"`` for CUDA tensors when Triton is installed: float32 or
-  float64 (the layers' default compute dtype) in ``"mean"`` and ``"meanvar"`` mode (and
-  ``"cov"`` without an activation covariance), where the kernels evaluate the closed form and
+  float64 (the layers' default compute dtype), in every mode: the kernels evaluate the
+  closed-form mean and variance, and
   :func:`~pyro_gpn.moments.propagate.response_moments` replaces the narrow-regime rows whose
-  closed form is not provably accurate by their Gauss-Hermite variance, exactly as on the
-  reference path; not for a full activation covariance (float32 kernels without that rule),
+  closed form is not provably accurate by their Gauss-Hermite variance and adds a full
+  covariance's off-diagonal by Mehler's series, exactly as on the reference path;
   ``"cpu"`` for float32/float64 CPU tensors with fixed equidistant inducing points when Numba is
   installed, else ``"reference"``. Never raises.
 * ``"reference"`` -- always the reference path;
@@ -56,6 +57,7 @@ __all__ = [
     "TRITON_MEANVAR_DTYPES",
     "backend",
     "get_backend",
+    "cpu_kernels_evaluate",
     "cpu_parameter_kernels",
     "numba_available",
     "select_backend",
@@ -67,7 +69,7 @@ __all__ = [
 #: The accepted backend names.
 BACKENDS: tuple[str, ...] = ("auto", "reference", "fused", "cpu", "triton")
 
-#: dtypes of the Triton mean and mean/variance kernels (the covariance kernels: float32 only)
+#: dtypes of the Triton mean and mean/variance kernels
 TRITON_MEANVAR_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
 
 _state = threading.local()
@@ -228,6 +230,33 @@ def select_backend(
     if problem is not None:
         raise RuntimeError(f"backend({get_backend()!r}) cannot run here: {problem}")
     return name
+
+
+def cpu_kernels_evaluate(
+    *tensors: Tensor | None,
+    inducing_points: Tensor | None = None,
+    equidistant: bool | None = None,
+) -> bool:
+    """Whether an expression that only the Numba CPU kernels fuse (no Triton kernel of its own:
+    Mehler's series, the fused layer, the softmax head's cross-entropy) runs on them: the
+    backend in force is ``"auto"``, ``"cpu"`` or ``"fused"`` and picks the CPU kernels for
+    ``tensors`` (:func:`select_backend`). Under ``"reference"`` and ``"triton"``, and under
+    ``"fused"`` on CUDA, the expression's PyTorch path runs (``False``).
+
+    Raises:
+        RuntimeError: a forced ``"cpu"`` (or ``"fused"`` on the CPU) that cannot run, as
+            :func:`select_backend`.
+    """
+    name = get_backend()
+    if name in ("reference", "triton"):
+        return False
+    present = [t for t in (*tensors, inducing_points) if t is not None]
+    if name == "fused" and any(t.is_cuda for t in present):
+        return False
+    kind = select_backend(
+        *tensors, inducing_points=inducing_points, equidistant=equidistant, triton_auto=False
+    )
+    return kind == "cpu"
 
 
 def _runnable_device(tensor: Tensor) -> bool:

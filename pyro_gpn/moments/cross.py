@@ -23,7 +23,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from .backend import select_backend
+from .backend import cpu_kernels_evaluate
 from .quadrature import _NodeValues, gauss_hermite
 
 __all__ = [
@@ -177,7 +177,7 @@ def _mehler_cross_covariance(
     var = torch.diagonal(cov, dim1=-2, dim2=-1)
     eye = torch.eye(num_units, dtype=torch.bool, device=mean.device)
     scale = (lengthscales.square() + var).rsqrt()  # c^-1/2, [S, N]
-    kernels = select_backend(cov, scale, triton_auto=False) == "cpu"
+    kernels = cpu_kernels_evaluate(cov, scale)
     coefficients_of = _hermite_coefficients
     if kernels and not inducing_points.requires_grad:
         from .cpu_mehler import cpu_hermite_coefficients as coefficients_of

@@ -20,25 +20,8 @@ same with Triton. Per sample ``s`` and unit ``n`` (``a ~ N(mu, v)``, ``c_1 = lam
     \tilde\sigma^2 = \max\big(0,\ 1 - \textstyle\sum_{rt} (C_{rt} - \beta_r\beta_t)\Omega_{rt}
         - \tilde\mu^2\big) + \sigma_n^2 \qquad (eq:gpn\_normal\_Sigmatilde)
 
-and, for a full activation covariance ``Sig``, off the diagonal (``n != m``)
-
-.. math::
-
-    \tilde\Sigma_{nm} = \textstyle\sum_{rt} \beta_{rn}\beta_{tm}\Lambda_{rtnm}
-        - \tilde\mu_n\tilde\mu_m \qquad (eq:gpn\_normal\_Sigmatilde\_cov)
-
-    \Lambda_{rtnm} = \frac{\lambda_n\lambda_m}{\sqrt{D}}
-        \exp\Big(-\frac{d_n^2 c_m + d_m^2 c_n - 2 d_n d_m \Sigma_{nm}}{2D}\Big)
-        \qquad (eq:gpn\_normal\_lambda, corrected)
-
-with ``d_n = V_rn - mu_n``, ``d_m = V_tm - mu_m``, ``c_n = lambda_n^2 + Sig_nn``,
-``c_m = lambda_m^2 + Sig_mm`` and ``D = c_n c_m - Sig_nm^2``, evaluated as
-``lambda_n^2 lambda_m^2 + lambda_n^2 Sig_mm + lambda_m^2 Sig_nn + (Sig_nn Sig_mm - Sig_nm^2)``,
-which keeps the exactly positive lengthscale terms out of the cancellation. The diagonal of the
-output covariance is ``tilde sigma^2`` of the activation variance ``v = Sig_nn``.
-
-Kernels (mean and mean/variance in the inputs' dtype, float32 or float64; covariance float32;
-``R`` is padded to a power of two ``R_p`` and masked, any ``R`` works):
+Kernels (in the inputs' dtype, float32 or float64; ``R`` is padded to a power of two ``R_p``
+and masked, any ``R`` works):
 
 * ``_meanvar_fwd_kernel``: one program per (block of samples, unit); ``psi`` as a
   ``[BLOCK_S, R_p]`` tile, ``Omega`` as a ``[BLOCK_S, R_p, R_p]`` tile, both contracted in
@@ -47,21 +30,6 @@ Kernels (mean and mean/variance in the inputs' dtype, float32 or float64; covari
   ``Omega`` and writes ``d/d mu`` and ``d/d v`` per sample; the parameter gradients (sums over
   samples) are accumulated in registers over the chunk and written as per-chunk partial sums
   ``[P, N, ...]`` that :func:`torch.sum` reduces. No atomics: the result is deterministic.
-* ``_cov_fwd_kernel``: one program per (sample, row ``n``); loops over column blocks of units
-  ``m`` and over ``r``, with ``[BLOCK_M, R_p]`` tiles over ``(m, t)``; ``Lambda`` is contracted
-  with ``beta`` on the fly, so ``[S, N, N, R, R]`` never exists (memory ``O(S N^2)``, the output).
-* ``_cov_bwd_kernel``: one program per (chunk of samples, row ``n``). The covariance is a
-  symmetric function of ``(theta_n, theta_m)`` for ``theta_n = (mu_n, Sig_nn, V_n, lambda_n,
-  beta_n)``, so row ``n`` collects the gradient of unit ``n``'s own variables from both
-  ``Sigma_nm`` and ``Sigma_mn`` (weight ``g_nm + g_mn``) and no two programs write the same
-  gradient entry.
-
-The off-diagonal ``Sig_nm`` enters through its symmetric part ``(Sig_nm + Sig_mn) / 2``, and its
-gradient is symmetric, as for a function defined on symmetric matrices. The output covariance is
-symmetric up to float rounding (row ``n`` and row ``m`` sum in different orders). ``C`` enters
-through its symmetric part too (``sum_rt C_rt Omega_rt`` only sees it), so its gradient,
-``-sum_s G_s Omega_s``, is symmetric.
-
 Backward. With upstream gradients ``g_mean``, ``g_var``, let ``G = g_var 1[pre >= 0]`` (the
 gradient of ``clamp_min(0)``) and ``g = g_mean - 2 G mean`` (the ``-mean^2`` term). Then
 ``dL/dpsi_r = g beta_r`` and ``dL/dOmega_rt = -G (C_rt - beta_r beta_t)``, and every input
@@ -72,25 +40,22 @@ gradient follows from the closed-form log-derivatives (``e = mu - (V_r + V_t) / 
   ``d/dlambda = 1/lambda - lambda / c_1 + lambda (mu - V_r)^2 / c_1^2``;
 * ``Omega``: ``d/dmu = -2 e / c_2``, ``d/dv = 2 e^2 / c_2^2 - 1 / c_2``,
   ``d/dV_r = e / c_2 - (V_r - V_t) / (2 lambda^2)``,
-  ``d/dlambda = 1/lambda - lambda / c_2 + 2 lambda e^2 / c_2^2 + (V_r - V_t)^2 / (2 lambda^3)``;
-* ``Lambda`` (``q`` the quadratic form in its exponent):
-  ``d/dd_n = -(d_n c_m - d_m Sig_nm) / D``, ``d/dc_n = (q c_m / D - c_m - d_m^2) / (2 D)``,
-  ``d/dSig_nm = (Sig_nm + d_n d_m - Sig_nm q / D) / D``, and ``1/lambda_n`` more for
-  ``lambda_n`` (``c_n = lambda_n^2 + Sig_nn``).
+  ``d/dlambda = 1/lambda - lambda / c_2 + 2 lambda e^2 / c_2^2 + (V_r - V_t)^2 / (2 lambda^3)``.
 
-The off-diagonal ``-mean_n mean_m`` sends ``-sum_{m != n} (g_nm + g_mn) mean_m`` to ``mean_n``
-(a batched matrix-vector product in PyTorch), which then flows through the mean/variance
-backward kernel together with the diagonal's gradient.
+Cost: ``O(S N R^2)`` time, ``O(S N)`` memory, forward and backward; the backward kernels
+recompute ``psi`` and ``Omega`` instead of storing them.
 
-Cost: mean/variance ``O(S N R^2)`` time, ``O(S N)`` memory; covariance ``O(S N^2 R^2)`` time and
-``O(S N^2)`` memory (the output), forward and backward; the backward kernels recompute ``psi``,
-``Omega`` and ``Lambda`` instead of storing them.
+A full activation covariance's off-diagonal (``eq:gpn_normal_Sigmatilde_cov``) has no kernel
+here: :func:`pyro_gpn.moments.propagate.response_moments` adds Mehler's series on whole tensors
+(:mod:`pyro_gpn.moments.cross`, ``O(S N R K + S N^2 K)``), a linear form in ``beta`` that does
+not lose the digits the paper's ``sum_rt beta_rn beta_tm Lambda_rtnm - mean_n mean_m`` loses
+when ``K + S`` is ill-conditioned (``docs/results/accuracy.md``).
 
-Gradients are first order only (``once_differentiable``). Inputs must be float32 (or, for the
-mean and mean/variance kernels, all float64) and on a CUDA device, or on the CPU under
-``TRITON_INTERPRET=1``; :func:`pyro_gpn.moments.backend.select_backend` decides when these
-functions are used. They evaluate the closed form as written; the narrow regime's Gauss-Hermite
-variance (:mod:`pyro_gpn.moments.quadrature`) is applied on top of them by
+Gradients are first order only (``once_differentiable``). Inputs must be all float32 or all
+float64 and on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``;
+:func:`pyro_gpn.moments.backend.select_backend` decides when these functions are used. They
+evaluate the closed form as written; the narrow regime's Gauss-Hermite variance
+(:mod:`pyro_gpn.moments.quadrature`) is applied on top of them by
 :func:`pyro_gpn.moments.propagate.response_moments`.
 """
 
@@ -113,13 +78,12 @@ from .backend import TRITON_MEANVAR_DTYPES, triton_available, triton_interpret
 triton = None
 tl = None
 
-__all__ = ["fused_response_cov", "fused_response_mean", "fused_response_meanvar"]
+__all__ = ["fused_response_mean", "fused_response_meanvar"]
 
-# Tile budgets (elements of one ``[BLOCK_S, R_p, R_p]`` resp. ``[BLOCK_M, R_p]`` tile), forward
+# Tile budgets (elements of one ``[BLOCK_S, R_p, R_p]`` tile), forward
 # and backward. Chosen so that ``ptxas`` for sm_90 reports no register spills at R = 14 with
 # 4 warps; not tuned on a GPU yet.
 _MEANVAR_TILE = {"fwd": 4096, "bwd": 2048}
-_COV_TILE = {"fwd": 2048, "bwd": 1024}
 
 
 _JIT_CACHE: dict[tuple[str, bool], object] = {}
@@ -170,10 +134,6 @@ def _meanvar_block_s(num_samples: int, block_r: int, with_var: bool, direction: 
     per_sample = block_r * block_r if with_var else block_r
     budget = _MEANVAR_TILE[direction]
     return max(1, min(128, budget // per_sample, _next_pow2(num_samples)))
-
-
-def _cov_block_m(num_units: int, block_r: int, direction: str) -> int:
-    return max(1, min(_COV_TILE[direction] // block_r, _next_pow2(num_units)))
 
 
 def _target_programs(device: torch.device) -> int:
@@ -328,47 +288,6 @@ def _meanvar_backward(
     return dmu, dv, dV.sum(0), dlam.sum(0), dbeta.sum(0), dC.sum(0) if with_var else None
 
 
-def _cov_forward(mu: Tensor, Sig: Tensor, p: _Params, mean: Tensor, var: Tensor) -> Tensor:
-    S, N = mu.shape
-    cov = mu.new_empty(S, N, N)
-    if S == 0 or N == 0:
-        return cov
-    block_m = _cov_block_m(N, p.block_r, "fwd")
-    with _device_guard(mu):
-        _jit("_cov_fwd_kernel")[(S, N)](
-            mu, Sig, p.V, p.lam, p.beta, mean, var, cov,
-            N, p.R, p.V_us, p.lam_us, p.beta_us,
-            BLOCK_M=block_m, BLOCK_R=p.block_r,
-        )  # fmt: skip
-    return cov
-
-
-def _cov_backward(
-    mu: Tensor, Sig: Tensor, p: _Params, gcov: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Off-diagonal gradients ``(d mu, d Sig_nn, d Sig, d V, d lam, d beta)`` (per unit)."""
-    S, N = mu.shape
-    R = p.R
-    if S == 0 or N == 0:
-        zero = mu.new_zeros
-        return zero(S, N), zero(S, N), zero(S, N, N), zero(N, R), zero(N), zero(N, R)
-    block_m = _cov_block_m(N, p.block_r, "bwd")
-    parts, samples_per_prog = _split(S, N, mu.device)
-    dmu = torch.empty_like(mu)
-    dSnn = torch.empty_like(mu)
-    dSig = torch.empty_like(Sig)
-    dV = mu.new_empty(parts, N, R)
-    dlam = mu.new_empty(parts, N)
-    dbeta = mu.new_empty(parts, N, R)
-    with _device_guard(mu):
-        _jit("_cov_bwd_kernel")[(parts, N)](
-            mu, Sig, p.V, p.lam, p.beta, gcov, dmu, dSnn, dSig, dV, dlam, dbeta,
-            S, N, R, p.V_us, p.lam_us, p.beta_us, samples_per_prog,
-            BLOCK_M=block_m, BLOCK_R=p.block_r,
-        )  # fmt: skip
-    return dmu, dSnn, dSig, dV.sum(0), dlam.sum(0), dbeta.sum(0)
-
-
 # ---------------------------------------------------------------------------------------------
 # autograd functions
 # ---------------------------------------------------------------------------------------------
@@ -440,64 +359,14 @@ class _ResponseMeanVar(torch.autograd.Function):
         )
 
 
-class _ResponseCov(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        mu: Tensor,
-        Sig: Tensor,
-        V: Tensor,
-        lam: Tensor,
-        beta: Tensor,
-        C: Tensor,
-        noise_var: Tensor | None,
-    ):
-        mu_c, Sig_c = mu.detach().contiguous(), Sig.detach().contiguous()
-        v = torch.diagonal(Sig_c, dim1=-2, dim2=-1).contiguous()
-        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
-        mean, var, pre = _meanvar_forward(mu_c, v, p, with_var=True)
-        cov = _cov_forward(mu_c, Sig_c, p, mean, var)
-        ctx.save_for_backward(mu_c, Sig_c, mean, pre, V, lam, beta, C, noise_var)
-        return mean, cov
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, gmean: Tensor, gcov: Tensor):
-        mu, Sig, mean, pre, V, lam, beta, C, noise_var = ctx.saved_tensors
-        p = _Params(mu.shape[1], V, lam, beta, C, noise_var)
-        gcov = gcov.contiguous()
-        gdiag = torch.diagonal(gcov, dim1=-2, dim2=-1).contiguous()
-        # the off-diagonal -mean_n mean_m: dL/dmean_n -= sum_{m != n} (g_nm + g_mn) mean_m
-        col = mean.unsqueeze(-1)
-        cross = (torch.bmm(gcov, col) + torch.bmm(gcov.mT, col)).squeeze(-1) - 2 * gdiag * mean
-        v = torch.diagonal(Sig, dim1=-2, dim2=-1).contiguous()
-        dmu, dv, dV, dlam, dbeta, dC = _meanvar_backward(
-            mu, v, p, mean, pre, (gmean - cross).contiguous(), gdiag, with_var=True
-        )
-        dmu_off, dSnn, dSig, dV_off, dlam_off, dbeta_off = _cov_backward(mu, Sig, p, gcov)
-        torch.diagonal(dSig, dim1=-2, dim2=-1).copy_(dv + dSnn)
-        return (
-            dmu + dmu_off,
-            dSig,
-            _reduce_units(dV + dV_off, V),
-            _reduce_units(dlam + dlam_off, lam),
-            _reduce_units(dbeta + dbeta_off, beta),
-            _reduce_units(dC, C),
-            _noise_grad(gdiag, noise_var),
-        )
-
-
 # ---------------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------------
-def _check_activations(mu: Tensor, second: Tensor | None, name: str, full: bool) -> None:
+def _check_activations(mu: Tensor, v: Tensor | None) -> None:
     if mu.dim() != 2:
         raise ValueError(f"mu must be [S, N], got shape {tuple(mu.shape)}")
-    if second is None:
-        return
-    want = (*mu.shape, mu.shape[1]) if full else tuple(mu.shape)
-    if tuple(second.shape) != want:
-        raise ValueError(f"{name} must have shape {want}, got {tuple(second.shape)}")
+    if v is not None and v.shape != mu.shape:
+        raise ValueError(f"v must have shape {tuple(mu.shape)}, got {tuple(v.shape)}")
 
 
 def fused_response_mean(
@@ -516,7 +385,7 @@ def fused_response_mean(
     """
     _require_triton()
     _check_inputs(TRITON_MEANVAR_DTYPES, mu=mu, v=v, V=V, lam=lam, beta=beta)
-    _check_activations(mu, v, "v", full=False)
+    _check_activations(mu, v)
     return _ResponseMean.apply(mu, v, V, lam, beta)
 
 
@@ -555,37 +424,5 @@ def fused_response_meanvar(
     _check_inputs(
         TRITON_MEANVAR_DTYPES, mu=mu, v=v, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var
     )
-    _check_activations(mu, v, "v", full=False)
+    _check_activations(mu, v)
     return _ResponseMeanVar.apply(mu, v, V, lam, beta, C, noise_var)
-
-
-def fused_response_cov(
-    mu: Tensor,
-    Sig: Tensor,
-    V: Tensor,
-    lam: Tensor,
-    beta: Tensor,
-    C: Tensor,
-    noise_var: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Output means and full covariances of a GPN layer (``eq:gpn_normal_Sigmatilde_cov``).
-
-    The diagonal is the variance of :func:`fused_response_meanvar` with ``v = diag(Sig)``; off
-    the diagonal ``cov_nm = sum_rt beta_rn beta_tm Lambda_rtnm - mean_n mean_m`` with the
-    corrected ``Lambda`` of ``eq:gpn_normal_lambda`` (module docstring), contracted on the fly:
-    time ``O(S N^2 R^2)``, memory ``O(S N^2)``.
-
-    Args:
-        mu: ``[S, N]`` activation means.
-        Sig: ``[S, N, N]`` activation covariances (symmetric positive semi-definite; only the
-            symmetric part of the off-diagonal is read).
-        V, lam, beta, C, noise_var: as in :func:`fused_response_meanvar`.
-
-    Returns:
-        ``(mean [S, N], cov [S, N, N])`` float32, differentiable w.r.t. every input; the gradient
-        w.r.t. ``Sig`` is symmetric.
-    """
-    _require_triton()
-    _check_inputs(mu=mu, Sig=Sig, V=V, lam=lam, beta=beta, C=C, noise_var=noise_var)
-    _check_activations(mu, Sig, "Sig", full=True)
-    return _ResponseCov.apply(mu, Sig, V, lam, beta, C, noise_var)

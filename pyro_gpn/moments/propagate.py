@@ -185,7 +185,6 @@ def response_moments(
     ls2 = lengthscales.square()
 
     # eq:gpn_normal_mu with psi from eq:gpn_normal_E_alpha
-    full_cov = mode == "cov" and activations.cov is not None
     kind = select_backend(
         mean,
         var,
@@ -197,9 +196,7 @@ def response_moments(
         inducing_points=inducing_points,
         equidistant=equidistant,
         cpu_unsupported=_cpu_unsupported(mode, variance_cholesky),
-        # the covariance kernels compute in float32 without the narrow regime: not by default
-        triton_auto=not full_cov,
-        triton_dtypes=(torch.float32,) if full_cov else TRITON_MEANVAR_DTYPES,
+        triton_dtypes=TRITON_MEANVAR_DTYPES,
     )
     if kind != "reference":
         return _fused_response_moments(
@@ -237,23 +234,42 @@ def response_moments(
         _expand_units(mid_weights, num_units),
     )
     out_var = 1 - trace - out_mean.square()
-
-    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a), with each
-    # row's node tier, where the closed form is not provably accurate
-    ratio2 = var / ls2
-    narrow = ratio2 <= GH_MAX_STD_RATIO**2
     response = (inducing_points, lengthscales, beta, variance_reduction)
     factors = (variance_cholesky, variance_inner, equidistant)
+    return _from_closed_form(activations, out_mean, out_var, noise_var, mode, response, factors)
+
+
+def _from_closed_form(
+    activations: Moments,
+    out_mean: Tensor,
+    out_var: Tensor,
+    noise_var: Tensor | None,
+    mode: Mode,
+    response: tuple[Tensor, Tensor, Tensor, Tensor],
+    factors: tuple[Tensor | None, Tensor | None, bool | None],
+) -> Moments:
+    """The output :class:`Moments` from the closed-form means and noise-free variances
+    ``[S, N]`` (the reference path's or the Triton kernels'): the narrow regime's rows whose
+    closed form is not provably accurate replaced by Gauss-Hermite (:func:`_narrow_regime`),
+    clamped at 0; then the noise, and in ``"cov"`` mode the diagonal or, for a full activation
+    covariance, the off-diagonal (:func:`_with_cross_covariance`). ``response`` is
+    ``(inducing_points, lengthscales, beta, variance_reduction)``, ``factors``
+    ``(variance_cholesky, variance_inner, equidistant)`` as for :func:`response_moments`."""
+    mean, var = activations.mean, activations.variance
+    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a), with each
+    # row's node tier, where the closed form is not provably accurate
+    narrow = var / response[1].square() <= GH_MAX_STD_RATIO**2
     out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
     out_var = out_var.clamp_min(0)
-    if mode == "meanvar" or activations.cov is None:
-        if noise_var is not None:
-            out_var = out_var + noise_var
-        if mode == "cov":
-            return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
-        return Moments(out_mean, var=out_var, validate=False)
-
-    return _with_cross_covariance(activations, out_mean, out_var, noise_var, response, factors[:2])
+    if mode == "cov" and activations.cov is not None:
+        return _with_cross_covariance(
+            activations, out_mean, out_var, noise_var, response, factors[:2]
+        )
+    if noise_var is not None:
+        out_var = out_var + noise_var
+    if mode == "cov":
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
+    return Moments(out_mean, var=out_var, validate=False)
 
 
 def _with_cross_covariance(
@@ -405,10 +421,9 @@ def _fused_response_moments(
     The CPU kernels cover ``"mean"`` and ``"meanvar"`` with an explicit ``C`` (see
     :func:`_cpu_unsupported`), and apply the narrow regime's rule themselves; in ``"cov"`` mode
     they give the mean and the diagonal, and Mehler's series the off-diagonal
-    (:func:`_with_cross_covariance`). The Triton kernels evaluate the closed form; the
-    narrow-regime rows are then replaced here as on the reference path (:func:`_narrow_regime`),
-    except for a full activation covariance (the covariance kernels, float32, the closed form
-    only).
+    (:func:`_with_cross_covariance`). The Triton kernels evaluate the closed-form mean and
+    variance; the rest is the reference path's (:func:`_from_closed_form`): the narrow-regime
+    rows replaced, and in ``"cov"`` mode Mehler's series for the off-diagonal.
     """
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
@@ -433,33 +448,14 @@ def _fused_response_moments(
             return Moments(out_mean, var=out_var, validate=False)
         return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
 
-    from .fused import fused_response_cov, fused_response_mean, fused_response_meanvar
+    from .fused import fused_response_mean, fused_response_meanvar
 
     if mode == "mean":
         out = fused_response_mean(mean, var, inducing_points, lengthscales, beta)
         return Moments(out, validate=False)
-    if mode == "cov" and activations.cov is not None:
-        out_mean, out_cov = fused_response_cov(
-            mean,
-            activations.cov,
-            inducing_points,
-            lengthscales,
-            beta,
-            variance_reduction,
-            noise_var,
-        )
-        return Moments(out_mean, cov=out_cov, validate=False)
-    var = activations.variance
     out_mean, out_var = fused_response_meanvar(
-        mean, var, inducing_points, lengthscales, beta, variance_reduction, None
+        mean, activations.variance, inducing_points, lengthscales, beta, variance_reduction, None
     )
-    narrow = var / lengthscales.square() <= GH_MAX_STD_RATIO**2  # as response_moments
     response = (inducing_points, lengthscales, beta, variance_reduction)
     factors = (variance_cholesky, variance_inner, equidistant)
-    out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
-    out_var = out_var.clamp_min(0)
-    if noise_var is not None:
-        out_var = out_var + noise_var
-    if mode == "cov":
-        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
-    return Moments(out_mean, var=out_var, validate=False)
+    return _from_closed_form(activations, out_mean, out_var, noise_var, mode, response, factors)

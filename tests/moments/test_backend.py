@@ -127,18 +127,12 @@ def test_auto_on_cuda_by_dtype_and_expression(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.parametrize(
-    "mode, full, auto, dtypes",
-    [
-        ("mean", False, True, (torch.float32, torch.float64)),
-        ("meanvar", False, True, (torch.float32, torch.float64)),
-        ("cov", False, True, (torch.float32, torch.float64)),
-        ("cov", True, False, (torch.float32,)),
-    ],
+    "mode, full", [("mean", False), ("meanvar", False), ("cov", False), ("cov", True)]
 )
-def test_response_moments_offers_the_triton_kernels(mode, full, auto, dtypes, monkeypatch):
-    """response_moments lets "auto" take the Triton kernels wherever their result is the
-    reference's (the narrow regime applied on top), float32 and float64; a full activation
-    covariance only when forced, in float32."""
+def test_response_moments_offers_the_triton_kernels(mode, full, monkeypatch):
+    """response_moments lets "auto" take the Triton kernels in every mode, float32 and float64:
+    their result is the reference's (the narrow regime applied on top, and a full activation
+    covariance's off-diagonal by Mehler's series)."""
     from pyro_gpn.moments import propagate
 
     seen = {}
@@ -154,7 +148,8 @@ def test_response_moments_offers_the_triton_kernels(mode, full, auto, dtypes, mo
     beta, C = torch.zeros(3, 6, dtype=torch.float64), torch.zeros(3, 6, 6, dtype=torch.float64)
     lam = torch.ones(3, dtype=torch.float64)
     propagate.response_moments(acts, V, lam, beta, C, mode=mode)
-    assert seen["triton_auto"] is auto and tuple(seen["triton_dtypes"]) == dtypes
+    assert seen.get("triton_auto", True) is True
+    assert tuple(seen["triton_dtypes"]) == (torch.float32, torch.float64)
 
 
 @needs_numba
@@ -222,3 +217,31 @@ def test_learnable_inducing_points_keep_the_reference_path(monkeypatch):
     assert layer.inducing_points.grad is not None
     with backend("fused"), pytest.raises(RuntimeError, match="fixed inducing points"):
         layer.propagate(Moments(torch.randn(2, 3), var=torch.rand(2, 3)), "meanvar")
+
+
+@needs_numba
+def test_cpu_kernels_evaluate_follows_the_backend(monkeypatch):
+    """Expressions that only the CPU kernels fuse: on them under "auto", "cpu" and "fused" (CPU
+    tensors), on their PyTorch path under "reference" and "triton" (which has no kernel for
+    them, in any dtype); a forced "cpu" that cannot run raises, naming why."""
+    from pyro_gpn.moments.backend import cpu_kernels_evaluate
+
+    x = torch.zeros(2, 3, dtype=torch.float64)
+    for name, expected in (
+        ("auto", True),
+        ("cpu", True),
+        ("fused", True),
+        ("reference", False),
+        ("triton", False),
+    ):
+        with backend(name):
+            assert cpu_kernels_evaluate(x, x.float()) is expected, name
+    with backend("cpu"), pytest.raises(RuntimeError, match="float32 or float64"):
+        cpu_kernels_evaluate(x.half())
+    with backend("auto"):
+        assert cpu_kernels_evaluate(x.half()) is False
+    monkeypatch.setattr(backend_mod, "numba_available", lambda: False)
+    with backend("auto"):
+        assert cpu_kernels_evaluate(x) is False
+    with backend("fused"), pytest.raises(RuntimeError, match="numba is not installed"):
+        cpu_kernels_evaluate(x)
