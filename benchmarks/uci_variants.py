@@ -219,6 +219,16 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.05, "num_steps": 6000, "elbo": "predictive", "patience": 40},
         {"hidden": (2,)},
     ),
+    # kin8nm's single fits spread widely over model seeds (the five networks of the ens5 cells:
+    # validation 0.91-1.30 on split 0); a smaller and a larger learning rate (section 22)
+    "wide_point_pll_lr10_s2000": (
+        {"lr": 0.1, "num_steps": 2000, "elbo": "predictive"},
+        {"hidden": (2,), "weights": "point"},
+    ),
+    "wide_point_pll_lr02_s4000_p40": (
+        {"lr": 0.02, "num_steps": 4000, "elbo": "predictive", "patience": 40},
+        {"hidden": (2,), "weights": "point"},
+    ),
     "wide_qw2_pll_s3000": (
         {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
         {"hidden": (2,), "weights": ("point", "variational")},
@@ -263,7 +273,14 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 }
 
 
-def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
+def run(
+    variant: str, split: int, seed: int = 0, name: str = "naval", model_seed_offset: int = 0
+) -> dict:
+    """Fit ``variant`` on split ``split`` of set ``name`` and score it on the validation rows
+    (module docstring). ``seed`` seeds the validation hold-out, the model (``seed + split``)
+    and the mini-batches; ``model_seed_offset`` moves the model's seed alone (its
+    initialisation), holding the data and the mini-batch draws
+    (``benchmarks/uci_seed_spread.py``)."""
     from pyro_gpn.data.uci_regression import load_uci_regression
     from pyro_gpn.heads import GaussianHead, HeteroscedasticGaussianHead
     from pyro_gpn.inference import fit_vgpn
@@ -273,7 +290,7 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
     fit_kw, model_kw = dict(VARIANTS[variant][0]), dict(VARIANTS[variant][1])
     fit_kw.setdefault("elbo", "closed_form")  # the objective every variant before "pll" used
     data = load_uci_regression(name, DATA_DIR, split=split, seed=seed)
-    torch.manual_seed(seed + split)  # the benchmark's model seed
+    torch.manual_seed(seed + split + model_seed_offset)  # the benchmark's model seed
     noise_init = model_kw.pop("noise_std_init", 0.1)
     floor = model_kw.pop("noise_floor", 0.0)
     if floor == "quantisation":
@@ -303,6 +320,7 @@ def run(variant: str, split: int, seed: int = 0, name: str = "naval") -> dict:
         "variant": variant,
         "set": name,
         "split": split,
+        **({"model_seed_offset": model_seed_offset} if model_seed_offset else {}),
         **VARIANTS[variant][0],
         **VARIANTS[variant][1],
         "sizes": sizes,

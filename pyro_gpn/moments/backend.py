@@ -187,7 +187,6 @@ def select_backend(
     inducing_points: Tensor | None = None,
     equidistant: bool | None = None,
     cpu_unsupported: str | None = None,
-    triton_auto: bool = True,
     triton_dtypes: tuple[torch.dtype, ...] = (torch.float32,),
 ) -> str:
     """The implementation that evaluates an expression of ``tensors``: ``"reference"``,
@@ -199,8 +198,6 @@ def select_backend(
         equidistant: whether ``V`` is known to be equidistant (``None``: checked here).
         cpu_unsupported: the reason the CPU kernels cannot evaluate this expression (a mode or
             an argument they do not cover), or ``None``.
-        triton_auto: whether ``"auto"`` may pick the Triton kernels (``False`` where they do
-            not compute what the reference computes; a forced ``"triton"`` still runs them).
         triton_dtypes: the dtypes the Triton kernels of this expression compute in.
 
     Raises:
@@ -216,7 +213,7 @@ def select_backend(
     on_cuda = any(t.is_cuda for t in present)
     if name == "auto":
         if on_cuda:
-            ok = triton_auto and _triton_problem(present, triton_dtypes) is None
+            ok = _triton_problem(present, triton_dtypes) is None
             return "triton" if ok else "reference"
         if cpu_unsupported is None and _cpu_problem(present, inducing_points, equidistant) is None:
             return "cpu"
@@ -253,9 +250,7 @@ def cpu_kernels_evaluate(
     present = [t for t in (*tensors, inducing_points) if t is not None]
     if name == "fused" and any(t.is_cuda for t in present):
         return False
-    kind = select_backend(
-        *tensors, inducing_points=inducing_points, equidistant=equidistant, triton_auto=False
-    )
+    kind = select_backend(*tensors, inducing_points=inducing_points, equidistant=equidistant)
     return kind == "cpu"
 
 

@@ -281,10 +281,10 @@ def _with_cross_covariance(
     factors: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> Moments:
     """The output :class:`Moments` with full covariance (``eq:gpn_normal_Sigmatilde_cov``):
-    the diagonal ``out_var`` (noise-free, ``[S, N]``, from the reference path or the CPU
-    kernels) plus ``noise_var``, the off-diagonal by Mehler's series, and through ``Lambda``
-    (or the narrow regime's nodes) for the pairs whose series it cannot bound. ``response`` is
-    ``(inducing_points, lengthscales, beta, variance_reduction)``, ``factors``
+    the diagonal ``out_var`` (noise-free, ``[S, N]``, from the reference path, the CPU kernels
+    or the Triton kernels) plus ``noise_var``, the off-diagonal by Mehler's series, and through
+    ``Lambda`` (or the narrow regime's nodes) for the pairs whose series it cannot bound.
+    ``response`` is ``(inducing_points, lengthscales, beta, variance_reduction)``, ``factors``
     ``(variance_cholesky, variance_inner)`` as for :func:`response_moments`."""
     inducing_points, lengthscales, beta, _ = response
     out_cov, unbounded = cross._mehler_cross_covariance(

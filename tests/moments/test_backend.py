@@ -110,8 +110,7 @@ class _CudaLike:
 
 def test_auto_on_cuda_by_dtype_and_expression(monkeypatch: pytest.MonkeyPatch):
     """On CUDA, "auto" takes the Triton kernels in every dtype they compute in (float64 for the
-    mean and mean/variance kernels, the layers' default), never for a mix of dtypes, and not
-    where the expression says they do not compute what the reference does."""
+    mean and mean/variance kernels, the layers' default), never for a mix of dtypes."""
     monkeypatch.setattr(backend_mod, "triton_available", lambda: True)
     f32, f64 = _CudaLike(torch.float32), _CudaLike(torch.float64)
     meanvar = backend_mod.TRITON_MEANVAR_DTYPES
@@ -119,7 +118,6 @@ def test_auto_on_cuda_by_dtype_and_expression(monkeypatch: pytest.MonkeyPatch):
     assert select_backend(f64, f64) == "reference"  # default: float32 kernels only
     assert select_backend(f64, f64, triton_dtypes=meanvar) == "triton"
     assert select_backend(f32, f64, triton_dtypes=meanvar) == "reference"
-    assert select_backend(f64, f64, triton_dtypes=meanvar, triton_auto=False) == "reference"
     with backend("triton"), pytest.raises(RuntimeError, match="one dtype"):
         select_backend(f32, f64, triton_dtypes=meanvar)
     with backend("fused"), pytest.raises(RuntimeError, match="compute in float32, got"):
@@ -148,7 +146,6 @@ def test_response_moments_offers_the_triton_kernels(mode, full, monkeypatch):
     beta, C = torch.zeros(3, 6, dtype=torch.float64), torch.zeros(3, 6, 6, dtype=torch.float64)
     lam = torch.ones(3, dtype=torch.float64)
     propagate.response_moments(acts, V, lam, beta, C, mode=mode)
-    assert seen.get("triton_auto", True) is True
     assert tuple(seen["triton_dtypes"]) == (torch.float32, torch.float64)
 
 
@@ -245,3 +242,13 @@ def test_cpu_kernels_evaluate_follows_the_backend(monkeypatch):
         assert cpu_kernels_evaluate(x) is False
     with backend("fused"), pytest.raises(RuntimeError, match="numba is not installed"):
         cpu_kernels_evaluate(x)
+    # on CUDA "fused" means the Triton kernels, which have none for these expressions: their
+    # PyTorch path, in any dtype (not "the Triton kernels compute in float32")
+    monkeypatch.setattr(backend_mod, "triton_available", lambda: True)
+    for dtype in (torch.float32, torch.float64):
+        with backend("fused"):
+            assert cpu_kernels_evaluate(_CudaLike(dtype)) is False
+        with backend("auto"):
+            assert cpu_kernels_evaluate(_CudaLike(dtype)) is False
+        with backend("cpu"), pytest.raises(RuntimeError, match="cannot run here"):
+            cpu_kernels_evaluate(_CudaLike(dtype))
