@@ -201,6 +201,15 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"num_steps": 4000},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
+    # concrete's chosen network with kin8nm's smaller step (section 22)
+    "hetero_qw2_lr02_s8000_p40": (
+        {"lr": 0.02, "num_steps": 8000, "patience": 40},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
+    "hetero_qw2_lr02_s4000_p40": (
+        {"lr": 0.02, "num_steps": 4000, "patience": 40},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
     "hetero_qw2_p40": (
         {"patience": 40},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
