@@ -238,6 +238,11 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.02, "num_steps": 4000, "elbo": "predictive", "patience": 40},
         {"hidden": (2,), "weights": "point"},
     ),
+    # protein's chosen network with kin8nm's smaller step (section 22)
+    "wide_pll_lr02_s8000_p40": (
+        {"lr": 0.02, "num_steps": 8000, "elbo": "predictive", "patience": 40},
+        {"hidden": (2,)},
+    ),
     "wide_qw2_pll_s3000": (
         {"lr": 0.05, "num_steps": 3000, "elbo": "predictive"},
         {"hidden": (2,), "weights": ("point", "variational")},
