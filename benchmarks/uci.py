@@ -54,11 +54,13 @@ Models (hidden width 50, 100 for protein):
   as in its DeepGP example (10 hidden GPs, linear mean, 64 inducing points, 10 likelihood
   samples), Adam lr 0.01, full batch, early stopping on validation log-likelihood.
 
+``--models chosen`` runs each set's validation-chosen Bayesian GPN (:data:`CHOSEN`).
+
 One JSON per (model, set, split) cell under ``--out``; finished cells are skipped, files are
-written atomically. Usage::
+written atomically. Usage (or ``pyro-gpn uci ARGS`` from a source checkout)::
 
     OMP_NUM_THREADS=1 python benchmarks/uci.py --sets boston concrete --splits 0 1 2 \\
-        --models bgpn clt mcdrop dgp
+        --models chosen mcdrop dgp
     python benchmarks/uci.py --summary           # the table of what is there
 """
 
@@ -1066,11 +1068,16 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=["boston", "concrete", "energy", "wine", "yacht"])
     p.add_argument("--splits", nargs="+", type=int, default=list(range(20)))
-    p.add_argument("--models", nargs="+", default=["bgpn", "clt", "mcdrop", "dgp"])
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=["bgpn", "clt", "mcdrop", "dgp"],
+        help="benchmark models (chosen: each set's validation-chosen Bayesian GPN)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
@@ -1078,6 +1085,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="with --summary: write the aggregate here")
     p.add_argument("--diag", default=str(ROOT / "docs/results/uci_diagnose_runs"))
     a = p.parse_args(argv)
+    unknown = sorted({m for m in a.models if m not in (*MODELS, "chosen")})
+    if unknown:
+        p.error(f"unknown model(s) {unknown}: choose from chosen, {', '.join(MODELS)}")
+    bad_sets = sorted(set(a.sets) - set(SETS))
+    if bad_sets:
+        p.error(f"unknown set(s) {bad_sets}: choose from {', '.join(SETS)}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
@@ -1097,15 +1110,12 @@ def main(argv=None) -> int:
         f"# {platform.node()} torch {torch.__version__} threads {torch.get_num_threads()}",
         flush=True,
     )
+    chosen = chosen_columns()
     for split in a.splits:
         for name in a.sets:
-            from pyro_gpn.data.uci_regression import REGRESSION_DATASETS  # noqa: F401
-
-            if name not in SETS:
-                raise SystemExit(f"unknown set {name!r}")
             if name == "protein" and split >= 5:
                 continue
-            for model in a.models:
+            for model in dict.fromkeys(chosen[name] if m == "chosen" else m for m in a.models):
                 path = out / f"{model}__{name}__{split:02d}.json"
                 if path.exists():
                     continue

@@ -16,7 +16,10 @@ Subcommands (``pyro-gpn <command> --help`` for the options, each with its defaul
 * ``compare``: fit one regression data set with every inference route (NUTS, parametric SVI,
   central-limit ML, variational GPN with ``Trace_ELBO`` and with the closed-form ELBO) and
   tabulate accuracy, calibration, time and sampler diagnostics
-  (:mod:`pyro_gpn.experiments.routes`).
+  (:mod:`pyro_gpn.experiments.routes`);
+* ``uci``: the UCI regression benchmark on its fixed splits, the Bayesian GPN beside MC dropout,
+  a deep ensemble and GPyTorch's deep GP (``benchmarks/uci.py`` of the source checkout;
+  :mod:`pyro_gpn.experiments.uci_benchmark`).
 
 Each subcommand is one ``add_<name>(subparsers)`` function that registers its parser and sets
 ``func`` to its handler; adding a command means adding such a function to ``_COMMANDS``. The
@@ -61,6 +64,7 @@ from .paper import GRID_DATASETS, GRID_MODELS, RunSettings
 from .routes.cli import add_compare_parser
 from .runs import ModelSettings, Schedule, machine_description, split_metrics
 from .saved import FORMAT, MODEL_NAME, RESULT_NAME, data_shape, load_record, load_run
+from .uci_benchmark import add_uci_parser
 
 __all__ = ["build_parser", "main", "split_metrics"]
 
@@ -345,6 +349,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_reproduce_parser,
     add_demo_parser,
     add_compare_parser,
+    add_uci_parser,
 )
 
 
@@ -355,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pyro-gpn",
         description="Gaussian Process Neurons: train, evaluate, reproduce the paper, demo, "
-        "compare inference routes.",
+        "compare inference routes, the UCI benchmark.",
     )
     parser.add_argument("--version", action="version", version=f"pyro-gpn {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
@@ -403,7 +408,12 @@ def _debugging(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pyro-gpn`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "pass_through", False):
+        args.benchmark_args = extra  # ``uci``: the benchmark's own parser reads them
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.command = "pyro-gpn " + shlex.join(argv)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ def test_help_lists_every_subcommand(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("train", "evaluate", "reproduce", "demo"):
+    for command in ("train", "evaluate", "reproduce", "demo", "compare", "uci"):
         assert command in out
 
 
@@ -253,3 +253,68 @@ def test_resume_from_a_damaged_checkpoint_names_it(tmp_path, capsys):
     err = _one_line_error(capsys)
     assert "checkpoint.pt" in err and "without --resume" in err
     assert main([*TINY, "--max-epochs", "2", "--out", str(out), "--overwrite"]) == 0
+
+
+def test_unknown_arguments_of_a_command_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--bogus"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_uci_passes_its_arguments_to_the_benchmark(tmp_path, capsys):
+    """``pyro-gpn uci`` is ``benchmarks/uci.py`` with the arguments after ``uci``: its help,
+    its refusals (an unknown model or set, exit status 2) and its summary of a folder."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["uci", "--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "usage: pyro-gpn uci" in help_text and "--models" in help_text
+    for bad, message in (
+        (["--models", "nope"], "unknown model"),
+        (["--sets", "iris"], "unknown set"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["uci", *bad, "--out", str(tmp_path)])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert main(["uci", "--summary", "--out", str(tmp_path)]) == 0
+    assert "**test log_lik**" in capsys.readouterr().out
+
+
+def test_uci_runs_each_sets_chosen_column(tmp_path, monkeypatch, capsys):
+    """``--models chosen`` fits each set's validation-chosen Bayesian GPN (``CHOSEN``), once
+    even where it is also named, and skips the cells already in ``--out``."""
+    from benchmarks import uci
+
+    fitted = []
+
+    def fake_cell(model, name, split, seed=0):
+        fitted.append((model, name, split))
+        metrics = {"log_lik": -1.0, "rmse": 1.0, "coverage90": 0.9}
+        return {
+            "model": model,
+            "set": name,
+            "split": split,
+            "test": metrics,
+            "val": metrics,
+            "cell_s": 1.0,
+            "s_per_epoch": 0.1,
+        }
+
+    monkeypatch.setattr(uci, "run_cell", fake_cell)
+    chosen = uci.CHOSEN["kin8nm"]
+    argv = ["uci", "--splits", "0", "--out", str(tmp_path)]
+    assert main([*argv, "--sets", "kin8nm", "--models", "chosen", chosen, "dgp"]) == 0
+    assert fitted == [(chosen, "kin8nm", 0), ("dgp", "kin8nm", 0)]
+    assert (tmp_path / f"{chosen}__kin8nm__00.json").is_file()
+    assert main([*argv, "--sets", "kin8nm", "yacht", "--models", "chosen"]) == 0
+    assert fitted[2:] == [(uci.CHOSEN["yacht"], "yacht", 0)]  # kin8nm's cell was there
+
+
+def test_uci_without_the_checkout_says_what_to_do(monkeypatch, tmp_path, capsys):
+    from pyro_gpn.experiments import uci_benchmark
+
+    monkeypatch.setattr(uci_benchmark, "__file__", str(tmp_path / "a" / "b" / "uci_benchmark.py"))
+    assert main(["uci", "--summary"]) == 1
+    assert "clone the repository" in capsys.readouterr().err
