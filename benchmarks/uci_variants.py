@@ -206,6 +206,10 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"lr": 0.02, "num_steps": 8000, "patience": 40},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
+    "hetero_qw2_lr10_s4000": (
+        {"lr": 0.1, "num_steps": 4000},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
     "hetero_qw2_lr02_s4000_p40": (
         {"lr": 0.02, "num_steps": 4000, "patience": 40},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
