@@ -411,7 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if getattr(args, "pass_through", False):
-        args.benchmark_args = extra  # ``uci``: the benchmark's own parser reads them
+        # ``uci``: what follows the command goes to the benchmark's own parser; nothing before it
+        at = argv.index(args.subcommand)
+        leading = [a for a in argv[:at] if a != "--debug"]
+        if leading:
+            parser.error(f"unrecognized arguments: {' '.join(leading)}")
+        args.benchmark_args = [a for a in argv[at + 1 :] if a != "--debug"]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.command = "pyro-gpn " + shlex.join(argv)

@@ -10,14 +10,18 @@ GPyTorch's deep GP --, the standard protocol, resumable cells, the summary table
     pyro-gpn uci --help
 
 It needs the checkout (``pip install -e ".[benchmarks]"`` from a clone: the Quickstart's
-install); an installation without ``benchmarks/`` says so and exits with status 1.
+install); an installation without ``benchmarks/`` says so and exits with status 1. Without
+``--out`` the cells go where the project keeps its own, the checkout's
+``docs/results/uci_runs``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 __all__ = ["add_uci_parser", "benchmark_script"]
 
@@ -38,13 +42,23 @@ def benchmark_script() -> Path:
     return script
 
 
-def _run_uci(args: argparse.Namespace) -> int:
-    script = benchmark_script()
-    root = str(script.parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from benchmarks import uci
+def _benchmark_module(script: Path) -> ModuleType:
+    """The module ``benchmarks.uci`` loaded from ``script`` (by its path: another package named
+    ``benchmarks`` on ``sys.path`` cannot stand in for it); the one already imported if it is
+    that file."""
+    name = "benchmarks.uci"
+    module = sys.modules.get(name)
+    if module is not None and Path(module.__file__).resolve() == script:
+        return module
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
+
+def _run_uci(args: argparse.Namespace) -> int:
+    uci = _benchmark_module(benchmark_script())
     return uci.main(list(args.benchmark_args), prog="pyro-gpn uci")
 
 
@@ -54,6 +68,7 @@ def add_uci_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "uci",
         add_help=False,
+        allow_abbrev=False,  # an abbreviation is the benchmark's (--d: its --diag, not --debug)
         help="the UCI regression benchmark on its fixed splits (pyro-gpn uci --help)",
         description=__doc__.split("\n")[0],
     )

@@ -45,6 +45,7 @@ def test_spread_rows_resume_and_summarise(tiny_variant, tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["model_seed_offset"] for r in rows] == [0, 1000, 2000]
     vals = [r["val_log_lik"] for r in rows]
+    assert len(set(vals)) == 3  # three seeds, three fits
     table = capsys.readouterr().out
     assert f"{statistics.fmean(vals):.3f} ± {statistics.stdev(vals):.3f}" in table
     # finished rows are skipped: a second call fits nothing and prints the same table

@@ -280,6 +280,15 @@ def test_uci_passes_its_arguments_to_the_benchmark(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert main(["uci", "--summary", "--out", str(tmp_path)]) == 0
     assert "**test log_lik**" in capsys.readouterr().out
+    # --debug after the command is the command's; other options before it are refused
+    assert main(["uci", "--summary", "--debug", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--summary", "uci", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --summary" in capsys.readouterr().err
+    # an abbreviation is the benchmark's (--d: its --diag), not pyro-gpn's --debug
+    assert main(["uci", "--summary", "--d", str(tmp_path / "diag"), "--out", str(tmp_path)]) == 0
 
 
 def test_uci_runs_each_sets_chosen_column(tmp_path, monkeypatch, capsys):
