@@ -99,8 +99,10 @@ def ensemble_table(runs: Path) -> str:
     lines = [head, "|" + " --- |" * 9]
     for name in SETS:
         columns = [p.name.split("__")[0] for p in sorted(runs.glob(f"*_ens5*__{name}__00.json"))]
-        plain = [c for c in columns if MIXCAL not in c]
-        for column in plain or columns:  # a calibrated column where no plain one was run
+        # a calibrated column enters where its plain twin was not run
+        for column in (
+            c for c in columns if MIXCAL not in c or c.replace(MIXCAL, "") not in columns
+        ):
             cells = _cells(runs, column, name)
             mixture = [_uncalibrated(c) for c in cells]
             val = [m["val"] - c["single"]["val"]["log_lik"] for m, c in zip(mixture, cells)]

@@ -94,6 +94,13 @@ def test_calibration_table_reads_the_crossfitted_gain_and_checks_the_recorded_mi
     assert rows["kin8nm"][6:9] == ["0.950 → 0.900", "1.200 → 1.215", "+0.015 ± 0.005 (2/2)"]
     assert rows["kin8nm"][9].startswith("2.0e-03 (1)")
     assert rows["boston"][5] == "no"
+    # a calibrated column enters beside another column's plain cells (kin8nm, section 22: the
+    # new chosen column run only calibrated, the previous one plain): both rows
+    _cell(tmp_path, "bgpn_old_ens5", "kin8nm", 0, 1.0, 1.0, 1.0, 1.0)
+    _cell(tmp_path, "bgpn_old_ens5", "kin8nm", 1, 1.0, 1.0, 1.0, 1.0)
+    table = ensemble_table(tmp_path)
+    columns = [r.split(" | ")[1] for r in table.splitlines() if r.startswith("| kin8nm")]
+    assert columns == ["`bgpn_ens5_mixcal`", "`bgpn_old_ens5`"]
 
 
 def test_mixcal_column_fits_a_mixture_and_needs_ens5():

@@ -58,3 +58,20 @@ def test_chosen_flag_substitutes_every_sets_chosen_column(tmp_path, capsys):
     )
     rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
     assert rows["wine"].split(" | ")[2] == "-0.70"
+
+
+def test_aggregate_writes_strict_json(tmp_path):
+    """``uci.json``'s aggregate: a statistic no cell records (the deep GP's ``noise_std``) is
+    ``null``, never ``NaN`` (not JSON)."""
+    import json
+
+    from benchmarks.uci import aggregate
+
+    metrics = {"log_lik": -1.0, "rmse": 1.0, "coverage90": 0.9}
+    for split in (0, 1):
+        cell = {"model": "dgp", "set": "boston", "split": split, "test": metrics}
+        (tmp_path / f"dgp__boston__{split:02d}.json").write_text(json.dumps(cell))
+    result = aggregate(tmp_path)
+    entry = result["benchmark_test"]["dgp"]["boston"]
+    assert entry["noise_std"] is None and entry["log_lik"]["n"] == 2
+    json.dumps(result, allow_nan=False)
