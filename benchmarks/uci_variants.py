@@ -158,6 +158,11 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "hetero_point": ({}, {"head": "heteroscedastic", "weights": "point"}),
     "hetero_point_pll": ({"elbo": "predictive"}, {"head": "heteroscedastic", "weights": "point"}),
     "hetero_point_lr02": ({"lr": 0.02}, {"head": "heteroscedastic", "weights": "point"}),
+    # yacht's chosen network with kin8nm's smaller step (section 22)
+    "hetero_point_pll_lr02_s4000_p40": (
+        {"elbo": "predictive", "lr": 0.02, "num_steps": 4000, "patience": 40},
+        {"head": "heteroscedastic", "weights": "point"},
+    ),
     "wide_pll_s2000": ({"lr": 0.05, "num_steps": 2000, "elbo": "predictive"}, {"hidden": (2,)}),
     "wide_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (2,)}),
     "deep_pll_s3000": ({"lr": 0.05, "num_steps": 3000, "elbo": "predictive"}, {"hidden": (1, 1)}),
