@@ -187,6 +187,11 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"elbo": "predictive"},
         {"head": "heteroscedastic", "weights": ("point", "variational")},
     ),
+    # energy's chosen network with kin8nm's smaller step (section 22)
+    "hetero_qw2_pll_lr02_s4000_p40": (
+        {"elbo": "predictive", "lr": 0.02, "num_steps": 4000, "patience": 40},
+        {"head": "heteroscedastic", "weights": ("point", "variational")},
+    ),
     "hetero_qw2_pll_s1000": (
         {"lr": 0.05, "num_steps": 1000, "elbo": "predictive"},
         {"head": "heteroscedastic", "weights": ("point", "variational")},

@@ -74,9 +74,10 @@ class VGPNRecommendation:
             weights, mini-batches of 512) five seeds of one split reached validation
             log-likelihoods 1.12-1.29 at 0.05 and 2,000 steps and 1.30-1.33 at 0.02 and 4,000
             steps with patience 40; over splits 0-5 +0.125 +- 0.043 nats (6 of 6), on its
-            test rows of 20 splits +0.18 (18 of 20). On yacht it won too (+0.175 on
-            validation, +0.105 on the test rows of 20 splits), on concrete and wine it tied
-            (-0.017, -0.019) and on protein it lost (-0.056; ``uci.md`` section 22).
+            test rows of 20 splits +0.18 (18 of 20). On yacht and energy it won too
+            (validation +0.175 and +0.161, test rows of 20 splits +0.105 and +0.157), on
+            concrete and wine it tied (-0.017, -0.019) and on protein it lost (-0.056;
+            ``uci.md`` section 22).
         lr_decay: the learning rate decays exponentially to ``lr * lr_decay`` at the last step.
         num_steps: the step budget (an upper bound with validation stopping).
         batch_size: full batch (``None``) up to ``large_data`` rows, else ``large_batch_size``.
