@@ -258,7 +258,7 @@ def _from_closed_form(
     mean, var = activations.mean, activations.variance
     # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a), with each
     # row's node tier, where the closed form is not provably accurate
-    narrow = var / response[1].square() <= GH_MAX_STD_RATIO**2
+    _, narrow = _narrow_rows(var, response[1])
     out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
     out_var = out_var.clamp_min(0)
     if mode == "cov" and activations.cov is not None:
@@ -320,8 +320,8 @@ def _lambda_cross_covariance(
     rows, local = torch.unique(sample, return_inverse=True)  # the samples involved
     mean, cov, var = activations.mean[rows], activations.cov[rows], activations.variance[rows]
     inducing_points, lengthscales, beta, _ = response
-    ratio2 = var / lengthscales.square()  # as response_moments
-    narrow, nodes = ratio2 <= GH_MAX_STD_RATIO**2, None
+    ratio2, narrow = _narrow_rows(var, lengthscales)
+    nodes = None
     if bool(narrow.any()):
         num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
         nodes = _node_values(mean, var, *response, *factors, num_nodes)
@@ -331,6 +331,13 @@ def _lambda_cross_covariance(
     )
     out_cov = out_cov.index_put((sample, n, m), values)
     return out_cov.index_put((sample, m, n), values)
+
+
+def _narrow_rows(var: Tensor, lengthscales: Tensor) -> tuple[Tensor, Tensor]:
+    """``(v / lambda^2, mask)`` of the narrow regime's rows ``[S, N]``: ``sqrt(v) <=
+    GH_MAX_STD_RATIO lambda`` (the rows whose variance may need Gauss-Hermite)."""
+    ratio2 = var / lengthscales.square()
+    return ratio2, ratio2 <= GH_MAX_STD_RATIO**2
 
 
 def _narrow_regime(
