@@ -12,7 +12,7 @@ mini-batches of ``--batch``:
 * ``point@REV`` -- the same network built by the package at git revision ``REV`` (extracted
   by ``benchmarks/layer_speed.py``'s ``load_baseline``, imported as ``pyro_gpn_base``);
 * ``default`` -- ``VariationalGPN([D, 50, 1])`` at today's recommended defaults (variational
-  weights);
+  weights), and ``default@REV`` the same at ``REV``;
 * ``tanh`` -- the tanh MLP ``[D, 50, 1]`` of the same width (squared error).
 
 ``--letter`` times the paper's Letter network instead (issue 13: "a Letter GPN grid run at
@@ -20,6 +20,10 @@ least 5x faster"): ``GPNNet([16, 30, 15, 26])`` (meanvar, softmax head, identity
 ``gpn-meanvar identity`` rows; loss and target-variance penalty, Adam 1e-3) now (``gpn``) and
 at ``REV`` (``gpn@REV``), against ``tanh`` (the same sizes, cross-entropy), on a batch of 128
 (the grid's) of Letter-shaped random inputs; "per epoch" is then per step.
+
+``--objective predictive`` trains on the library's default objective
+(:func:`~pyro_gpn.inference.predictive_log_likelihood`) instead of the closed-form ELBO, ``--lr``
+sets Adam's rate (``pyro_gpn.recommended.VGPN.lr`` is 0.05).
 
 Variants run in alternating blocks of ``--block`` steps, ``--repeats`` times, one thread; the
 report gives the median process-CPU and wall seconds per epoch and their ratios. A network's
@@ -51,11 +55,17 @@ import torch  # noqa: E402
 from benchmarks.layer_speed import load_baseline  # noqa: E402
 from benchmarks.uci import DATA_DIR  # noqa: E402
 from pyro_gpn.data.uci_regression import load_uci_regression  # noqa: E402
-from pyro_gpn.inference.closed_form import closed_form_elbo  # noqa: E402
+from pyro_gpn.inference import closed_form  # noqa: E402
 from pyro_gpn.models import VariationalGPN  # noqa: E402
 
 
-def steps_of(name: str, batch: int, baseline: str | None) -> tuple[dict, int]:
+def steps_of(
+    name: str,
+    batch: int,
+    baseline: str | None,
+    objective: str = "closed_form",
+    lr: float = 1e-2,
+) -> tuple[dict, int]:
     """The variants' step functions on set ``name`` and the steps per epoch."""
     data = load_uci_regression(name, DATA_DIR, split=0, download=False)
     x, y = data.x_train, data.y_train
@@ -65,18 +75,25 @@ def steps_of(name: str, batch: int, baseline: str | None) -> tuple[dict, int]:
     batches = [torch.randperm(n, generator=generator)[:batch] for _ in range(64)]
     options = {"whiten": True, "targets_init": "identity", "num_data": n}
     torch.manual_seed(0)
+    elbo_name = "predictive_log_likelihood" if objective == "predictive" else "closed_form_elbo"
+    elbo = getattr(closed_form, elbo_name)
     models = {
-        "point": (VariationalGPN([d, 50, 1], weights="point", **options), closed_form_elbo),
-        "default": (VariationalGPN([d, 50, 1], num_data=n), closed_form_elbo),
+        "point": (VariationalGPN([d, 50, 1], weights="point", **options), elbo),
+        "default": (VariationalGPN([d, 50, 1], num_data=n), elbo),
     }
     if baseline:
         base = load_baseline(baseline)
-        from pyro_gpn_base.inference.closed_form import closed_form_elbo as base_elbo
+        import pyro_gpn_base.inference.closed_form as base_closed_form
 
+        base_elbo = getattr(base_closed_form, elbo_name)
         models[f"point@{baseline}"] = (base.models.VariationalGPN([d, 50, 1], **options), base_elbo)
+        models[f"default@{baseline}"] = (
+            base.models.VariationalGPN([d, 50, 1], num_data=n),
+            base_elbo,
+        )
     steps = {}
     for key, (model, elbo) in models.items():
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
 
         def step(i, model=model, elbo=elbo, opt=opt):
             idx = batches[i % len(batches)]
@@ -151,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile", default=None, help="profile 10 steps of this variant (torch.profiler)"
     )
+    parser.add_argument("--objective", default="closed_form", choices=["closed_form", "predictive"])
+    parser.add_argument("--lr", type=float, default=1e-2, help="Adam's rate of the GPN variants")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     # every network keeps its own parameters (not pyro's global store, which would hand the
@@ -161,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.letter:
             steps, per_epoch = letter_steps(args.baseline)
         else:
-            steps, per_epoch = steps_of(name, args.batch, args.baseline)
+            steps, per_epoch = steps_of(name, args.batch, args.baseline, args.objective, args.lr)
         for step in steps.values():  # warm up: compile / load the kernels, then --warm steps
             for i in range(max(3, args.warm)):
                 step(i)
@@ -190,9 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         for key in steps:
             c, w = statistics.median(cpu[key]), statistics.median(wall[key])
             line = f"  {key:16s} CPU {c:8.4f} s/epoch ({c / base:6.1f}x tanh), wall {w:8.4f} s"
-            new = "gpn" if args.letter else "point"
-            if args.baseline and key == f"{new}@{args.baseline}":
-                line += f"  | old / new: {c / statistics.median(cpu[new]):.2f}x CPU"
+            for new in ("gpn",) if args.letter else ("point", "default"):
+                if args.baseline and key == f"{new}@{args.baseline}":
+                    line += f"  | old / new: {c / statistics.median(cpu[new]):.2f}x CPU"
             print(line, flush=True)
     print(f"load at the end {os.getloadavg()}")
 

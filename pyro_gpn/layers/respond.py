@@ -81,13 +81,17 @@ def respond(
     in the activations' dtype. ``parts`` (from :func:`response_parts`) skips re-evaluating the
     response weights (a recurrent layer reuses them at every time step).
 
-    A parametric layer (:class:`~pyro_gpn.layers.parametric.VirtualObservations`) with fixed,
-    equidistant inducing points on the fused CPU backend responds through
-    :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response`: the parameter-only algebra and the
-    per-row pass in one autograd node, the same numbers without the intermediate tensors.
+    A parametric layer (:class:`~pyro_gpn.layers.parametric.VirtualObservations`) or a
+    variational one with a whitened posterior
+    (:class:`~pyro_gpn.layers.variational.VariationalTargets`, ``whiten=True``, the default)
+    with fixed, equidistant inducing points on the fused CPU backend responds through
+    :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` or
+    :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response`: the parameter-only
+    algebra and the per-row pass in one autograd node, the same numbers without the
+    intermediate tensors.
     """
     if parts is None:
-        fused = _fused_parametric(layer, activations, mode, noise)
+        fused = _fused_layer(layer, activations, mode, noise)
         if fused is not None:
             return fused
     parts = response_parts(layer, mode, noise) if parts is None else parts
@@ -109,32 +113,58 @@ def respond(
     return outputs.to(out_dtype)
 
 
-_VirtualObservations = None  # pyro_gpn.layers.parametric.VirtualObservations, imported on first use
+_RESPONSES = None  # (VirtualObservations, VariationalTargets), imported on first use
 
 
-def _fused_parametric(
+def _fused_kind(layer: GPNLayerBase) -> str | None:
+    """The fused layer's name for ``layer``'s response (``"observations"``: virtual
+    observations; ``"whitened"``: a whitened variational posterior), or ``None`` if it has
+    none (another response, or a subclass that computes its weights otherwise)."""
+    global _RESPONSES
+    if _RESPONSES is None:
+        from .parametric import VirtualObservations
+        from .variational import VariationalTargets
+
+        _RESPONSES = (VirtualObservations, VariationalTargets)
+    observations, variational = _RESPONSES
+    response = layer.response
+    if isinstance(response, observations) and type(response).weights is observations.weights:
+        return "observations"
+    if (
+        isinstance(response, variational)
+        and type(response).weights is variational.weights
+        and response.whiten
+    ):
+        return "whitened"
+    return None
+
+
+def _fused_layer(
     layer: GPNLayerBase, activations: Moments, mode: Mode, noise: bool
 ) -> Moments | None:
-    """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response`, or
-    ``None`` where that path does not apply (another response, a full activation covariance,
-    a Cholesky-factored variance below float64, or a backend other than ``"cpu"``)."""
-    global _VirtualObservations
-    if _VirtualObservations is None:
-        from .parametric import VirtualObservations as _VirtualObservations
-
-    response = layer.response
+    """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` (virtual
+    observations) or :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response` (a
+    whitened ``q(U)``), or ``None`` where that path does not apply (another response, a full
+    activation covariance, a Cholesky-factored variance below float64, learnable or uneven
+    inducing points, or a backend other than ``"cpu"``)."""
+    kind = _fused_kind(layer)
     if (
-        type(response).weights is not _VirtualObservations.weights
-        or not isinstance(response, _VirtualObservations)
+        kind is None
         or (mode == "cov" and activations.cov is not None)
         or (mode != "mean" and layer._needs_factors())
         or not layer._equidistant
     ):
         return None
+    response = layer.response
+    if kind == "observations":
+        first, second = response.targets, response.target_variances
+        respond_fused = cpu_layer.cpu_layer_response
+    else:
+        first, second = response.targets_loc, response.variational_scale_tril()
+        respond_fused = cpu_layer.cpu_variational_layer_response
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
-    lengthscales, targets = layer.lengthscales, response.targets
-    target_variances = response.target_variances
+    lengthscales = layer.lengthscales
     noise_var = None
     if mode != "mean" and noise and layer.noise_std is not None:
         noise_var = layer.noise_std.square()
@@ -142,23 +172,22 @@ def _fused_parametric(
         mean,
         var,
         lengthscales,
-        targets,
-        target_variances,
+        first,
+        second,
         noise_var,
         inducing_points=layer.inducing_points,
         equidistant=True,
     )
     if not fused:
         return None
-    cpu_layer_response = cpu_layer.cpu_layer_response
-    args = (mean, var, layer.inducing_points, lengthscales, targets, target_variances)
+    args = (mean, var, layer.inducing_points, lengthscales, first, second)
     try:
         if mode == "mean":
-            return Moments(cpu_layer_response(*args, None, response.jitter, False), validate=False)
+            return Moments(respond_fused(*args, None, response.jitter, False), validate=False)
         if var is None:
             var = mean.new_zeros(mean.shape)
             args = (mean, var, *args[2:])
-        out_mean, out_var = cpu_layer_response(*args, noise_var, response.jitter, True)
+        out_mean, out_var = respond_fused(*args, noise_var, response.jitter, True)
     except cpu_layer.NotPositiveDefinite:
         return None  # the reference path retries with more jitter
     if mode == "cov":

@@ -1,9 +1,12 @@
-"""Numba kernels of the parameter-only part of a parametric GPN layer, forward and backward
-(imported on first use by :mod:`pyro_gpn.moments.cpu_layer`: imports numba).
+"""Numba kernels of the parameter-only part of a GPN layer, forward and backward (imported on
+first use by :mod:`pyro_gpn.moments.cpu_layer`: imports numba).
 
-One call per layer and direction does every unit's ``R x R`` algebra (``eq:gpn_normal_alpha_kappa``)
-and the midpoint weights of the closed-form variance, so that a training step pays one kernel
-launch for it instead of five. All arrays float64, C-contiguous, parameters ``[G, ...]`` with
+One call per layer and direction does every unit's ``R x R`` algebra and the midpoint weights of
+the closed-form variance, so that a training step pays one kernel launch for it instead of five
+to twenty: :func:`params_fwd` / :func:`params_bwd` for virtual observations
+(``eq:gpn_normal_alpha_kappa``), :func:`whitened_params_fwd` / :func:`whitened_params_bwd` for
+the whitened variational posterior ``q(z) = N(m, T T^T)``, ``U = L z``
+(``eq:gpn_vi_sampling_muhat_fl``, ``eq:gpn_vi_sampling_sigmahat_fl``). All arrays float64, C-contiguous, parameters ``[G, ...]`` with
 ``G`` the number of activation functions; per-unit gradient inputs ``[N, ...]`` are summed into
 their function (``g = n`` if ``G > 1`` else 0).
 
@@ -21,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from ._numba_kernels import (
+    cholesky_factor,
     cholesky_solve,
     cholesky_substitute,
     grid_origin_spacing,
@@ -42,6 +46,50 @@ def gram_decay(V, lam, g, R, kd):
         d = j * h
         kd[j] = math.exp(-0.5 * d * d * il2)
     return h, lm, il2
+
+
+@njit(inline="always", **_OPTS)
+def midpoint_rows(c, b, h, il2, dm, P, PC, PA, R):
+    """One function's midpoint weights ``[2R - 1]`` of the closed-form variance:
+    ``P`` of ``C - beta beta^T``, ``PC`` of ``C`` and ``PA`` of ``|C| + |beta| |beta|^T``, with
+    the decay ``dm[j] = exp(-j^2 h^2 / (4 lambda^2))`` (filled here)."""
+    a = h * h * 0.25 * il2
+    for j in range(R):
+        dm[j] = math.exp(-a * j * j)
+    for k in range(2 * R - 1):
+        P[k] = 0.0
+        PC[k] = 0.0
+        PA[k] = 0.0
+    for r in range(R):
+        for t in range(R):
+            d = dm[abs(r - t)]
+            crt = c[r, t]
+            bb = b[r] * b[t]
+            P[r + t] += (crt - bb) * d
+            PC[r + t] += crt * d
+            PA[r + t] += (abs(crt) + abs(bb)) * d
+
+
+@njit(inline="always", **_OPTS)
+def midpoint_grads(c, b, h, lm, il2, gP, gPC, dm, gC, gb, R):
+    """Backward of :func:`midpoint_rows` (``P``, ``PC``): ``gC`` (symmetric, written), ``beta``'s
+    share added to ``gb``; returns the lengthscale's share (``dm`` is filled here)."""
+    a = h * h * 0.25 * il2
+    for j in range(R):
+        dm[j] = math.exp(-a * j * j)
+    gl = 0.0
+    for r in range(R):
+        acc = 0.0
+        for t in range(R):
+            j = abs(r - t)
+            d = dm[j]
+            gp = gP[r + t] * d
+            gpc = gPC[r + t] * d
+            gC[r, t] = gp + gpc
+            acc -= 2.0 * gp * b[t]
+            gl += (gp * (c[r, t] - b[r] * b[t]) + gpc * c[r, t]) * 2.0 * a * j * j / lm
+        gb[r] += acc
+    return gl
 
 
 @njit(**_OPTS)
@@ -70,22 +118,7 @@ def params_fwd(V, U, Svar, lam, jitter, with_var, beta, kappa, chol, P, PC, PA):
         # kappa by Gauss-Jordan elimination with partial pivoting (A is overwritten)
         c = kappa[g]
         symmetric_inverse(A, Li, c, R)
-        # midpoint weights, decay exp(-(r - t)^2 h^2 / (4 lambda^2))
-        a = h * h * 0.25 * il2
-        for j in range(R):
-            dm[j] = math.exp(-a * j * j)
-        for k in range(2 * R - 1):
-            P[g, k] = 0.0
-            PC[g, k] = 0.0
-            PA[g, k] = 0.0
-        for r in range(R):
-            for t in range(R):
-                d = dm[abs(r - t)]
-                crt = c[r, t]
-                bb = b[r] * b[t]
-                P[g, r + t] += (crt - bb) * d
-                PC[g, r + t] += crt * d
-                PA[g, r + t] += (abs(crt) + abs(bb)) * d
+        midpoint_rows(c, b, h, il2, dm, P[g], PC[g], PA[g], R)
     return True
 
 
@@ -129,21 +162,7 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
         du = dU[g]
         if with_var:
             c = kappa[g]
-            a = h * h * 0.25 * il2
-            for j in range(R):
-                dm[j] = math.exp(-a * j * j)
-            # midpoint weights' backward: dC, and beta's share of P = sum (C - b b^T) d
-            for r in range(R):
-                acc = 0.0
-                for t in range(R):
-                    j = abs(r - t)
-                    d = dm[j]
-                    gp = gP[r + t] * d
-                    gpc = gPC[r + t] * d
-                    gC[r, t] = gp + gpc
-                    acc -= 2.0 * gp * b[t]
-                    gl += (gp * (c[r, t] - b[r] * b[t]) + gpc * c[r, t]) * 2.0 * a * j * j / lm
-                gb[r] += acc
+            gl += midpoint_grads(c, b, h, lm, il2, gP, gPC, dm, gC, gb, R)
             # dU = kappa gb; dA = -(kappa gC kappa + sym(dU beta^T))
             for r in range(R):
                 s = 0.0
@@ -177,5 +196,208 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
                     j = abs(r - t)
                     d = j * h
                     gl += dA[r, t] * kd[j] * d * d * il2 / lm
+        dlam[g] = gl
+    return True
+
+
+@njit(inline="always", **_OPTS)
+def lower_inverse(L, Li, R):
+    """``Li = L^-1`` of a lower-triangular ``L`` ([R, R]) by forward substitution (lower too)."""
+    for c in range(R):
+        for r in range(c):
+            Li[r, c] = 0.0
+        Li[c, c] = 1.0 / L[c, c]
+        for r in range(c + 1, R):
+            s = 0.0
+            for k in range(c, r):
+                s += L[r, k] * Li[k, c]
+            Li[r, c] = -s / L[r, r]
+
+
+@njit(**_OPTS)
+def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, P, PC, PA):
+    """The whitened variational response's weights: with ``L = chol(K(V, V) + jitter I)``
+    (``chol``) and ``Li = L^-1`` (``linv``), ``beta = Li^T m`` and, with ``with_var``,
+    ``Khat = Li^T Li - (Li^T T)(Li^T T)^T = L^-T (I - T T^T) L^-1`` (symmetric) and its
+    midpoint weights ``P``, ``PC``, ``PA`` (:func:`midpoint_rows`). ``m [G, R]``, ``T [G, R, R]``
+    (the scale of ``q(z)``; any square matrix). Returns False if a Cholesky fails."""
+    G, R = m.shape
+    A = np.empty((R, R))
+    root = np.empty((R, R))
+    kd = np.empty(R)
+    dm = np.empty(R)
+    for g in range(G):
+        h, lm, il2 = gram_decay(V, lam, g, R, kd)
+        for r in range(R):
+            for t in range(R):
+                A[r, t] = kd[abs(r - t)]
+            A[r, r] += jitter
+        L = chol[g]
+        if not cholesky_factor(A, L, R):
+            return False
+        Li = linv[g]
+        lower_inverse(L, Li, R)
+        b = beta[g]
+        for r in range(R):
+            acc = 0.0
+            for t in range(r, R):
+                acc += Li[t, r] * m[g, t]
+            b[r] = acc
+        if not with_var:
+            continue
+        Tg = T[g]
+        for r in range(R):  # root = Li^T T
+            for j in range(R):
+                acc = 0.0
+                for t in range(r, R):
+                    acc += Li[t, r] * Tg[t, j]
+                root[r, j] = acc
+        c = khat[g]
+        for r in range(R):
+            for q in range(r, R):
+                acc = 0.0
+                for t in range(q, R):
+                    acc += Li[t, r] * Li[t, q]
+                for j in range(R):
+                    acc -= root[r, j] * root[q, j]
+                c[r, q] = acc
+                c[q, r] = acc
+        midpoint_rows(c, b, h, il2, dm, P[g], PC[g], PA[g], R)
+    return True
+
+
+@njit(**_OPTS)
+def whitened_params_bwd(
+    V, m, T, lam, with_var, khat, beta, chol, linv, dP, dPC, dbeta, dlam_rows, dm_out, dT, dlam
+):
+    """Gradients ``dm_out [G, R]``, ``dT [G, R, R]`` and ``dlam [G]`` of
+    :func:`whitened_params_fwd` from the per-unit gradients of the midpoint weights
+    ``dP, dPC [N, 2R - 1]``, of ``beta`` (``dbeta [N, R]``) and the row kernel's ``dlam_rows [N]``.
+
+    With ``gC`` the gradient of ``Khat`` (symmetric) and ``gb`` of ``beta``: ``dm = Li gb``,
+    ``dM = Li gC Li^T`` for ``M = I - T T^T`` so ``dT = -2 dM T``; ``dLi = m gb^T + 2 M Li gC``,
+    ``dL = -Li^T dLi Li^T`` (lower part), and the Cholesky factor's backward (as
+    ``torch.linalg.cholesky``'s) ``dA = Li^T sym(Phi(L^T dL)) Li``, which reaches the
+    lengthscale through ``K(V, V)_rt = exp(-(r - t)^2 h^2 / 2 lambda^2)``."""
+    G, R = m.shape
+    N = dbeta.shape[0]
+    K = 2 * R - 1
+    gP = np.empty(K)
+    gPC = np.empty(K)
+    gb = np.empty(R)
+    gC = np.zeros((R, R))
+    X = np.empty((R, R))
+    Y = np.empty((R, R))
+    dLi = np.empty((R, R))
+    W = np.empty((R, R))
+    kd = np.empty(R)
+    dm = np.empty(R)
+    for g in range(G):
+        for k in range(K):
+            gP[k] = 0.0
+            gPC[k] = 0.0
+        for r in range(R):
+            gb[r] = 0.0
+        gl = 0.0
+        for n in range(N):
+            if (n if G > 1 else 0) != g:
+                continue
+            gl += dlam_rows[n]
+            for r in range(R):
+                gb[r] += dbeta[n, r]
+            if with_var:
+                for k in range(K):
+                    gP[k] += dP[n, k]
+                    gPC[k] += dPC[n, k]
+        h, lm, il2 = gram_decay(V, lam, g, R, kd)
+        L = chol[g]
+        Li = linv[g]
+        Tg = T[g]
+        if with_var:
+            gl += midpoint_grads(khat[g], beta[g], h, lm, il2, gP, gPC, dm, gC, gb, R)
+        for t in range(R):  # dm = Li gb
+            acc = 0.0
+            for r in range(t + 1):
+                acc += Li[t, r] * gb[r]
+            dm_out[g, t] = acc
+        for r in range(R):  # dLi = m gb^T (lower part: Li's upper triangle is no variable)
+            for t in range(R):
+                dLi[r, t] = m[g, r] * gb[t] if t <= r else 0.0
+        if with_var:
+            for r in range(R):  # X = Li gC
+                for t in range(R):
+                    acc = 0.0
+                    for k in range(r + 1):
+                        acc += Li[r, k] * gC[k, t]
+                    X[r, t] = acc
+            for r in range(R):  # W = dM = X Li^T (symmetric)
+                for q in range(R):
+                    acc = 0.0
+                    for t in range(q + 1):
+                        acc += X[r, t] * Li[q, t]
+                    W[r, q] = acc
+            for r in range(R):  # dT = -2 dM T
+                for j in range(R):
+                    acc = 0.0
+                    for q in range(R):
+                        acc += W[r, q] * Tg[q, j]
+                    dT[g, r, j] = -2.0 * acc
+            for j in range(R):  # Y = T^T X
+                for t in range(R):
+                    acc = 0.0
+                    for q in range(R):
+                        acc += Tg[q, j] * X[q, t]
+                    Y[j, t] = acc
+            for r in range(R):  # dLi += 2 M X = 2 (X - T Y), lower part
+                for t in range(r + 1):
+                    acc = X[r, t]
+                    for j in range(R):
+                        acc -= Tg[r, j] * Y[j, t]
+                    dLi[r, t] += 2.0 * acc
+        else:
+            for r in range(R):
+                for j in range(R):
+                    dT[g, r, j] = 0.0
+        # dL = -Li^T dLi Li^T (lower part): X = dLi Li^T, then W = -Li^T X
+        for r in range(R):
+            for q in range(R):
+                acc = 0.0
+                for t in range(min(r, q) + 1):
+                    acc += dLi[r, t] * Li[q, t]
+                X[r, q] = acc
+        for r in range(R):
+            for q in range(r + 1):
+                acc = 0.0
+                for t in range(r, R):
+                    acc += Li[t, r] * X[t, q]
+                W[r, q] = -acc
+        # Phi = tril(L^T dL), diagonal halved; Y = sym(Phi) = (Phi + Phi^T) / 2
+        for r in range(R):
+            for q in range(r + 1):
+                acc = 0.0
+                for t in range(r, R):
+                    acc += L[t, r] * W[t, q]
+                if q == r:
+                    Y[r, r] = 0.5 * acc
+                else:
+                    Y[r, q] = 0.5 * acc
+                    Y[q, r] = 0.5 * acc
+        # dA = Li^T Y Li (symmetric): X = Y Li, then dA = Li^T X
+        for r in range(R):
+            for q in range(R):
+                acc = 0.0
+                for t in range(q, R):
+                    acc += Y[r, t] * Li[t, q]
+                X[r, q] = acc
+        for r in range(R):
+            for q in range(R):
+                if q == r:
+                    continue
+                acc = 0.0
+                for t in range(r, R):
+                    acc += Li[t, r] * X[t, q]
+                j = abs(r - q)
+                d = j * h
+                gl += acc * kd[j] * d * d * il2 / lm
         dlam[g] = gl
     return True

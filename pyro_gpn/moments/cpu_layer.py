@@ -1,21 +1,28 @@
-r"""A parametric GPN layer's whole response on the fused CPU kernels: one autograd node.
+r"""A GPN layer's whole response on the fused CPU kernels: one autograd node.
 
-:func:`cpu_layer_response` maps activation moments ``mu, v [S, N]`` and the layer's parameters
-(lengthscales ``lambda``, targets ``U``, target variances ``S``, output noise ``sigma^2``) to the
-output means and variances (``eq:gpn_normal_alpha_kappa``, ``eq:gpn_normal_mu``,
-``eq:gpn_normal_Sigmatilde``) -- the same function as
+:func:`cpu_layer_response` maps activation moments ``mu, v [S, N]`` and a parametric layer's
+parameters (lengthscales ``lambda``, targets ``U``, target variances ``S``, output noise
+``sigma^2``) to the output means and variances (``eq:gpn_normal_alpha_kappa``,
+``eq:gpn_normal_mu``, ``eq:gpn_normal_Sigmatilde``) -- the same function as
 :func:`~pyro_gpn.moments.cpu_kernels.cpu_virtual_observation_weights` followed by
-:func:`~pyro_gpn.moments.cpu_kernels.cpu_response_meanvar`, and the same numbers, but
+:func:`~pyro_gpn.moments.cpu_kernels.cpu_response_meanvar`, and the same numbers.
+:func:`cpu_variational_layer_response` does the same for a variational layer whose posterior
+is whitened, ``q(z) = N(m, T T^T)`` with ``U = L z``, ``L L^T = K(V, V) + jitter I``
+(``eq:gpn_vi_sampling_muhat_fl``, ``eq:gpn_vi_sampling_sigmahat_fl``: ``beta = L^-T m``,
+``Khat = L^-T (I - T T^T) L^-1``) -- the same function as
+:meth:`~pyro_gpn.layers.variational.VariationalTargets.weights` followed by the row kernels.
+Both are
 
 * one :class:`torch.autograd.Function` for the layer instead of one for the parameter-only part
-  and one for the rows, with the midpoint weights inside (no intermediate ``beta``, ``kappa``
-  tensors, no conversions to and from the compute dtype: the inputs are read once as float64
-  NumPy arrays, the outputs returned in the activations' dtype, the parameters' gradients in
-  theirs);
+  and one for the rows (and for the variational layer some twenty PyTorch operations and their
+  backward nodes for ``L``, its inverse and ``Khat``), with the midpoint weights inside (no
+  intermediate ``beta``, ``kappa`` tensors, no conversions to and from the compute dtype: the
+  inputs are read once as float64 NumPy arrays, the outputs returned in the activations' dtype,
+  the parameters' gradients in theirs);
 * two compiled calls per direction: the per-unit ``R x R`` algebra and midpoint weights
   (:mod:`pyro_gpn.moments._numba_params`: ``R`` exponentials per unit for the Gram matrix and
-  the midpoint decay, not ``R^2``; the means-only backward solves with the Cholesky factor
-  instead of forming ``kappa``), then one pass per (sample, unit)
+  the midpoint decay, not ``R^2``; the parametric means-only backward solves with the Cholesky
+  factor instead of forming ``kappa``), then one pass per (sample, unit)
   (:func:`~pyro_gpn.moments._numba_kernels.meanvar_fwd` / ``meanvar_bwd``, with the per-row
   closed-form / Gauss-Hermite rule of ``docs/results/accuracy.md``).
 
@@ -40,7 +47,7 @@ from .cpu_kernels import (
     closed_form_error_scale,
 )
 
-__all__ = ["NotPositiveDefinite", "cpu_layer_response"]
+__all__ = ["NotPositiveDefinite", "cpu_layer_response", "cpu_variational_layer_response"]
 
 
 def _f64(t: Tensor, rows: int | None = None) -> np.ndarray:
@@ -65,18 +72,27 @@ def _out(a: np.ndarray, like: Tensor) -> Tensor:
     )
 
 
+#: the parameter kernels of each response kind: ``(forward, backward)`` in ``_numba_params``
+_PARAM_KERNELS = {
+    "observations": ("params_fwd", "params_bwd"),
+    "whitened": ("whitened_params_fwd", "whitened_params_bwd"),
+}
+
+
 class _LayerResponse(torch.autograd.Function):
-    """``(mean, var)`` (``with_var``) or ``mean`` of one parametric layer."""
+    """``(mean, var)`` (``with_var``) or ``mean`` of one layer. ``kind`` names its response:
+    ``"observations"`` (``a, b = U, S``: virtual observations) or ``"whitened"`` (``a, b = m,
+    T``: the whitened variational posterior)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, mu, v, lam, U, Svar, noise_var, V, jitter, with_var):
+    def forward(ctx: FunctionCtx, mu, v, lam, a, b, noise_var, V, jitter, with_var, kind):
         S, N = mu.shape
-        G = max(U.shape[0], Svar.shape[0], lam.shape[0], V.shape[0])
+        G = max(a.shape[0], b.shape[0], lam.shape[0], V.shape[0])
         R = V.shape[-1]
         K = 2 * R - 1
         mu_ = _f64(mu)
         v_ = np.zeros((S, N)) if v is None else _f64(v)
-        V_, U_, S_, lam_ = _f64(V, G), _f64(U, G), _f64(Svar, G), _f64(lam, G)
+        V_, a_, b_, lam_ = _f64(V, G), _f64(a, G), _f64(b, G), _f64(lam, G)
         beta = np.empty((G, R))
         chol = np.empty((G, R, R))
         if with_var:
@@ -85,13 +101,21 @@ class _LayerResponse(torch.autograd.Function):
         else:
             kappa = np.zeros((1, 1, 1))
             P = PC = PA = np.zeros((1, 1))
-        ok = _numba_module("_numba_params").params_fwd(
-            V_, U_, S_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA
-        )
-        if not ok:
-            raise NotPositiveDefinite(
-                "K(V, V) + diag(target_variances) is not positive definite (fused CPU kernel)"
+        params_fwd = getattr(_numba_module("_numba_params"), _PARAM_KERNELS[kind][0])
+        if kind == "whitened":
+            linv = np.empty((G, R, R))
+            ok = params_fwd(
+                V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, linv, P, PC, PA
             )
+            saved = (V_, a_, b_, lam_, kappa, beta, chol, linv)
+        else:
+            ok = params_fwd(V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA)
+            saved = (V_, a_, lam_, beta, kappa, chol)
+        if not ok:
+            what = (
+                "K(V, V) + jitter I" if kind == "whitened" else "K(V, V) + diag(target_variances)"
+            )
+            raise NotPositiveDefinite(f"{what} is not positive definite (fused CPU kernel)")
         zs, ws, offs, tier_r2 = _tier_rules()
         noise_ = np.zeros(1) if noise_var is None else _f64(noise_var)
         mean = np.empty((S, N))
@@ -103,9 +127,11 @@ class _LayerResponse(torch.autograd.Function):
             closed_form_error_scale(R, torch.float64), _closed_form_rtol(), noise_, with_var,
             mean, var, pre, how,
         )  # fmt: skip
-        ctx.arrays = (mu_, v_, V_, U_, lam_, beta, kappa, chol, P, PC, mean, pre, how)
+        ctx.arrays = (mu_, v_, lam_, V_, beta, P, PC, mean, pre, how)
+        ctx.params = saved
         ctx.with_var = with_var
-        ctx.like = (mu, lam, U, Svar, noise_var)
+        ctx.kind = kind
+        ctx.like = (mu, lam, a, b, noise_var)
         ctx.has_v = v is not None
         if not with_var:
             return _out(mean, mu)
@@ -114,11 +140,11 @@ class _LayerResponse(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gmean, gvar=None):
-        mu_, v_, V_, U_, lam_, beta, kappa, chol, P, PC, mean, pre, how = ctx.arrays
-        mu, lam, U, Svar, noise_var = ctx.like
+        mu_, v_, lam_, V_, beta, P, PC, mean, pre, how = ctx.arrays
+        mu, lam, a, b, noise_var = ctx.like
         with_var = ctx.with_var
         S, N = mu_.shape
-        G, R = U_.shape
+        G, R = beta.shape
         K = 2 * R - 1
         gm = np.zeros((S, N)) if gmean is None else _f64(gmean)
         gv = np.zeros((S, N)) if (gvar is None or not with_var) else _f64(gvar)
@@ -134,10 +160,21 @@ class _LayerResponse(torch.autograd.Function):
             mu_, v_, V_, lam_, beta, P, PC, zs, ws, offs, mean, pre, how, gm, gv, with_var,
             dmu, dv, dlam_rows, dbeta, dP, dPC,
         )  # fmt: skip
-        dU, dS, dlam = np.empty((G, R)), np.empty((G, R)), np.empty(G)
-        _numba_module("_numba_params").params_bwd(
-            V_, U_, lam_, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows, dU, dS, dlam
-        )
+        params_bwd = getattr(_numba_module("_numba_params"), _PARAM_KERNELS[ctx.kind][1])
+        da, dlam = np.empty((G, R)), np.empty(G)
+        if ctx.kind == "whitened":
+            V_, m_, T_, lam_, khat, beta, chol, linv = ctx.params
+            db = np.empty((G, R, R))
+            params_bwd(
+                V_, m_, T_, lam_, with_var, khat, beta, chol, linv, dP, dPC, dbeta, dlam_rows,
+                da, db, dlam,
+            )  # fmt: skip
+        else:
+            V_, U_, lam_, beta, kappa, chol = ctx.params
+            db = np.empty((G, R))
+            params_bwd(
+                V_, U_, lam_, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows, da, db, dlam
+            )
         need = ctx.needs_input_grad
         g_noise = None
         if noise_var is not None and need[5]:
@@ -146,9 +183,10 @@ class _LayerResponse(torch.autograd.Function):
             _out(dmu, mu) if need[0] else None,
             _out(dv, mu) if (need[1] and ctx.has_v) else None,
             _out(dlam, lam) if need[2] else None,
-            _out(dU, U) if need[3] else None,
-            _out(dS, Svar) if need[4] else None,
+            _out(da, a) if need[3] else None,
+            _out(db, b) if need[4] else None,
             g_noise,
+            None,
             None,
             None,
             None,
@@ -187,5 +225,66 @@ def cpu_layer_response(
             reference path retries with more jitter).
     """
     return _LayerResponse.apply(
-        mu, v, lengthscales, targets, target_variances, noise_var, inducing_points, jitter, with_var
+        mu,
+        v,
+        lengthscales,
+        targets,
+        target_variances,
+        noise_var,
+        inducing_points,
+        jitter,
+        with_var,
+        "observations",
+    )
+
+
+def cpu_variational_layer_response(
+    mu: Tensor,
+    v: Tensor | None,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    targets_loc: Tensor,
+    targets_scale_tril: Tensor,
+    noise_var: Tensor | None = None,
+    jitter: float = 1e-6,
+    with_var: bool = True,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Output moments of a variational GPN layer with a whitened ``q``, in one autograd node.
+
+    The response of :class:`~pyro_gpn.layers.variational.VariationalTargets` with
+    ``whiten=True``: ``beta = L^-T m`` and ``Khat = L^-T (I - T T^T) L^-1`` with
+    ``L = chol(K(V, V) + jitter I)`` (``eq:gpn_vi_sampling_muhat_fl``,
+    ``eq:gpn_vi_sampling_sigmahat_fl``), then ``eq:gpn_vi_mu`` and
+    ``eq:gpn_vi_marginal_sigma2_fl`` row by row, as :func:`cpu_layer_response`.
+
+    Args:
+        mu: ``[S, N]`` activation means; v: ``[S, N]`` activation variances or ``None``.
+        inducing_points: ``[N | 1, R]`` fixed, equidistant, ascending ``V`` (not differentiated).
+        lengthscales: ``[N | 1]``.
+        targets_loc: ``[N | 1, R]`` the mean ``m`` of ``q(z)``.
+        targets_scale_tril: ``[N | 1, R, R]`` its scale ``T`` (``q(z) = N(m, T T^T)``; lower
+            triangular as a Cholesky factor, or diagonal, though any square matrix is valid).
+        noise_var: ``[N | 1]`` output noise variance ``sigma^2`` or ``None``.
+        jitter: added to the diagonal of ``K(V, V)`` (the prior covariance of ``U``).
+        with_var: return ``(mean, var)`` or the means only.
+
+    Returns:
+        ``mean [S, N]`` (and ``var [S, N]``) in ``mu``'s dtype, differentiable w.r.t. ``mu``,
+        ``v``, ``lengthscales``, ``targets_loc``, ``targets_scale_tril`` and ``noise_var``.
+
+    Raises:
+        NotPositiveDefinite: if a ``K(V, V) + jitter I`` fails the Cholesky factorisation (the
+            reference path retries with more jitter).
+    """
+    return _LayerResponse.apply(
+        mu,
+        v,
+        lengthscales,
+        targets_loc,
+        targets_scale_tril,
+        noise_var,
+        inducing_points,
+        jitter,
+        with_var,
+        "whitened",
     )

@@ -152,3 +152,214 @@ def test_layer_float64_parameters(mode, share, monkeypatch):
         assert bool(calls) == fused, "the fused layer was (not) used"
         for e, g in zip(expected, got, strict=True):
             torch.testing.assert_close(g, e, rtol=1e-11, atol=1e-11)
+
+
+# --------------------------------------------------------------------------------------------
+# the whitened variational layer (cpu_variational_layer_response)
+# --------------------------------------------------------------------------------------------
+def make_whitened(
+    S: int,
+    N: int,
+    R: int,
+    shared: bool = False,
+    seed: int = 0,
+    lengthscale: float = 0.4,
+    mu_scale: float = 1.5,
+    v_scale: float = 0.3,
+    scale: float = 0.3,
+    dtype: torch.dtype = F64,
+):
+    """Leaf tensors ``mu, v, V, m, T, lam, noise`` of a whitened variational layer (``q(z) =
+    N(m, T T^T)``, ``T`` lower triangular with a positive diagonal; params ``[1, ...]`` if
+    ``shared``)."""
+    g = torch.Generator().manual_seed(seed)
+    G = 1 if shared else N
+    V = torch.linspace(-2, 2, R, dtype=F64).expand(G, -1).clone()
+    mu = mu_scale * torch.randn(S, N, generator=g, dtype=F64)
+    v = v_scale * torch.rand(S, N, generator=g, dtype=F64)
+    m = torch.randn(G, R, generator=g, dtype=F64)
+    T = 0.3 * scale * torch.randn(G, R, R, generator=g, dtype=F64).tril(-1)
+    T = T + torch.diag_embed(scale * (0.5 + torch.rand(G, R, generator=g, dtype=F64)))
+    lam = lengthscale * (0.8 + 0.4 * torch.rand(G, generator=g, dtype=F64))
+    noise = 0.01 + 0.01 * torch.rand(G, generator=g, dtype=F64)
+    out = [mu, v, V, m, T, lam, noise]
+    return [t.to(dtype).requires_grad_(i != 2) for i, t in enumerate(out)]
+
+
+def run_whitened(leaves, fused: bool, mode: str = "meanvar", jitter: float = 1e-6):
+    """Outputs and the gradients of a fixed random projection of them w.r.t. the leaves: the
+    fused layer, or the reference path (the response's own PyTorch algebra,
+    :meth:`VariationalTargets.weights`, then ``response_moments``) in float64."""
+    from pyro_gpn.moments.cpu_layer import cpu_variational_layer_response
+    from pyro_gpn.moments.propagate import response_moments
+
+    mu, v, V, m, T, lam, noise = leaves
+    if fused:
+        if mode == "mean":
+            outs = (cpu_variational_layer_response(mu, v, V, lam, m, T, None, jitter, False),)
+        else:
+            outs = cpu_variational_layer_response(mu, v, V, lam, m, T, noise, jitter, True)
+    else:
+        with backend("reference"):
+            beta, khat = _reference_weights(V, lam, m, T, jitter)
+            o = response_moments(
+                Moments(mu, var=v, validate=False), V, lam, beta, khat, noise, mode,
+                equidistant=True,
+            )  # fmt: skip
+        outs = (o.mean,) if mode == "mean" else (o.mean, o.var)
+    g = torch.Generator().manual_seed(123)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
+    wrt = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return [o.detach() for o in outs], grads
+
+
+def _reference_weights(V, lam, m, T, jitter_):
+    """:meth:`VariationalTargets.weights` (whitened) evaluated with the leaves ``m``, ``T`` as
+    its ``q`` (so that the gradients reach them)."""
+    from pyro_gpn.layers.variational import VariationalTargets
+
+    class _Q:
+        whiten = True
+        targets_loc = m
+        jitter = jitter_
+
+        @staticmethod
+        def variational_scale_tril():
+            return T
+
+    return VariationalTargets.weights(_Q(), V, lam)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize(
+    "S,N,R,shared",
+    [(1, 1, 2, False), (7, 3, 5, False), (13, 5, 14, False), (9, 4, 14, True), (3, 6, 3, True)],
+)
+def test_whitened_matches_reference(S, N, R, shared, mode):
+    leaves = make_whitened(S, N, R, shared, seed=S + N + R)
+    out_f, g_f = run_whitened(leaves, True, mode)
+    out_r, g_r = run_whitened(leaves, False, mode)
+    assert_close_all(out_f, out_r, what="outputs")
+    assert_close_all(g_f, g_r, what="grads")
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(
+    "regime",
+    [
+        {"mu_scale": 40.0},  # activations far outside the inducing range
+        {"v_scale": 0.0},  # deterministic activations (v = 0 exactly)
+        {"v_scale": 1e-9},  # tiny input variances
+        {"v_scale": 25.0},  # input variance much wider than the range
+        {"lengthscale": 0.03},  # short lengthscale: K close to the identity
+        {"scale": 1e-4},  # a nearly collapsed q: Khat close to K^-1
+        {"scale": 1.0},  # q = p: Khat close to 0
+        # long lengthscales: K + jitter ill-conditioned (|beta|^2 up to 1e8 and more); both
+        # paths share the rounding of K^-1, so the tolerance scales with it
+        {"lengthscale": 1.0, "tol": 1e4},
+        {"lengthscale": 2.0, "tol": 1e5},
+    ],
+)
+def test_whitened_extreme_regimes_match_reference(regime, shared, mode):
+    regime = dict(regime)
+    tol = regime.pop("tol", 1.0)
+    leaves = make_whitened(23, 4, 14, shared, seed=3, **regime)
+    out_f, g_f = run_whitened(leaves, True, mode)
+    out_r, g_r = run_whitened(leaves, False, mode)
+    for t in (*out_f, *g_f):
+        assert t is None or torch.isfinite(t).all()
+    assert_close_all(out_f, out_r, rtol=1e-7 * tol, atol=1e-9 * tol, what="outputs")
+    assert_close_all(g_f, g_r, rtol=1e-6 * tol, atol=1e-8 * tol, what="grads")
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+def test_whitened_float32_inputs_match_float64_reference(mode):
+    leaves64 = make_whitened(31, 6, 14, seed=5)
+    leaves32 = [t.detach().float().requires_grad_(t.requires_grad) for t in leaves64]
+    out_f, g_f = run_whitened(leaves32, True, mode)
+    out_r, g_r = run_whitened(leaves64, False, mode)
+    assert all(o.dtype == torch.float32 for o in out_f)
+    assert all(g is None or g.dtype == torch.float32 for g in g_f)
+    assert_close_all(out_f, out_r, rtol=2e-5, atol=2e-6, what="outputs")
+    assert_close_all(g_f, g_r, rtol=2e-4, atol=2e-5, what="grads")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_whitened_gradcheck(shared):
+    """``gradcheck`` in float64, every differentiable input, a full (not triangular) ``T`` too:
+    ``Khat = L^-T (I - T T^T) L^-1`` holds for any square ``T``."""
+    from pyro_gpn.moments.cpu_layer import cpu_variational_layer_response
+
+    mu, v, V, m, T, lam, noise = make_whitened(5, 3, 6, shared, seed=9, lengthscale=0.7)
+    full = (T.detach() + 0.05 * torch.randn(T.shape, dtype=F64)).requires_grad_()
+    for scale in (T, full):
+        torch.autograd.gradcheck(
+            lambda mu, v, lam, m, T, noise: cpu_variational_layer_response(
+                mu, v, V, lam, m, T, noise, 1e-6, True
+            ),
+            (mu, v, lam, m, scale, noise),
+        )
+    torch.autograd.gradcheck(
+        lambda mu, v, lam, m: cpu_variational_layer_response(mu, v, V, lam, m, T, None, 0.0, False),
+        (mu, v, lam, m),
+    )
+
+
+def test_whitened_not_positive_definite():
+    from pyro_gpn.moments.cpu_layer import NotPositiveDefinite, cpu_variational_layer_response
+
+    mu, v, V, m, T, lam, _ = make_whitened(6, 3, 7, seed=4)
+    with pytest.raises(NotPositiveDefinite, match="positive definite"):
+        # coincident inducing points without jitter: K(V, V) is singular
+        cpu_variational_layer_response(mu, v, torch.zeros_like(V), lam, m, T, None, 0.0, False)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+@pytest.mark.parametrize("share", ["none", "layer"])
+@pytest.mark.parametrize("q_cov", ["full", "diag"])
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("weights", ["variational", "point"])
+def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, monkeypatch):
+    """A VariationalGPNLayer (float64 algebra, the default) reaches the fused layer under "auto"
+    when its ``q`` is whitened (deterministic and diagonal input moments; in ``"cov"`` mode
+    only where the activations carry no covariance: point weights, deterministic inputs) and
+    agrees with the reference path: values and every parameter's gradient, the KL included."""
+    from pyro_gpn.layers import VariationalGPNLayer
+    from pyro_gpn.moments import cpu_layer
+
+    calls = []
+    original = cpu_layer.cpu_variational_layer_response
+    monkeypatch.setattr(
+        cpu_layer, "cpu_variational_layer_response", lambda *a: calls.append(1) or original(*a)
+    )
+    torch.manual_seed(1)
+    layer = VariationalGPNLayer(
+        5, 9, num_inducing=11, share=share, q_cov=q_cov, whiten=whiten, weights=weights, dtype=F64
+    )
+    with torch.no_grad():  # a q away from its start, and a long lengthscale for one unit
+        layer.response.targets_loc.add_(0.3 * torch.randn_like(layer.response.targets_loc))
+        layer.lengthscales = layer.lengthscales.detach() * 1.7
+    x = torch.randn(6, 5, dtype=F64)
+    for inputs in (x, Moments(x, var=0.2 * torch.rand(6, 5, dtype=F64))):
+
+        def go(inputs=inputs):
+            layer.zero_grad()
+            out = layer.propagate(inputs, mode)
+            total = out.mean.square().sum() + (0 if out.is_deterministic else out.covariance.sum())
+            total = total + layer.kl_divergence()
+            total.backward()
+            grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+            return [out.mean.detach(), out.covariance.detach(), *grads]
+
+        with backend("reference"):
+            expected = go()
+        calls.clear()
+        got = go()
+        deterministic = weights == "point" and not isinstance(inputs, Moments)
+        fused = whiten and (mode != "cov" or deterministic)
+        assert bool(calls) == fused, "the fused layer was (not) used"
+        assert len(got) == len(expected)
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-8, atol=1e-9)
