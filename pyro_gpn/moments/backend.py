@@ -9,9 +9,9 @@ The closed-form GPN moments (:mod:`pyro_gpn.moments.propagate`) have three imple
   off-diagonal's Mehler series in one pass over the unit pairs, :mod:`pyro_gpn.moments.cpu_mehler`);
   needs the optional ``numba`` (``pyro-gpn[fast]``); first-order gradients only (use
   ``"reference"`` for ``create_graph=True``). A
-  parametric layer's whole response (parameter-only algebra and rows) is one autograd node there,
-  :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's unscented cross-entropy of
-  diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;
+  parametric or whitened variational layer's whole response (parameter-only algebra and rows) is
+  one autograd node there, :mod:`pyro_gpn.moments.cpu_layer`, and so is the softmax head's
+  unscented cross-entropy of diagonal features, :mod:`pyro_gpn.moments.cpu_unscented`;
 * ``"triton"`` -- :mod:`pyro_gpn.moments.fused`: one Triton kernel per layer and direction that
   evaluates ``psi`` and ``Omega`` and their contractions in registers, never materialising
   ``[S, N, R, R]`` tensors (paper, section "Implementation"); float32 or float64 CUDA tensors
