@@ -21,6 +21,8 @@ least 5x faster"): ``GPNNet([16, 30, 15, 26])`` (meanvar, softmax head, identity
 at ``REV`` (``gpn@REV``), against ``tanh`` (the same sizes, cross-entropy), on a batch of 128
 (the grid's) of Letter-shaped random inputs; "per epoch" is then per step.
 
+Every variant's Adam runs with ``foreach=True``, as ``fit_vgpn`` and ``Trainer`` do (since
+2026-11-28; the figures in ``docs/results/layer_speed.md`` before that used the loop form).
 ``--objective predictive`` trains on the library's default objective
 (:func:`~pyro_gpn.inference.predictive_log_likelihood`) instead of the closed-form ELBO, ``--lr``
 sets Adam's rate (``pyro_gpn.recommended.VGPN.lr`` is 0.05).

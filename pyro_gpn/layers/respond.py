@@ -126,16 +126,15 @@ def _fused_kind(layer: GPNLayerBase) -> str | None:
         from .variational import VariationalTargets
 
         _RESPONSES = (VirtualObservations, VariationalTargets)
-    observations, variational = _RESPONSES
     response = layer.response
-    if isinstance(response, observations) and type(response).weights is observations.weights:
-        return "observations"
-    if (
-        isinstance(response, variational)
-        and type(response).weights is variational.weights
-        and response.whiten
-    ):
-        return "whitened"
+    for cls, kind in zip(_RESPONSES, ("observations", "whitened"), strict=True):
+        if (
+            isinstance(response, cls)
+            and type(response).weights is cls.weights
+            and type(response).mean_weights is cls.mean_weights
+            and (kind == "observations" or response.whiten)
+        ):
+            return kind
     return None
 
 
@@ -145,13 +144,14 @@ def _fused_layer(
     """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` (virtual
     observations) or :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response` (a
     whitened ``q(U)``), or ``None`` where that path does not apply (another response, a full
-    activation covariance, a Cholesky-factored variance below float64, learnable or uneven
-    inducing points, or a backend other than ``"cpu"``)."""
+    activation covariance, an algebra below float64 -- the fused layer computes in float64,
+    and ``compute_dtype`` decides --, learnable or uneven inducing points, or a backend other
+    than ``"cpu"``)."""
     kind = _fused_kind(layer)
     if (
         kind is None
         or (mode == "cov" and activations.cov is not None)
-        or (mode != "mean" and layer._needs_factors())
+        or layer._needs_factors()
         or not layer._equidistant
     ):
         return None
@@ -159,8 +159,8 @@ def _fused_layer(
     if kind == "observations":
         first, second = response.targets, response.target_variances
         respond_fused = cpu_layer.cpu_layer_response
-    else:
-        first, second = response.targets_loc, response.variational_scale_tril()
+    else:  # the scale (a constrained parameter) is evaluated once the path is sure
+        first, second = response.targets_loc, None
         respond_fused = cpu_layer.cpu_variational_layer_response
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
@@ -180,6 +180,8 @@ def _fused_layer(
     )
     if not fused:
         return None
+    if second is None:
+        second = response.variational_scale_tril()
     args = (mean, var, layer.inducing_points, lengthscales, first, second)
     try:
         if mode == "mean":
@@ -189,7 +191,9 @@ def _fused_layer(
             args = (mean, var, *args[2:])
         out_mean, out_var = respond_fused(*args, noise_var, response.jitter, True)
     except cpu_layer.NotPositiveDefinite:
-        return None  # the reference path retries with more jitter
+        # the reference path decides: the parametric one retries with more jitter, the
+        # variational one factorises with PyTorch (which raises if it fails too)
+        return None
     if mode == "cov":
         return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
     return Moments(out_mean, var=out_var, validate=False)

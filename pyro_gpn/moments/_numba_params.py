@@ -4,11 +4,11 @@ first use by :mod:`pyro_gpn.moments.cpu_layer`: imports numba).
 One call per layer and direction does every unit's ``R x R`` algebra and the midpoint weights of
 the closed-form variance, so that a training step pays one kernel launch for it instead of five
 to twenty: :func:`params_fwd` / :func:`params_bwd` for virtual observations
-(``eq:gpn_normal_alpha_kappa``), :func:`whitened_params_fwd` / :func:`whitened_params_bwd` for
-the whitened variational posterior ``q(z) = N(m, T T^T)``, ``U = L z``
-(``eq:gpn_vi_sampling_muhat_fl``, ``eq:gpn_vi_sampling_sigmahat_fl``). All arrays float64, C-contiguous, parameters ``[G, ...]`` with
-``G`` the number of activation functions; per-unit gradient inputs ``[N, ...]`` are summed into
-their function (``g = n`` if ``G > 1`` else 0).
+(``eq:gpn_normal_alpha_kappa``), :func:`whitened_params_fwd` / :func:`whitened_params_bwd`
+for the whitened variational posterior ``q(z) = N(m, T T^T)``, ``U = L z``
+(``eq:gpn_vi_sampling_muhat_fl``, ``eq:gpn_vi_sampling_sigmahat_fl``). All arrays float64,
+C-contiguous, parameters ``[G, ...]`` with ``G`` the number of activation functions; per-unit
+gradient inputs ``[N, ...]`` are summed into their function (``g = n`` if ``G > 1`` else 0).
 
 For equidistant points ``V_r = V_0 + r h`` both ``K(V, V)_rt = exp(-(r - t)^2 h^2 / 2 lambda^2)``
 and the midpoint decay ``exp(-(r - t)^2 h^2 / 4 lambda^2)`` depend on ``|r - t|`` only: ``R``
@@ -214,18 +214,58 @@ def lower_inverse(L, Li, R):
             Li[r, c] = -s / L[r, r]
 
 
+@njit(inline="always", **_OPTS)
+def transposed_solve(L, u, x, R):
+    """``x = L^-T u`` for a lower-triangular ``L`` ([R, R]) by back substitution (as
+    ``torch.linalg.solve_triangular(L.mT, u, upper=True)``; more accurate than ``L^-T`` formed)."""
+    for r in range(R - 1, -1, -1):
+        acc = u[r]
+        for k in range(r + 1, R):
+            acc -= L[k, r] * x[k]
+        x[r] = acc / L[r, r]
+
+
+#: the smallest pivot ``L_jj^2`` of ``chol(K + jitter I)``, relative to its diagonal entry,
+#: that :func:`whitened_params_fwd` accepts: ``sqrt(eps)`` in float64. Below it ``K^-1``
+#: (formed explicitly in ``Khat``) keeps fewer than half the digits; that happens only without
+#: jitter (``jitter=1e-6``, the default, keeps every pivot above it at any lengthscale: 2.6e-5
+#: at lengthscale 2 on 14 points in ``[-2, 2]``; no jitter: 1.4e-9 at 1.5).
+MIN_RELATIVE_PIVOT = 1.4901161193847656e-08
+
+
+@njit(inline="always", **_OPTS)
+def well_posed(L, A, R):
+    """Whether every pivot of the Cholesky factor ``L`` of ``A`` ([R, R]) is at least
+    :data:`MIN_RELATIVE_PIVOT` of its diagonal entry (``K(V, V)`` not singular to half the
+    working precision)."""
+    for j in range(R):
+        if not L[j, j] * L[j, j] > MIN_RELATIVE_PIVOT * A[j, j]:
+            return False
+    return True
+
+
 @njit(**_OPTS)
 def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, P, PC, PA):
-    """The whitened variational response's weights: with ``L = chol(K(V, V) + jitter I)``
-    (``chol``) and ``Li = L^-1`` (``linv``), ``beta = Li^T m`` and, with ``with_var``,
-    ``Khat = Li^T Li - (Li^T T)(Li^T T)^T = L^-T (I - T T^T) L^-1`` (symmetric) and its
-    midpoint weights ``P``, ``PC``, ``PA`` (:func:`midpoint_rows`). ``m [G, R]``, ``T [G, R, R]``
-    (the scale of ``q(z)``; any square matrix). Returns False if a Cholesky fails."""
+    """The whitened variational response's weights (``eq:gpn_vi_sampling_muhat_fl``,
+    ``eq:gpn_vi_sampling_sigmahat_fl``): with ``L = chol(K(V, V) + jitter I)``,
+    ``beta = L^-T m`` and, with ``with_var``, ``Khat = L^-T (I - T T^T) L^-1 =
+    L^-T L^-1 - (L^-T T)(L^-T T)^T`` (symmetric) and its midpoint weights
+    (:func:`midpoint_rows`), each by the factorisations of the reference path
+    (:meth:`~pyro_gpn.layers.variational.VariationalTargets.weights`).
+
+    Args: ``V [G, R]`` equidistant points, ``m [G, R]`` and ``T [G, R, R]`` the mean and scale
+    of ``q(z)`` (``T`` any square matrix), ``lam [G]``, ``jitter``, ``with_var``. Writes
+    ``beta [G, R]``, ``khat [G, R, R]``, ``chol [G, R, R]`` (``L``), ``linv [G, R, R]``
+    (``L^-1``, kept for the backward) and ``P``, ``PC``, ``PA [G, 2R - 1]`` (``khat`` and the
+    midpoint weights only with ``with_var``). Returns False if a Cholesky fails or
+    :func:`well_posed` refuses it."""
     G, R = m.shape
     A = np.empty((R, R))
     root = np.empty((R, R))
+    col = np.empty(R)
+    x = np.empty(R)
     kd = np.empty(R)
-    dm = np.empty(R)
+    decay = np.empty(R)
     for g in range(G):
         h, lm, il2 = gram_decay(V, lam, g, R, kd)
         for r in range(R):
@@ -233,25 +273,21 @@ def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, 
                 A[r, t] = kd[abs(r - t)]
             A[r, r] += jitter
         L = chol[g]
-        if not cholesky_factor(A, L, R):
+        if not cholesky_factor(A, L, R) or not well_posed(L, A, R):
             return False
         Li = linv[g]
         lower_inverse(L, Li, R)
         b = beta[g]
-        for r in range(R):
-            acc = 0.0
-            for t in range(r, R):
-                acc += Li[t, r] * m[g, t]
-            b[r] = acc
+        transposed_solve(L, m[g], b, R)
         if not with_var:
             continue
         Tg = T[g]
-        for r in range(R):  # root = Li^T T
-            for j in range(R):
-                acc = 0.0
-                for t in range(r, R):
-                    acc += Li[t, r] * Tg[t, j]
-                root[r, j] = acc
+        for j in range(R):  # root = L^-T T, column by column
+            for r in range(R):
+                col[r] = Tg[r, j]
+            transposed_solve(L, col, x, R)
+            for r in range(R):
+                root[r, j] = x[r]
         c = khat[g]
         for r in range(R):
             for q in range(r, R):
@@ -262,23 +298,25 @@ def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, 
                     acc -= root[r, j] * root[q, j]
                 c[r, q] = acc
                 c[q, r] = acc
-        midpoint_rows(c, b, h, il2, dm, P[g], PC[g], PA[g], R)
+        midpoint_rows(c, b, h, il2, decay, P[g], PC[g], PA[g], R)
     return True
 
 
 @njit(**_OPTS)
 def whitened_params_bwd(
-    V, m, T, lam, with_var, khat, beta, chol, linv, dP, dPC, dbeta, dlam_rows, dm_out, dT, dlam
+    V, m, T, lam, with_var, beta, khat, chol, linv, dP, dPC, dbeta, dlam_rows, dloc, dT, dlam
 ):
-    """Gradients ``dm_out [G, R]``, ``dT [G, R, R]`` and ``dlam [G]`` of
+    """Gradients ``dloc [G, R]`` (of ``m``), ``dT [G, R, R]`` and ``dlam [G]`` of
     :func:`whitened_params_fwd` from the per-unit gradients of the midpoint weights
-    ``dP, dPC [N, 2R - 1]``, of ``beta`` (``dbeta [N, R]``) and the row kernel's ``dlam_rows [N]``.
+    ``dP, dPC [N, 2R - 1]``, of ``beta`` (``dbeta [N, R]``) and the row kernel's
+    ``dlam_rows [N]`` (summed into function ``g = n`` if ``G > 1`` else 0). ``dT`` is written
+    only with ``with_var`` (``T`` does not reach ``beta``).
 
-    With ``gC`` the gradient of ``Khat`` (symmetric) and ``gb`` of ``beta``: ``dm = Li gb``,
-    ``dM = Li gC Li^T`` for ``M = I - T T^T`` so ``dT = -2 dM T``; ``dLi = m gb^T + 2 M Li gC``,
-    ``dL = -Li^T dLi Li^T`` (lower part), and the Cholesky factor's backward (as
-    ``torch.linalg.cholesky``'s) ``dA = Li^T sym(Phi(L^T dL)) Li``, which reaches the
-    lengthscale through ``K(V, V)_rt = exp(-(r - t)^2 h^2 / 2 lambda^2)``."""
+    With ``gC`` the gradient of ``Khat`` (symmetric) and ``gb`` of ``beta``: ``dm = L^-1 gb``,
+    ``dM = Li gC Li^T`` for ``M = I - T T^T`` (``Li = L^-1``) so ``dT = -2 dM T``;
+    ``dLi = m gb^T + 2 M Li gC``, ``dL = -Li^T dLi Li^T`` (lower part), and the Cholesky
+    factor's backward (as ``torch.linalg.cholesky``'s) ``dA = Li^T sym(Phi(L^T dL)) Li``,
+    which reaches the lengthscale through ``K(V, V)_rt = exp(-(r - t)^2 h^2 / 2 lambda^2)``."""
     G, R = m.shape
     N = dbeta.shape[0]
     K = 2 * R - 1
@@ -291,7 +329,7 @@ def whitened_params_bwd(
     dLi = np.empty((R, R))
     W = np.empty((R, R))
     kd = np.empty(R)
-    dm = np.empty(R)
+    decay = np.empty(R)
     for g in range(G):
         for k in range(K):
             gP[k] = 0.0
@@ -314,12 +352,12 @@ def whitened_params_bwd(
         Li = linv[g]
         Tg = T[g]
         if with_var:
-            gl += midpoint_grads(khat[g], beta[g], h, lm, il2, gP, gPC, dm, gC, gb, R)
-        for t in range(R):  # dm = Li gb
-            acc = 0.0
-            for r in range(t + 1):
-                acc += Li[t, r] * gb[r]
-            dm_out[g, t] = acc
+            gl += midpoint_grads(khat[g], beta[g], h, lm, il2, gP, gPC, decay, gC, gb, R)
+        for t in range(R):  # dm = L^-1 gb by forward substitution
+            acc = gb[t]
+            for r in range(t):
+                acc -= L[t, r] * dloc[g, r]
+            dloc[g, t] = acc / L[t, t]
         for r in range(R):  # dLi = m gb^T (lower part: Li's upper triangle is no variable)
             for t in range(R):
                 dLi[r, t] = m[g, r] * gb[t] if t <= r else 0.0
@@ -354,10 +392,6 @@ def whitened_params_bwd(
                     for j in range(R):
                         acc -= Tg[r, j] * Y[j, t]
                     dLi[r, t] += 2.0 * acc
-        else:
-            for r in range(R):
-                for j in range(R):
-                    dT[g, r, j] = 0.0
         # dL = -Li^T dLi Li^T (lower part): X = dLi Li^T, then W = -Li^T X
         for r in range(R):
             for q in range(R):

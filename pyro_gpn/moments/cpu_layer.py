@@ -107,15 +107,18 @@ class _LayerResponse(torch.autograd.Function):
             ok = params_fwd(
                 V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, linv, P, PC, PA
             )
-            saved = (V_, a_, b_, lam_, kappa, beta, chol, linv)
+            saved = (V_, a_, b_, lam_, beta, kappa, chol, linv)  # kappa holds Khat
         else:
             ok = params_fwd(V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA)
             saved = (V_, a_, lam_, beta, kappa, chol)
         if not ok:
             what = (
-                "K(V, V) + jitter I" if kind == "whitened" else "K(V, V) + diag(target_variances)"
+                "K(V, V) + jitter I is not positive definite or singular to half the working "
+                "precision"
+                if kind == "whitened"
+                else "K(V, V) + diag(target_variances) is not positive definite"
             )
-            raise NotPositiveDefinite(f"{what} is not positive definite (fused CPU kernel)")
+            raise NotPositiveDefinite(f"{what} (fused CPU kernel)")
         zs, ws, offs, tier_r2 = _tier_rules()
         noise_ = np.zeros(1) if noise_var is None else _f64(noise_var)
         mean = np.empty((S, N))
@@ -163,10 +166,10 @@ class _LayerResponse(torch.autograd.Function):
         params_bwd = getattr(_numba_module("_numba_params"), _PARAM_KERNELS[ctx.kind][1])
         da, dlam = np.empty((G, R)), np.empty(G)
         if ctx.kind == "whitened":
-            V_, m_, T_, lam_, khat, beta, chol, linv = ctx.params
-            db = np.empty((G, R, R))
+            V_, m_, T_, lam_, beta, khat, chol, linv = ctx.params
+            db = np.empty((G, R, R))  # written only with_var: T does not reach beta
             params_bwd(
-                V_, m_, T_, lam_, with_var, khat, beta, chol, linv, dP, dPC, dbeta, dlam_rows,
+                V_, m_, T_, lam_, with_var, beta, khat, chol, linv, dP, dPC, dbeta, dlam_rows,
                 da, db, dlam,
             )  # fmt: skip
         else:
@@ -184,7 +187,7 @@ class _LayerResponse(torch.autograd.Function):
             _out(dv, mu) if (need[1] and ctx.has_v) else None,
             _out(dlam, lam) if need[2] else None,
             _out(da, a) if need[3] else None,
-            _out(db, b) if need[4] else None,
+            _out(db, b) if (need[4] and (with_var or ctx.kind != "whitened")) else None,
             g_noise,
             None,
             None,
@@ -273,8 +276,10 @@ def cpu_variational_layer_response(
         ``v``, ``lengthscales``, ``targets_loc``, ``targets_scale_tril`` and ``noise_var``.
 
     Raises:
-        NotPositiveDefinite: if a ``K(V, V) + jitter I`` fails the Cholesky factorisation (the
-            reference path retries with more jitter).
+        NotPositiveDefinite: if a ``K(V, V) + jitter I`` fails the Cholesky factorisation or is
+            singular to half the working precision (a pivot below
+            :data:`~pyro_gpn.moments._numba_params.MIN_RELATIVE_PIVOT` of its diagonal entry:
+            ``jitter=0`` with a long lengthscale); the layer then takes the reference path.
     """
     return _LayerResponse.apply(
         mu,

@@ -256,10 +256,13 @@ def test_whitened_matches_reference(S, N, R, shared, mode):
         {"lengthscale": 0.03},  # short lengthscale: K close to the identity
         {"scale": 1e-4},  # a nearly collapsed q: Khat close to K^-1
         {"scale": 1.0},  # q = p: Khat close to 0
+        {"scale": 3.0},  # q wider than p: Khat indefinite
         # long lengthscales: K + jitter ill-conditioned (|beta|^2 up to 1e8 and more); both
-        # paths share the rounding of K^-1, so the tolerance scales with it
-        {"lengthscale": 1.0, "tol": 1e4},
-        {"lengthscale": 2.0, "tol": 1e5},
+        # paths share the rounding of K^-1, so the tolerance scales with it (measured gaps:
+        # about 1e-9 at lengthscale 1, 3e-8 at 2)
+        {"lengthscale": 1.0, "tol": 1e2},
+        {"lengthscale": 2.0, "tol": 1e3},
+        {"lengthscale": 4.0, "tol": 1e4},
     ],
 )
 def test_whitened_extreme_regimes_match_reference(regime, shared, mode):
@@ -293,7 +296,8 @@ def test_whitened_gradcheck(shared):
     from pyro_gpn.moments.cpu_layer import cpu_variational_layer_response
 
     mu, v, V, m, T, lam, noise = make_whitened(5, 3, 6, shared, seed=9, lengthscale=0.7)
-    full = (T.detach() + 0.05 * torch.randn(T.shape, dtype=F64)).requires_grad_()
+    g = torch.Generator().manual_seed(2)
+    full = (T.detach() + 0.05 * torch.randn(T.shape, generator=g, dtype=F64)).requires_grad_()
     for scale in (T, full):
         torch.autograd.gradcheck(
             lambda mu, v, lam, m, T, noise: cpu_variational_layer_response(
@@ -314,6 +318,24 @@ def test_whitened_not_positive_definite():
     with pytest.raises(NotPositiveDefinite, match="positive definite"):
         # coincident inducing points without jitter: K(V, V) is singular
         cpu_variational_layer_response(mu, v, torch.zeros_like(V), lam, m, T, None, 0.0, False)
+    # singular to half the working precision (R = 14, lengthscale 1.5, no jitter: a pivot of
+    # about 1e-9), where the explicit K^-1 is mostly rounding: refused, not used
+    mu, v, V, m, T, lam, _ = make_whitened(6, 3, 14, seed=4, lengthscale=1.5)
+    with pytest.raises(NotPositiveDefinite, match="working precision"):
+        cpu_variational_layer_response(mu, v, V, lam, m, T, None, 0.0, True)
+    cpu_variational_layer_response(mu, v, V, lam, m, T, None, 1e-6, True)  # the default jitter
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_whitened_means_only_leave_the_scale_alone(shared):
+    """In ``"mean"`` mode ``T`` does not reach the output: no gradient (``None``, not zeros,
+    which an optimiser's momentum would act on)."""
+    from pyro_gpn.moments.cpu_layer import cpu_variational_layer_response
+
+    mu, v, V, m, T, lam, _ = make_whitened(7, 3, 9, shared, seed=6)
+    out = cpu_variational_layer_response(mu, v, V, lam, m, T, None, 1e-6, False)
+    grads = torch.autograd.grad(out.sum(), (m, T), allow_unused=True)
+    assert grads[0] is not None and grads[1] is None
 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
@@ -321,11 +343,13 @@ def test_whitened_not_positive_definite():
 @pytest.mark.parametrize("q_cov", ["full", "diag"])
 @pytest.mark.parametrize("whiten", [True, False])
 @pytest.mark.parametrize("weights", ["variational", "point"])
-def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, monkeypatch):
-    """A VariationalGPNLayer (float64 algebra, the default) reaches the fused layer under "auto"
-    when its ``q`` is whitened (deterministic and diagonal input moments; in ``"cov"`` mode
-    only where the activations carry no covariance: point weights, deterministic inputs) and
-    agrees with the reference path: values and every parameter's gradient, the KL included."""
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, dtype, monkeypatch):
+    """A VariationalGPNLayer (float64 algebra, the default; float32 or float64 parameters)
+    reaches the fused layer under "auto" when its ``q`` is whitened (deterministic and diagonal
+    input moments; in ``"cov"`` mode only where the activations carry no covariance: point
+    weights, deterministic inputs) and agrees with the reference path: values and every
+    parameter's gradient, the KL included."""
     from pyro_gpn.layers import VariationalGPNLayer
     from pyro_gpn.moments import cpu_layer
 
@@ -336,13 +360,15 @@ def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, monkeyp
     )
     torch.manual_seed(1)
     layer = VariationalGPNLayer(
-        5, 9, num_inducing=11, share=share, q_cov=q_cov, whiten=whiten, weights=weights, dtype=F64
-    )
-    with torch.no_grad():  # a q away from its start, and a long lengthscale for one unit
+        5, 9, num_inducing=11, share=share, q_cov=q_cov, whiten=whiten, weights=weights,
+        dtype=dtype,
+    )  # fmt: skip
+    with torch.no_grad():  # a q away from its start, and longer lengthscales (0.68)
         layer.response.targets_loc.add_(0.3 * torch.randn_like(layer.response.targets_loc))
         layer.lengthscales = layer.lengthscales.detach() * 1.7
-    x = torch.randn(6, 5, dtype=F64)
-    for inputs in (x, Moments(x, var=0.2 * torch.rand(6, 5, dtype=F64))):
+    x = torch.randn(6, 5, dtype=dtype)
+    tol = {"rtol": 1e-8, "atol": 1e-9} if dtype == F64 else {"rtol": 2e-5, "atol": 2e-6}
+    for inputs in (x, Moments(x, var=0.2 * torch.rand(6, 5, dtype=dtype))):
 
         def go(inputs=inputs):
             layer.zero_grad()
@@ -362,4 +388,27 @@ def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, monkeyp
         assert bool(calls) == fused, "the fused layer was (not) used"
         assert len(got) == len(expected)
         for e, g in zip(expected, got, strict=True):
-            torch.testing.assert_close(g, e, rtol=1e-8, atol=1e-9)
+            torch.testing.assert_close(g, e, **tol)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize("response", ["parametric", "variational"])
+def test_float32_algebra_is_not_fused(mode, response, monkeypatch):
+    """``compute_dtype=None`` with float32 parameters computes in float32 in every mode (the
+    fused layer computes in float64): the fused layer is not used, in ``"mean"`` mode either."""
+    from pyro_gpn.layers import VariationalGPNLayer
+    from pyro_gpn.moments import cpu_layer
+
+    calls = []
+    for name in ("cpu_layer_response", "cpu_variational_layer_response"):
+        original = getattr(cpu_layer, name)
+        monkeypatch.setattr(
+            cpu_layer, name, lambda *a, original=original: calls.append(1) or original(*a)
+        )
+    torch.manual_seed(3)
+    cls = GPNLayer if response == "parametric" else VariationalGPNLayer
+    layer = cls(4, 6, compute_dtype=None, dtype=torch.float32)
+    x = torch.randn(5, 4)
+    out = layer.propagate(x, mode)
+    assert not calls
+    assert out.mean.dtype == torch.float32 and torch.isfinite(out.mean).all()
