@@ -92,6 +92,31 @@ def midpoint_grads(c, b, h, lm, il2, gP, gPC, dm, gC, gb, R):
     return gl
 
 
+@njit(inline="always", **_OPTS)
+def function_gradients(g, G, with_var, dlam_rows, dbeta, dP, dPC, gb, gP, gPC):
+    """The per-unit gradients of the row kernel summed into function ``g`` (``g = n`` if
+    ``G > 1`` else 0): ``gb`` of ``beta``, ``gP``, ``gPC`` of the midpoint weights (with
+    ``with_var``; written here); returns the lengthscale's share ``sum dlam_rows``."""
+    N, R = dbeta.shape
+    for k in range(gP.shape[0]):
+        gP[k] = 0.0
+        gPC[k] = 0.0
+    for r in range(R):
+        gb[r] = 0.0
+    gl = 0.0
+    for n in range(N):
+        if (n if G > 1 else 0) != g:
+            continue
+        gl += dlam_rows[n]
+        for r in range(R):
+            gb[r] += dbeta[n, r]
+        if with_var:
+            for k in range(gP.shape[0]):
+                gP[k] += dP[n, k]
+                gPC[k] += dPC[n, k]
+    return gl
+
+
 @njit(**_OPTS)
 def params_fwd(V, U, Svar, lam, jitter, with_var, beta, kappa, chol, P, PC, PA):
     """``beta = (K + diag(S + jitter))^-1 U`` (Cholesky solve) and its Cholesky factor ``chol``;
@@ -130,7 +155,6 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
     without ``with_var`` (means only) ``kappa`` is not formed: ``dU = A^-1 dbeta`` by the
     Cholesky factor and ``dA = -sym(dU beta^T)``."""
     G, R = U.shape
-    N = dbeta.shape[0]
     K = 2 * R - 1
     gP = np.empty(K)
     gPC = np.empty(K)
@@ -141,22 +165,7 @@ def params_bwd(V, U, lam, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows
     kd = np.empty(R)
     dm = np.empty(R)
     for g in range(G):
-        for k in range(K):
-            gP[k] = 0.0
-            gPC[k] = 0.0
-        for r in range(R):
-            gb[r] = 0.0
-        gl = 0.0
-        for n in range(N):
-            if (n if G > 1 else 0) != g:
-                continue
-            gl += dlam_rows[n]
-            for r in range(R):
-                gb[r] += dbeta[n, r]
-            if with_var:
-                for k in range(K):
-                    gP[k] += dP[n, k]
-                    gPC[k] += dPC[n, k]
+        gl = function_gradients(g, G, with_var, dlam_rows, dbeta, dP, dPC, gb, gP, gPC)
         h, lm, il2 = gram_decay(V, lam, g, R, kd)
         b = beta[g]
         du = dU[g]
@@ -318,7 +327,6 @@ def whitened_params_bwd(
     factor's backward (as ``torch.linalg.cholesky``'s) ``dA = Li^T sym(Phi(L^T dL)) Li``,
     which reaches the lengthscale through ``K(V, V)_rt = exp(-(r - t)^2 h^2 / 2 lambda^2)``."""
     G, R = m.shape
-    N = dbeta.shape[0]
     K = 2 * R - 1
     gP = np.empty(K)
     gPC = np.empty(K)
@@ -331,22 +339,7 @@ def whitened_params_bwd(
     kd = np.empty(R)
     decay = np.empty(R)
     for g in range(G):
-        for k in range(K):
-            gP[k] = 0.0
-            gPC[k] = 0.0
-        for r in range(R):
-            gb[r] = 0.0
-        gl = 0.0
-        for n in range(N):
-            if (n if G > 1 else 0) != g:
-                continue
-            gl += dlam_rows[n]
-            for r in range(R):
-                gb[r] += dbeta[n, r]
-            if with_var:
-                for k in range(K):
-                    gP[k] += dP[n, k]
-                    gPC[k] += dPC[n, k]
+        gl = function_gradients(g, G, with_var, dlam_rows, dbeta, dP, dPC, gb, gP, gPC)
         h, lm, il2 = gram_decay(V, lam, g, R, kd)
         L = chol[g]
         Li = linv[g]

@@ -20,6 +20,15 @@ from .test_cpu_kernels import assert_close_all, make, run
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 
 F64 = torch.float64
+#: layer sizes (samples, units, inducing points, one function for the layer)
+SIZES = [(1, 1, 2, False), (7, 3, 5, False), (13, 5, 14, False), (9, 4, 14, True), (3, 6, 3, True)]
+#: the activations' regimes trained networks reach
+ACTIVATION_REGIMES = [
+    {"mu_scale": 40.0},  # activations far outside the inducing range
+    {"v_scale": 0.0},  # deterministic activations (v = 0 exactly)
+    {"v_scale": 1e-9},  # tiny input variances
+    {"v_scale": 25.0},  # input variance much wider than the range
+]
 
 
 def run_layer(leaves, mode: str = "meanvar", jitter: float = 0.0):
@@ -39,10 +48,7 @@ def run_layer(leaves, mode: str = "meanvar", jitter: float = 0.0):
 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar"])
-@pytest.mark.parametrize(
-    "S,N,R,shared",
-    [(1, 1, 2, False), (7, 3, 5, False), (13, 5, 14, False), (9, 4, 14, True), (3, 6, 3, True)],
-)
+@pytest.mark.parametrize("S,N,R,shared", SIZES)
 def test_matches_reference(S, N, R, shared, mode):
     leaves = make(S, N, R, shared, seed=S + N + R)
     out_f, g_f = run_layer(leaves, mode)
@@ -56,10 +62,7 @@ def test_matches_reference(S, N, R, shared, mode):
 @pytest.mark.parametrize(
     "regime",
     [
-        {"mu_scale": 40.0},  # activations far outside the inducing range
-        {"v_scale": 0.0},  # deterministic activations (v = 0 exactly)
-        {"v_scale": 1e-9},  # tiny input variances
-        {"v_scale": 25.0},  # input variance much wider than the range
+        *ACTIVATION_REGIMES,
         {"lengthscale": 0.03},  # short lengthscale
         # long lengthscales, tiny target variances: K + S ill-conditioned (|beta|^2 up to 1e8);
         # both paths share the rounding of kappa, so the tolerance scales with it
@@ -232,10 +235,7 @@ def _reference_weights(V, lam, m, T, jitter_):
 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar"])
-@pytest.mark.parametrize(
-    "S,N,R,shared",
-    [(1, 1, 2, False), (7, 3, 5, False), (13, 5, 14, False), (9, 4, 14, True), (3, 6, 3, True)],
-)
+@pytest.mark.parametrize("S,N,R,shared", SIZES)
 def test_whitened_matches_reference(S, N, R, shared, mode):
     leaves = make_whitened(S, N, R, shared, seed=S + N + R)
     out_f, g_f = run_whitened(leaves, True, mode)
@@ -249,10 +249,7 @@ def test_whitened_matches_reference(S, N, R, shared, mode):
 @pytest.mark.parametrize(
     "regime",
     [
-        {"mu_scale": 40.0},  # activations far outside the inducing range
-        {"v_scale": 0.0},  # deterministic activations (v = 0 exactly)
-        {"v_scale": 1e-9},  # tiny input variances
-        {"v_scale": 25.0},  # input variance much wider than the range
+        *ACTIVATION_REGIMES,
         {"lengthscale": 0.03},  # short lengthscale: K close to the identity
         {"scale": 1e-4},  # a nearly collapsed q: Khat close to K^-1
         {"scale": 1.0},  # q = p: Khat close to 0
