@@ -123,7 +123,7 @@ def test_timing_reports_every_model_side_by_side_and_keeps_one_thread():
     a = argparse.Namespace(batch=64, block=1, repeats=1, models=["gpn_variational", "mlp"])
     row = time_set("boston", a)
     assert set(row["s_per_epoch_median"]) == {"gpn_variational", "mlp"}
-    assert row["batch"] == 64 and row["num_train"] > 64
+    assert row["batch"] == 64 and row["num_train"] > 64 and row["gpn_width"] == 50
     med, cpu = row["s_per_epoch_median"], row["cpu_s_per_epoch_median"]
     assert all(math.isfinite(v) and v > 0 for v in [*med.values(), *cpu.values()])
     assert row["ratio_mlp_over_gpn_vi"] == pytest.approx(med["mlp"] / med["gpn_variational"])
