@@ -19,7 +19,7 @@ timing sees a state a fit spends its steps in. ``--elbo predictive`` times the l
 default objective (:func:`~pyro_gpn.inference.predictive_log_likelihood`) instead of the
 closed-form ELBO, ``--head heteroscedastic`` the input-dependent noise head, ``--lr`` sets
 every model's Adam rate (``pyro_gpn.recommended.VGPN.lr`` is 0.05), ``--gpn-width`` the Bayesian
-GPN's hidden width (kin8nm's and protein's chosen networks have 100 units; the deep GP and the
+GPN's hidden width (kin8nm's chosen network has 100 units, protein's 200; the deep GP and the
 MLP keep theirs).
 """
 

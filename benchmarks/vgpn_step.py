@@ -9,7 +9,8 @@ mini-batches of ``--batch``:
 * ``point`` -- ``VariationalGPN([D, 50, 1], whiten=True, targets_init="identity",
   weights="point")``: the configuration that both revisions can build (the older one had
   point-estimated weights only);
-* ``point@REV`` -- the same network built by the package at git revision ``REV`` (extracted
+* ``point@REV`` -- the same network (point weights; a revision without the option had only
+  them) built by the package at git revision ``REV`` (extracted
   by ``benchmarks/layer_speed.py``'s ``load_baseline``, imported as ``pyro_gpn_base``);
 * ``default`` -- ``VariationalGPN([D, 50, 1])`` at today's recommended defaults (variational
   weights), and ``default@REV`` the same at ``REV``;
@@ -76,21 +77,33 @@ def steps_of(
     generator = torch.Generator().manual_seed(0)
     batches = [torch.randperm(n, generator=generator)[:batch] for _ in range(64)]
     options = {"whiten": True, "targets_init": "identity", "num_data": n}
-    torch.manual_seed(0)
     elbo_name = "predictive_log_likelihood" if objective == "predictive" else "closed_form_elbo"
     elbo = getattr(closed_form, elbo_name)
+
+    def seeded(build):
+        # every network from the same seed: a revision's network starts where today's does
+        # (a step's cost depends on the state a fit reaches)
+        torch.manual_seed(0)
+        return build()
+
     models = {
-        "point": (VariationalGPN([d, 50, 1], weights="point", **options), elbo),
-        "default": (VariationalGPN([d, 50, 1], num_data=n), elbo),
+        "point": (seeded(lambda: VariationalGPN([d, 50, 1], weights="point", **options)), elbo),
+        "default": (seeded(lambda: VariationalGPN([d, 50, 1], num_data=n)), elbo),
     }
     if baseline:
         base = load_baseline(baseline)
         import pyro_gpn_base.inference.closed_form as base_closed_form
 
         base_elbo = getattr(base_closed_form, elbo_name)
-        models[f"point@{baseline}"] = (base.models.VariationalGPN([d, 50, 1], **options), base_elbo)
+        try:  # point weights where the revision has the option (it had no other before)
+            base_point = seeded(
+                lambda: base.models.VariationalGPN([d, 50, 1], weights="point", **options)
+            )
+        except TypeError:
+            base_point = seeded(lambda: base.models.VariationalGPN([d, 50, 1], **options))
+        models[f"point@{baseline}"] = (base_point, base_elbo)
         models[f"default@{baseline}"] = (
-            base.models.VariationalGPN([d, 50, 1], num_data=n),
+            seeded(lambda: base.models.VariationalGPN([d, 50, 1], num_data=n)),
             base_elbo,
         )
     steps = {}

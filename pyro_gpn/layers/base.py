@@ -121,7 +121,9 @@ class GPNLayerBase(GPNModule):
             are small), so float32 loses it (``docs/results/docstring_notes.md``) and gradient
             descent exploits the error. ``None`` computes in the
             parameters' dtype, which is what the fused float32 Triton kernels need
-            (:mod:`pyro_gpn.moments.backend`); use it only with well-conditioned layers.
+            (:mod:`pyro_gpn.moments.backend`); use it only with well-conditioned layers. (The
+            fused CPU layer, :mod:`pyro_gpn.moments.cpu_layer`, computes in float64: it serves
+            ``"mean"`` mode whatever this says, and the variances only in float64.)
         dtype, device: of the parameters.
 
     Attributes:

@@ -144,14 +144,15 @@ def _fused_layer(
     """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` (virtual
     observations) or :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response` (a
     whitened ``q(U)``), or ``None`` where that path does not apply (another response, a full
-    activation covariance, an algebra below float64 -- the fused layer computes in float64,
-    and ``compute_dtype`` decides --, learnable or uneven inducing points, or a backend other
-    than ``"cpu"``)."""
+    activation covariance, a variance whose algebra is below float64 -- the fused layer
+    computes in float64; the means alone, ``"mean"`` mode, take it whatever the
+    ``compute_dtype``: faster, and as accurate as float64 --, learnable or uneven inducing
+    points, or a backend other than ``"cpu"``)."""
     kind = _fused_kind(layer)
     if (
         kind is None
         or (mode == "cov" and activations.cov is not None)
-        or layer._needs_factors()
+        or (mode != "mean" and layer._needs_factors())
         or not layer._equidistant
     ):
         return None
@@ -180,8 +181,8 @@ def _fused_layer(
     )
     if not fused:
         return None
-    if second is None:
-        second = response.variational_scale_tril()
+    if second is None:  # the means do not read the scale: a placeholder in "mean" mode
+        second = first.new_zeros(1, 1, 1) if mode == "mean" else response.variational_scale_tril()
     args = (mean, var, layer.inducing_points, lengthscales, first, second)
     try:
         if mode == "mean":

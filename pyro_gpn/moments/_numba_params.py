@@ -234,23 +234,25 @@ def transposed_solve(L, u, x, R):
         x[r] = acc / L[r, r]
 
 
-#: the smallest pivot ``L_jj^2`` of ``chol(K + jitter I)``, relative to its diagonal entry,
-#: that :func:`whitened_params_fwd` accepts: ``sqrt(eps)`` in float64. Below it ``K^-1``
-#: (formed explicitly in ``Khat``) keeps fewer than half the digits; that happens only without
-#: jitter (``jitter=1e-6``, the default, keeps every pivot above it at any lengthscale: 2.6e-5
-#: at lengthscale 2 on 14 points in ``[-2, 2]``; no jitter: 1.4e-9 at 1.5).
-MIN_RELATIVE_PIVOT = 1.4901161193847656e-08
+#: :func:`well_posed`'s bound on ``tr(K^-1) / R`` (``K = K(V, V) + jitter I``): ``1 / sqrt(eps)``
+#: in float64. ``Khat`` forms ``K^-1`` explicitly; past the bound its smallest eigenvalue is below
+#: ``sqrt(eps)`` and ``K^-1`` keeps fewer than half the digits of the reference path's.
+MAX_MEAN_INVERSE_EIGENVALUE = 67108864.0
 
 
 @njit(inline="always", **_OPTS)
-def well_posed(L, A, R):
-    """Whether every pivot of the Cholesky factor ``L`` of ``A`` ([R, R]) is at least
-    :data:`MIN_RELATIVE_PIVOT` of its diagonal entry (``K(V, V)`` not singular to half the
-    working precision)."""
-    for j in range(R):
-        if not L[j, j] * L[j, j] > MIN_RELATIVE_PIVOT * A[j, j]:
-            return False
-    return True
+def well_posed(Li, R):
+    """Whether ``K = L L^T`` (``Li = L^-1`` [R, R]) passes ``tr(K^-1) = ||Li||_F^2 <= R`` times
+    :data:`MAX_MEAN_INVERSE_EIGENVALUE`. As ``tr(K^-1)`` lies between ``1 / lambda_min`` and
+    ``R / lambda_min``, every ``K`` with ``lambda_min >= sqrt(eps)`` passes (the default jitter
+    1e-6 keeps ``lambda_min >= 1e-6`` at any lengthscale) and every one with
+    ``lambda_min < sqrt(eps) / R`` fails (without jitter: lengthscale 1 and longer on 14 points
+    in ``[-2, 2]``)."""
+    total = 0.0
+    for r in range(R):
+        for c in range(r + 1):
+            total += Li[r, c] * Li[r, c]
+    return total <= R * MAX_MEAN_INVERSE_EIGENVALUE
 
 
 @njit(**_OPTS)
@@ -266,8 +268,8 @@ def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, 
     of ``q(z)`` (``T`` any square matrix), ``lam [G]``, ``jitter``, ``with_var``. Writes
     ``beta [G, R]``, ``khat [G, R, R]``, ``chol [G, R, R]`` (``L``), ``linv [G, R, R]``
     (``L^-1``, kept for the backward) and ``P``, ``PC``, ``PA [G, 2R - 1]`` (``khat`` and the
-    midpoint weights only with ``with_var``). Returns False if a Cholesky fails or
-    :func:`well_posed` refuses it."""
+    midpoint weights only with ``with_var``; ``T`` is not read without). Returns False if a
+    Cholesky fails, or with ``with_var`` if :func:`well_posed` refuses ``K``."""
     G, R = m.shape
     A = np.empty((R, R))
     root = np.empty((R, R))
@@ -282,7 +284,7 @@ def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, 
                 A[r, t] = kd[abs(r - t)]
             A[r, r] += jitter
         L = chol[g]
-        if not cholesky_factor(A, L, R) or not well_posed(L, A, R):
+        if not cholesky_factor(A, L, R):
             return False
         Li = linv[g]
         lower_inverse(L, Li, R)
@@ -290,6 +292,8 @@ def whitened_params_fwd(V, m, T, lam, jitter, with_var, beta, khat, chol, linv, 
         transposed_solve(L, m[g], b, R)
         if not with_var:
             continue
+        if not well_posed(Li, R):
+            return False
         Tg = T[g]
         for j in range(R):  # root = L^-T T, column by column
             for r in range(R):

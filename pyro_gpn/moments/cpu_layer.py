@@ -266,7 +266,8 @@ def cpu_variational_layer_response(
         lengthscales: ``[N | 1]``.
         targets_loc: ``[N | 1, R]`` the mean ``m`` of ``q(z)``.
         targets_scale_tril: ``[N | 1, R, R]`` its scale ``T`` (``q(z) = N(m, T T^T)``; lower
-            triangular as a Cholesky factor, or diagonal, though any square matrix is valid).
+            triangular as a Cholesky factor, or diagonal, though any square matrix is valid;
+            not read with ``with_var=False``, where any ``[1, 1, 1]`` tensor will do).
         noise_var: ``[N | 1]`` output noise variance ``sigma^2`` or ``None``.
         jitter: added to the diagonal of ``K(V, V)`` (the prior covariance of ``U``).
         with_var: return ``(mean, var)`` or the means only.
@@ -276,10 +277,10 @@ def cpu_variational_layer_response(
         ``v``, ``lengthscales``, ``targets_loc``, ``targets_scale_tril`` and ``noise_var``.
 
     Raises:
-        NotPositiveDefinite: if a ``K(V, V) + jitter I`` fails the Cholesky factorisation or is
-            singular to half the working precision (a pivot below
-            :data:`~pyro_gpn.moments._numba_params.MIN_RELATIVE_PIVOT` of its diagonal entry:
-            ``jitter=0`` with a long lengthscale); the layer then takes the reference path.
+        NotPositiveDefinite: if a ``K(V, V) + jitter I`` fails the Cholesky factorisation or,
+            with ``with_var``, is singular to half the working precision
+            (:func:`~pyro_gpn.moments._numba_params.well_posed`: only far below the default
+            jitter); the layer then takes the reference path.
     """
     return _LayerResponse.apply(
         mu,

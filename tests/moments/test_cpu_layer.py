@@ -390,9 +390,11 @@ def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, dtype, 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar"])
 @pytest.mark.parametrize("response", ["parametric", "variational"])
-def test_float32_algebra_is_not_fused(mode, response, monkeypatch):
-    """``compute_dtype=None`` with float32 parameters computes in float32 in every mode (the
-    fused layer computes in float64): the fused layer is not used, in ``"mean"`` mode either."""
+def test_float32_algebra(mode, response, monkeypatch):
+    """``compute_dtype=None`` with float32 parameters: the variance keeps its float32 algebra
+    (the fused layer computes in float64: not used in ``"meanvar"`` mode), while the means
+    alone take the fused layer (``"mean"`` mode; faster, and as accurate as float64: within
+    1e-6 of a float64 layer's means, the float32 algebra's error being larger)."""
     from pyro_gpn.layers import VariationalGPNLayer
     from pyro_gpn.moments import cpu_layer
 
@@ -407,5 +409,45 @@ def test_float32_algebra_is_not_fused(mode, response, monkeypatch):
     layer = cls(4, 6, compute_dtype=None, dtype=torch.float32)
     x = torch.randn(5, 4)
     out = layer.propagate(x, mode)
-    assert not calls
+    assert bool(calls) == (mode == "mean")
     assert out.mean.dtype == torch.float32 and torch.isfinite(out.mean).all()
+    if mode == "mean":
+        exact = cls(4, 6, dtype=F64)
+        exact.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+        with backend("reference"):
+            want = exact.propagate(x.double(), "mean").mean
+        torch.testing.assert_close(out.mean.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_variational_layer_falls_back_where_k_is_singular(monkeypatch):
+    """A layer without jitter at a long lengthscale (``K(V, V)`` singular to half the working
+    precision): the fused layer refuses it (``NotPositiveDefinite``) and the layer answers from
+    its unfused path, exactly; with the default jitter it is fused (and agrees with that path).
+    Without jitter every path carries ``K``'s rounding (``cond ~ 1e13``): no path is accurate
+    there, the refusal only keeps the layer's answer what it was before the fused layer."""
+    from pyro_gpn.layers import VariationalGPNLayer, respond
+    from pyro_gpn.moments import cpu_layer
+
+    raised = []
+    original = cpu_layer.cpu_variational_layer_response
+
+    def spy(*args):
+        try:
+            return original(*args)
+        except cpu_layer.NotPositiveDefinite:
+            raised.append(1)
+            raise
+
+    monkeypatch.setattr(cpu_layer, "cpu_variational_layer_response", spy)
+    torch.manual_seed(4)
+    x = torch.randn(7, 3, dtype=F64)
+    for jitter, refused, tol in ((0.0, True, 0.0), (1e-6, False, 1e-8)):
+        layer = VariationalGPNLayer(3, 4, jitter=jitter, lengthscale_init=1.5, dtype=F64)
+        raised.clear()
+        out = layer.propagate(x, "meanvar")
+        assert bool(raised) == refused
+        with monkeypatch.context() as m:
+            m.setattr(respond, "_fused_layer", lambda *args: None)
+            unfused = layer.propagate(x, "meanvar")
+        torch.testing.assert_close(out.mean, unfused.mean, rtol=tol, atol=tol)
+        torch.testing.assert_close(out.var, unfused.var, rtol=tol, atol=tol)
