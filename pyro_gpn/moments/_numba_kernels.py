@@ -83,18 +83,32 @@ def cholesky_factor(A, L, R):
 
 
 @njit(inline="always", **_OPTS)
-def cholesky_substitute(L, u, b, R):
-    """``b = (L L^T)^-1 u`` by the two triangular solves with the factor ``L``."""
+def forward_solve(L, u, x, R):
+    """``x = L^-1 u`` for a lower-triangular ``L`` ([R, R]) by forward substitution (``x`` may
+    be ``u``)."""
     for r in range(R):
         acc = u[r]
         for k in range(r):
-            acc -= L[r, k] * b[k]
-        b[r] = acc / L[r, r]
+            acc -= L[r, k] * x[k]
+        x[r] = acc / L[r, r]
+
+
+@njit(inline="always", **_OPTS)
+def transposed_solve(L, u, x, R):
+    """``x = L^-T u`` for a lower-triangular ``L`` ([R, R]) by back substitution (as
+    ``torch.linalg.solve_triangular(L.mT, u, upper=True)``; ``x`` may be ``u``)."""
     for r in range(R - 1, -1, -1):
-        acc = b[r]
+        acc = u[r]
         for k in range(r + 1, R):
-            acc -= L[k, r] * b[k]
-        b[r] = acc / L[r, r]
+            acc -= L[k, r] * x[k]
+        x[r] = acc / L[r, r]
+
+
+@njit(inline="always", **_OPTS)
+def cholesky_substitute(L, u, b, R):
+    """``b = (L L^T)^-1 u`` by the two triangular solves with the factor ``L``."""
+    forward_solve(L, u, b, R)
+    transposed_solve(L, b, b, R)
 
 
 @njit(inline="always", **_OPTS)

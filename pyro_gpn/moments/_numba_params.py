@@ -27,8 +27,10 @@ from ._numba_kernels import (
     cholesky_factor,
     cholesky_solve,
     cholesky_substitute,
+    forward_solve,
     grid_origin_spacing,
     symmetric_inverse,
+    transposed_solve,
 )
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -223,17 +225,6 @@ def lower_inverse(L, Li, R):
             Li[r, c] = -s / L[r, r]
 
 
-@njit(inline="always", **_OPTS)
-def transposed_solve(L, u, x, R):
-    """``x = L^-T u`` for a lower-triangular ``L`` ([R, R]) by back substitution (as
-    ``torch.linalg.solve_triangular(L.mT, u, upper=True)``; more accurate than ``L^-T`` formed)."""
-    for r in range(R - 1, -1, -1):
-        acc = u[r]
-        for k in range(r + 1, R):
-            acc -= L[k, r] * x[k]
-        x[r] = acc / L[r, r]
-
-
 #: :func:`well_posed`'s bound on ``tr(K^-1) / R`` (``K = K(V, V) + jitter I``): ``1 / sqrt(eps)``
 #: in float64. ``Khat`` forms ``K^-1`` explicitly; past the bound its smallest eigenvalue is below
 #: ``sqrt(eps)`` and ``K^-1`` keeps fewer than half the digits of the reference path's.
@@ -350,11 +341,7 @@ def whitened_params_bwd(
         Tg = T[g]
         if with_var:
             gl += midpoint_grads(khat[g], beta[g], h, lm, il2, gP, gPC, decay, gC, gb, R)
-        for t in range(R):  # dm = L^-1 gb by forward substitution
-            acc = gb[t]
-            for r in range(t):
-                acc -= L[t, r] * dloc[g, r]
-            dloc[g, t] = acc / L[t, t]
+        forward_solve(L, gb, dloc[g], R)  # dm = L^-1 gb
         for r in range(R):  # dLi = m gb^T (lower part: Li's upper triangle is no variable)
             for t in range(R):
                 dLi[r, t] = m[g, r] * gb[t] if t <= r else 0.0

@@ -72,13 +72,6 @@ def _out(a: np.ndarray, like: Tensor) -> Tensor:
     )
 
 
-#: the parameter kernels of each response kind: ``(forward, backward)`` in ``_numba_params``
-_PARAM_KERNELS = {
-    "observations": ("params_fwd", "params_bwd"),
-    "whitened": ("whitened_params_fwd", "whitened_params_bwd"),
-}
-
-
 class _LayerResponse(torch.autograd.Function):
     """``(mean, var)`` (``with_var``) or ``mean`` of one layer. ``kind`` names its response:
     ``"observations"`` (``a, b = U, S``: virtual observations) or ``"whitened"`` (``a, b = m,
@@ -101,15 +94,17 @@ class _LayerResponse(torch.autograd.Function):
         else:
             kappa = np.zeros((1, 1, 1))
             P = PC = PA = np.zeros((1, 1))
-        params_fwd = getattr(_numba_module("_numba_params"), _PARAM_KERNELS[kind][0])
+        kernels = _numba_module("_numba_params")
         if kind == "whitened":
             linv = np.empty((G, R, R))
-            ok = params_fwd(
+            ok = kernels.whitened_params_fwd(
                 V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, linv, P, PC, PA
             )
             saved = (V_, a_, b_, lam_, beta, kappa, chol, linv)  # kappa holds Khat
         else:
-            ok = params_fwd(V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA)
+            ok = kernels.params_fwd(
+                V_, a_, b_, lam_, float(jitter), with_var, beta, kappa, chol, P, PC, PA
+            )
             saved = (V_, a_, lam_, beta, kappa, chol)
         if not ok:
             what = (
@@ -163,19 +158,19 @@ class _LayerResponse(torch.autograd.Function):
             mu_, v_, V_, lam_, beta, P, PC, zs, ws, offs, mean, pre, how, gm, gv, with_var,
             dmu, dv, dlam_rows, dbeta, dP, dPC,
         )  # fmt: skip
-        params_bwd = getattr(_numba_module("_numba_params"), _PARAM_KERNELS[ctx.kind][1])
+        kernels = _numba_module("_numba_params")
         da, dlam = np.empty((G, R)), np.empty(G)
         if ctx.kind == "whitened":
             V_, m_, T_, lam_, beta, khat, chol, linv = ctx.params
             db = np.empty((G, R, R))  # written only with_var: T does not reach beta
-            params_bwd(
+            kernels.whitened_params_bwd(
                 V_, m_, T_, lam_, with_var, beta, khat, chol, linv, dP, dPC, dbeta, dlam_rows,
                 da, db, dlam,
             )  # fmt: skip
         else:
             V_, U_, lam_, beta, kappa, chol = ctx.params
             db = np.empty((G, R))
-            params_bwd(
+            kernels.params_bwd(
                 V_, U_, lam_, with_var, beta, kappa, chol, dP, dPC, dbeta, dlam_rows, da, db, dlam
             )
         need = ctx.needs_input_grad

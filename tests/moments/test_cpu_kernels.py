@@ -77,6 +77,12 @@ def run(leaves, fast: bool, mode: str = "meanvar", jitter: float = 0.0):
             acts = Moments(mu, var=v, validate=False)
             o = response_moments(acts, V, lam, beta, kappa, noise, mode, equidistant=True)
         outs = (o.mean,) if mode == "mean" else (o.mean, o.var)
+    return projected_grads(outs, leaves)
+
+
+def projected_grads(outs, leaves):
+    """The outputs (detached) and the gradients of a fixed random projection of them w.r.t.
+    the leaves that require gradients (``None`` where a leaf is unused)."""
     g = torch.Generator().manual_seed(123)
     loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
     wrt = [t for t in leaves if t.requires_grad]

@@ -15,7 +15,7 @@ import torch
 from pyro_gpn import GPNLayer, Moments
 from pyro_gpn.moments.backend import backend, numba_available
 
-from .test_cpu_kernels import assert_close_all, make, run
+from .test_cpu_kernels import assert_close_all, make, projected_grads, run
 
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 
@@ -40,19 +40,17 @@ def run_layer(leaves, mode: str = "meanvar", jitter: float = 0.0):
         outs = (cpu_layer_response(mu, v, V, lam, U, Svar, None, jitter, False),)
     else:
         outs = cpu_layer_response(mu, v, V, lam, U, Svar, noise, jitter, True)
-    g = torch.Generator().manual_seed(123)
-    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
-    wrt = [t for t in leaves if t.requires_grad]
-    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-    return [o.detach() for o in outs], grads
+    return projected_grads(outs, leaves)
 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar"])
 @pytest.mark.parametrize("S,N,R,shared", SIZES)
-def test_matches_reference(S, N, R, shared, mode):
-    leaves = make(S, N, R, shared, seed=S + N + R)
-    out_f, g_f = run_layer(leaves, mode)
-    out_r, g_r = run(leaves, False, mode)
+@pytest.mark.parametrize("kind", ["observations", "whitened"])
+def test_matches_reference(kind, S, N, R, shared, mode):
+    leaves_of, fused, reference = LAYERS[kind]
+    leaves = leaves_of(S, N, R, shared, seed=S + N + R)
+    out_f, g_f = fused(leaves, mode)
+    out_r, g_r = reference(leaves, mode)
     assert_close_all(out_f, out_r, what="outputs")
     assert_close_all(g_f, g_r, what="grads")
 
@@ -81,18 +79,6 @@ def test_extreme_regimes_match_reference(regime, shared, mode):
         assert t is None or torch.isfinite(t).all()
     assert_close_all(out_f, out_r, rtol=1e-7 * tol, atol=1e-9 * tol, what="outputs")
     assert_close_all(g_f, g_r, rtol=1e-6 * tol, atol=1e-8 * tol, what="grads")
-
-
-@pytest.mark.parametrize("mode", ["mean", "meanvar"])
-def test_float32_inputs_match_float64_reference(mode):
-    leaves64 = make(31, 6, 14, seed=5)
-    leaves32 = [t.detach().float().requires_grad_(t.requires_grad) for t in leaves64]
-    out_f, g_f = run_layer(leaves32, mode)
-    out_r, g_r = run(leaves64, False, mode)
-    assert all(o.dtype == torch.float32 for o in out_f)
-    assert all(g is None or g.dtype == torch.float32 for g in g_f)
-    assert_close_all(out_f, out_r, rtol=2e-5, atol=2e-6, what="outputs")
-    assert_close_all(g_f, g_r, rtol=2e-4, atol=2e-5, what="grads")
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -174,19 +160,16 @@ def make_whitened(
 ):
     """Leaf tensors ``mu, v, V, m, T, lam, noise`` of a whitened variational layer (``q(z) =
     N(m, T T^T)``, ``T`` lower triangular with a positive diagonal; params ``[1, ...]`` if
-    ``shared``)."""
-    g = torch.Generator().manual_seed(seed)
-    G = 1 if shared else N
-    V = torch.linspace(-2, 2, R, dtype=F64).expand(G, -1).clone()
-    mu = mu_scale * torch.randn(S, N, generator=g, dtype=F64)
-    v = v_scale * torch.rand(S, N, generator=g, dtype=F64)
+    ``shared``): the activations, grid, lengthscales and noise of :func:`make`, then ``q``."""
+    mu, v, V, _, _, lam, noise = make(
+        S, N, R, shared, seed, lengthscale, mu_scale=mu_scale, v_scale=v_scale, dtype=dtype
+    )
+    g = torch.Generator().manual_seed(seed + 1)
+    G = V.shape[0]
     m = torch.randn(G, R, generator=g, dtype=F64)
     T = 0.3 * scale * torch.randn(G, R, R, generator=g, dtype=F64).tril(-1)
     T = T + torch.diag_embed(scale * (0.5 + torch.rand(G, R, generator=g, dtype=F64)))
-    lam = lengthscale * (0.8 + 0.4 * torch.rand(G, generator=g, dtype=F64))
-    noise = 0.01 + 0.01 * torch.rand(G, generator=g, dtype=F64)
-    out = [mu, v, V, m, T, lam, noise]
-    return [t.to(dtype).requires_grad_(i != 2) for i, t in enumerate(out)]
+    return [mu, v, V, m.to(dtype).requires_grad_(), T.to(dtype).requires_grad_(), lam, noise]
 
 
 def run_whitened(leaves, fused: bool, mode: str = "meanvar", jitter: float = 1e-6):
@@ -210,11 +193,7 @@ def run_whitened(leaves, fused: bool, mode: str = "meanvar", jitter: float = 1e-
                 equidistant=True,
             )  # fmt: skip
         outs = (o.mean,) if mode == "mean" else (o.mean, o.var)
-    g = torch.Generator().manual_seed(123)
-    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
-    wrt = [t for t in leaves if t.requires_grad]
-    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-    return [o.detach() for o in outs], grads
+    return projected_grads(outs, leaves)
 
 
 def _reference_weights(V, lam, m, T, jitter_):
@@ -234,14 +213,15 @@ def _reference_weights(V, lam, m, T, jitter_):
     return VariationalTargets.weights(_Q(), V, lam)
 
 
-@pytest.mark.parametrize("mode", ["mean", "meanvar"])
-@pytest.mark.parametrize("S,N,R,shared", SIZES)
-def test_whitened_matches_reference(S, N, R, shared, mode):
-    leaves = make_whitened(S, N, R, shared, seed=S + N + R)
-    out_f, g_f = run_whitened(leaves, True, mode)
-    out_r, g_r = run_whitened(leaves, False, mode)
-    assert_close_all(out_f, out_r, what="outputs")
-    assert_close_all(g_f, g_r, what="grads")
+#: each fused layer's leaves, then its fused run and its float64 reference run
+LAYERS = {
+    "observations": (make, run_layer, lambda leaves, mode: run(leaves, False, mode)),
+    "whitened": (
+        make_whitened,
+        lambda leaves, mode: run_whitened(leaves, True, mode),
+        lambda leaves, mode: run_whitened(leaves, False, mode),
+    ),
+}
 
 
 @pytest.mark.parametrize("mode", ["mean", "meanvar"])
@@ -272,18 +252,6 @@ def test_whitened_extreme_regimes_match_reference(regime, shared, mode):
         assert t is None or torch.isfinite(t).all()
     assert_close_all(out_f, out_r, rtol=1e-7 * tol, atol=1e-9 * tol, what="outputs")
     assert_close_all(g_f, g_r, rtol=1e-6 * tol, atol=1e-8 * tol, what="grads")
-
-
-@pytest.mark.parametrize("mode", ["mean", "meanvar"])
-def test_whitened_float32_inputs_match_float64_reference(mode):
-    leaves64 = make_whitened(31, 6, 14, seed=5)
-    leaves32 = [t.detach().float().requires_grad_(t.requires_grad) for t in leaves64]
-    out_f, g_f = run_whitened(leaves32, True, mode)
-    out_r, g_r = run_whitened(leaves64, False, mode)
-    assert all(o.dtype == torch.float32 for o in out_f)
-    assert all(g is None or g.dtype == torch.float32 for g in g_f)
-    assert_close_all(out_f, out_r, rtol=2e-5, atol=2e-6, what="outputs")
-    assert_close_all(g_f, g_r, rtol=2e-4, atol=2e-5, what="grads")
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -451,3 +419,17 @@ def test_variational_layer_falls_back_where_k_is_singular(monkeypatch):
             unfused = layer.propagate(x, "meanvar")
         torch.testing.assert_close(out.mean, unfused.mean, rtol=tol, atol=tol)
         torch.testing.assert_close(out.var, unfused.var, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize("kind", ["observations", "whitened"])
+def test_float32_inputs_match_float64_reference(kind, mode):
+    leaves_of, fused, reference = LAYERS[kind]
+    leaves64 = leaves_of(31, 6, 14, seed=5)
+    leaves32 = [t.detach().float().requires_grad_(t.requires_grad) for t in leaves64]
+    out_f, g_f = fused(leaves32, mode)
+    out_r, g_r = reference(leaves64, mode)
+    assert all(o.dtype == torch.float32 for o in out_f)
+    assert all(g is None or g.dtype == torch.float32 for g in g_f)
+    assert_close_all(out_f, out_r, rtol=2e-5, atol=2e-6, what="outputs")
+    assert_close_all(g_f, g_r, rtol=2e-4, atol=2e-5, what="grads")
