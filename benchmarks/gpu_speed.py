@@ -178,12 +178,14 @@ def _total(out) -> torch.Tensor:
     return total
 
 
-def make_layer_step(way: str, mode: str, batch: int, width: int, device, state: dict):
+def make_layer_step(
+    way: str, mode: str, batch: int, width: int, device, state: dict, dtype: torch.dtype | None
+):
     from pyro_gpn import GPNLayer
     from pyro_gpn.moments.backend import backend
 
     torch.manual_seed(0)
-    layer = GPNLayer(width, width, compute_dtype=None).to(device)
+    layer = GPNLayer(width, width, compute_dtype=dtype).to(device)
     inputs = layer_inputs(mode, batch, width, device)
     params = list(layer.parameters())
 
@@ -235,7 +237,7 @@ def make_tanh_step(batch: int, width: int, device):
     return step
 
 
-def make_train_step(way: str, device, state: dict):
+def make_train_step(way: str, device, state: dict, dtype: torch.dtype | None = None):
     from pyro_gpn import GPNNet
     from pyro_gpn.moments.backend import backend
 
@@ -258,7 +260,7 @@ def make_train_step(way: str, device, state: dict):
             opt.step()
 
         return step
-    net = GPNNet(list(NET_SIZES), mode="meanvar", head="softmax", compute_dtype=None).to(device)
+    net = GPNNet(list(NET_SIZES), mode="meanvar", head="softmax", compute_dtype=dtype).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     loss_fn = torch.compile(net.loss) if way == "compile" else net.loss
     name = "fused" if way == "fused" else "reference"
@@ -284,18 +286,23 @@ def _fmt(value: float | None, digits: int) -> str:
 
 
 def table(rows: list[Result], baseline: str) -> list[str]:
+    """Rows with their ratio to the same mode and dtype's ``baseline`` way and to ``tanh``."""
     ref = {r.label: r.median_ms for r in rows}
+    tanh = next((r.median_ms for r in rows if r.label.split("/")[-1] == "tanh"), None)
     lines = [
-        "| variant | median ms | peak MB | x reference | note |",
-        "|---|---|---|---|---|",
+        "| variant | median ms | peak MB | x reference | x tanh | note |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        mode = r.label.split("/")[0]
-        base = ref.get(f"{mode}/{baseline}")
+        parts = r.label.split("/")
+        base = None
+        if len(parts) == 3:
+            base = ref.get(f"{parts[0]}/{baseline}/{parts[2]}")
         ratio = None if r.median_ms is None or not base else r.median_ms / base
+        vs_tanh = None if r.median_ms is None or not tanh else r.median_ms / tanh
         lines.append(
             f"| {r.label} | {_fmt(r.median_ms, 3)} | {_fmt(r.peak_mb, 1)} | "
-            f"{_fmt(ratio, 2)} | {r.note} |"
+            f"{_fmt(ratio, 2)} | {_fmt(vs_tanh, 1)} | {r.note} |"
         )
     return lines
 
@@ -309,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of timing per step")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (script smoke test)")
     parser.add_argument("--skip-compile", action="store_true", help="leave out torch.compile")
+    parser.add_argument(
+        "--compute-dtypes",
+        default="float32,float64",
+        help="comma-separated compute dtypes of the GPN algebra: float32 (the activations' own "
+        "dtype) and float64 (the layers' default)",
+    )
     parser.add_argument("--out", default=None, help="write the markdown report here")
     args = parser.parse_args(argv)
 
@@ -330,36 +343,44 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     ways = [w for w in WAYS if not (w == "compile" and args.skip_compile)]
     configs = QUICK_LAYER_CONFIGS if args.quick else LAYER_CONFIGS
+    dtypes = {"float32": None, "float64": torch.float64}
+    names = [n.strip() for n in args.compute_dtypes.split(",") if n.strip()]
+    if not names or any(n not in dtypes for n in names):
+        parser.error(f"--compute-dtypes takes float32 and/or float64, got {args.compute_dtypes!r}")
     sections: list[tuple[str, list[Result]]] = []
 
     for width, batch in configs:
         rows = [measure("tanh", lambda b=batch, w=width: make_tanh_step(b, w, device), args)]
         for mode in MODES:
-            for way in ways:
-                state: dict = {}
-                res = measure(
-                    f"{mode}/{way}",
-                    lambda way=way, mode=mode, b=batch, w=width, s=state: make_layer_step(
-                        way, mode, b, w, device, s
-                    ),
-                    args,
-                )
-                if way == "fused" and state.get("dispatched") is False:
-                    res.note = (res.note + " fused functions called directly").strip()
-                rows.append(res)
-                print(f"{width} units, batch {batch}: {res}", flush=True)
+            for dname in names:
+                for way in ways:
+                    state: dict = {}
+                    res = measure(
+                        f"{mode}/{way}/{dname}",
+                        lambda way=way, mode=mode, b=batch, w=width, s=state, d=dtypes[dname]: (
+                            make_layer_step(way, mode, b, w, device, s, d)
+                        ),
+                        args,
+                    )
+                    if way == "fused" and state.get("dispatched") is False:
+                        res.note = (res.note + " fused functions called directly").strip()
+                    rows.append(res)
+                    print(f"{width} units, batch {batch}: {res}", flush=True)
         sections.append((f"One layer: {width} units, {width} inputs, batch {batch}", rows))
 
-    rows = []
-    for way in ("tanh", *ways):
-        state = {}
-        res = measure(
-            f"train/{way}", lambda way=way, s=state: make_train_step(way, device, s), args
-        )
-        if way == "fused" and state.get("dispatched") is False:
-            res.note = "backend('fused') did not reach the fused kernels"
-        rows.append(res)
-        print(f"train step: {res}", flush=True)
+    rows = [measure("train/tanh", lambda: make_train_step("tanh", device, {}), args)]
+    for dname in names:
+        for way in ways:
+            state = {}
+            res = measure(
+                f"train/{way}/{dname}",
+                lambda way=way, s=state, d=dtypes[dname]: make_train_step(way, device, s, d),
+                args,
+            )
+            if way == "fused" and state.get("dispatched") is False:
+                res.note = "backend('fused') did not reach the fused kernels"
+            rows.append(res)
+            print(f"train step: {res}", flush=True)
     net = "x".join(str(s) for s in NET_SIZES)
     sections.append(
         (f"Training step: GPNNet {net}, meanvar, softmax head, batch {NET_BATCH}", rows)
@@ -380,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         "Forward + backward per step (training: loss, backward and Adam). Median of CUDA-event "
         f"timings over up to {args.reps} repetitions after {args.warmup} warm-up calls; peak MB "
         "is `torch.cuda.max_memory_allocated` during one step minus the memory held before it. "
-        "`x reference` is the ratio to the eager reference of the same mode.",
+        "`x reference` is the ratio to the eager reference of the same mode and compute dtype; "
+        "`x tanh` the ratio to the `Linear + tanh` step (float32) of the same section.",
         "",
     ]
     for title, rows in sections:

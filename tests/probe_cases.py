@@ -78,6 +78,9 @@ class Case:
             temporary files, a damaged folder); a problem makes a clear outcome unclear.
         timeout: seconds before the case counts as a hang.
         note: where the case comes from (issue 14's bullets).
+        requires: what the case needs of the machine: ``"no-cuda"`` (it provokes the error of a
+            machine without CUDA), ``"data"`` (it copies a file of the shared datasets,
+            :func:`shared_data`).
     """
 
     id: str
@@ -90,6 +93,15 @@ class Case:
     post: Callable[[Path], str | None] | None = None
     timeout: float = 120.0
     note: str = ""
+    requires: tuple[str, ...] = ()
+
+
+def shared_data() -> Path | None:
+    """The shared dataset folder: ``$PYRO_GPN_TEST_DATA``, else ``../shared/datasets`` beside
+    the repository root; ``None`` when it holds no ``uci`` folder."""
+    env = os.environ.get("PYRO_GPN_TEST_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    return path if (path / "uci").is_dir() else None
 
 
 @dataclass
@@ -802,6 +814,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         lambda t: GPNLayer(3, 4, device="cuda"),
         ["device", "cuda"],
         note="issue 14",
+        requires=("no-cuda",),
     )
     add(
         "layer/device-mismatch", E, "device", lambda t: _layer()(x.to("meta")), ["inputs", "device"]
@@ -940,6 +953,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "device",
         lambda t: GPNNet([3, 4, 2], device="cuda"),
         ["device", "cuda"],
+        requires=("no-cuda",),
     )
     add("net/device-mismatch", E, "device", lambda t: _net()(x.to("meta")), ["x", "device"])
     add("net/x-var-negative", E, "value", lambda t: _net()(x, -x.abs()), ["x_var"])
@@ -1353,6 +1367,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "device",
         lambda t: _vgpn(device="cuda"),
         ["device", "cuda"],
+        requires=("no-cuda",),
     )
     add("vgpn/q-cov-unknown", E, "value", lambda t: _vgpn(q_cov="dense"), ["q_cov"])
 
@@ -1710,6 +1725,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "device",
         lambda t: Trainer(_net(), TrainConfig(device="cuda")),
         ["device", "cuda"],
+        requires=("no-cuda",),
     )
     add(
         "trainer/x-on-meta",
@@ -1753,7 +1769,9 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
     from pyro_gpn.data import load_dataset
 
     def letter_dir(tmp: Path, damage: Callable[[Path], None] | None) -> Path:
-        source = Path(os.environ.get("PYRO_GPN_TEST_DATA", "/work/shared/datasets"))
+        source = shared_data()
+        if source is None:
+            raise FileNotFoundError("the shared datasets are not here (case requires 'data')")
         (tmp / "uci").mkdir(parents=True)
         target = tmp / "uci" / "letter-recognition.data"
         shutil.copy(source / "uci" / "letter-recognition.data", target)
@@ -1778,6 +1796,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "file",
         lambda t: load_dataset("letter", letter_dir(t, lambda p: _flip(p, 10)), download=False),
         ["letter-recognition.data"],
+        requires=("data",),
     )
     add(
         "data/letter-truncated",
@@ -1785,6 +1804,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "file",
         lambda t: load_dataset("letter", letter_dir(t, _truncate), download=False),
         ["letter-recognition.data"],
+        requires=("data",),
     )
     add(
         "data/letter-missing",
@@ -2002,6 +2022,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "device",
         lambda t: _cli("evaluate", str(_trained_run(t)), "--device", "cuda"),
         ["cuda"],
+        requires=("no-cuda",),
     )
 
     E = "cli train"
@@ -2011,6 +2032,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         "device",
         lambda t: _cli(*TRAIN, "--device", "cuda", "--out", str(t / "o")),
         ["cuda"],
+        requires=("no-cuda",),
     )
     add(
         "cli/train-lr-1e6",
@@ -2138,6 +2160,7 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
             timeout=120,
         ),
         ["letter-recognition.data"],
+        requires=("data",),
     )
     add("cli/train-sizes-zero", E, "value", lambda t: _cli(*TRAIN, "--sizes", "0"), ["--sizes"])
     return cases

@@ -37,8 +37,15 @@ def mcmc():
     y = torch.randn(20) + 3.0
     with warnings.catch_warnings():  # chains run one after the other on a 2-CPU machine
         warnings.filterwarnings("ignore", message="num_chains=.*drawn sequentially")
+        # with more CPUs they run in processes: spawned, since forking a process whose autograd
+        # has run on CUDA (an earlier test on a GPU machine) is refused by torch
         run = MCMC(
-            NUTS(_normal_model), num_samples=60, warmup_steps=40, num_chains=2, disable_progbar=True
+            NUTS(_normal_model),
+            num_samples=60,
+            warmup_steps=40,
+            num_chains=2,
+            disable_progbar=True,
+            mp_context="spawn",
         )
     run.run(y)
     return run

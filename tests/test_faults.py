@@ -10,8 +10,9 @@ marked slow (``pytest -m slow -k cli``).
 from __future__ import annotations
 
 import pytest
+import torch
 
-from .probe_cases import cases, classify
+from .probe_cases import cases, classify, shared_data
 
 KNOWN_FAILING: frozenset[str] = frozenset()  # every case is fixed (issue 14)
 
@@ -21,6 +22,15 @@ def _params():
         marks = []
         if case.id.startswith("cli/"):
             marks.append(pytest.mark.slow)
+        if "no-cuda" in case.requires and torch.cuda.is_available():
+            marks.append(pytest.mark.skip(reason="provokes the error of a machine without CUDA"))
+        if "data" in case.requires and shared_data() is None:
+            marks.append(
+                pytest.mark.skip(
+                    reason="shared datasets not found: set PYRO_GPN_TEST_DATA or add "
+                    "../shared/datasets"
+                )
+            )
         if case.id in KNOWN_FAILING:
             marks.append(pytest.mark.xfail(reason="issue 14: not fixed yet", strict=True))
         yield pytest.param(case, id=case.id, marks=marks)

@@ -40,9 +40,14 @@ def sine_data(num_train: int, num_test: int, seed: int = 1):
 
 
 def check_recovery(
-    result: NUTSResult, last: int, coverage: float = 0.75, rhat_noise: float = 1.05
+    result: NUTSResult, last: int, coverage: float = 0.75, rhat_noise: float = 1.1
 ) -> None:
-    """Converged on identified quantities, and the 90 % predictive band covers sin(x_test)."""
+    """Converged on identified quantities, and the 90 % predictive band covers sin(x_test).
+
+    The noise's split r-hat from 100 draws of one chain scatters by a few hundredths between
+    chains that differ only in rounding (1.008 on this CI's CPU, 1.081 on an AVX-512 CPU of a lent
+    GPU machine, same seed): ``rhat_noise`` is Gelman's 1.1. A chain that does not mix is far
+    above it (1.7 for a hidden layer, ``docs/results/nuts.md``)."""
     idata = result.to_arviz()
     assert max_rhat(idata, [f"sigma{last}"]) < rhat_noise
     assert max_rhat(idata, ["y_test"], group="posterior_predictive") < 1.05
