@@ -28,6 +28,7 @@ nproc | tee -a "$out/env.txt"
 echo "== 1. CUDA tests"
 timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/moments/test_fused.py tests/moments/test_backend.py tests/test_validation.py \
+    tests/layers/test_respond.py \
     tests/inference/test_trainer.py 2>&1 | tee "$out/tests_cuda.log" | tail -25
 timeout 90 python3 -m pytest -q -p no:cacheprovider -m slow -k compile_for_gpu \
     tests/moments/test_fused.py 2>&1 | tail -5

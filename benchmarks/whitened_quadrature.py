@@ -6,7 +6,9 @@ activation means -6 to 2.5 and variances 0 to 4. Prints, per unit, the worst rel
 error and the worst mean error in units of the output's standard deviation of the fused CPU
 layer (``cpu_variational_layer_response``); then, for the nearly collapsed posterior at long
 lengthscales, the same per row for the paths with an explicit ``Khat`` (reference and CPU
-kernels) and the Cholesky-factored variance (``variance_cholesky``, ``variance_inner``). The
+kernels) and the Cholesky-factored variance (``variance_cholesky``, ``variance_inner``); last,
+the layers themselves (``layers.respond.respond``, fused CPU and reference path, with the rows
+the explicit ``Khat`` cannot give recomputed from its factors: ``_with_factored_rows``). The
 quadrature is the test's (``tests/moments/test_cpu_layer.py::_quadrature_moments``). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/whitened_quadrature.py
@@ -109,5 +111,32 @@ def main() -> None:
             k: f"{e:.1e}" for k, e in worst.items()})  # fmt: skip
 
 
+def layers() -> None:
+    """The worst relative variance error of the float64 layers (``respond``) per case."""
+    from pyro_gpn.layers.respond import respond
+    from tests.layers.test_respond import MUS as LAYER_MUS
+    from tests.layers.test_respond import VARS as LAYER_VARS
+    from tests.layers.test_respond import _activations, _unit
+
+    for response, spreads in (("whitened", (1e-3, 0.3, 1.0)), ("observations", (1e-6, 1e-4))):
+        for lengthscale in (0.4, 1.0, 2.0, 4.0):
+            for spread in spreads:
+                layer, (chol, m, T) = _unit(response, lengthscale, spread)
+                worst = {}
+                for kind in ("cpu", "reference"):
+                    with backend(kind):
+                        var = respond(layer, _activations(), "meanvar", noise=False).var
+                    cases = ((mu, v) for mu in LAYER_MUS for v in LAYER_VARS)
+                    for i, (mu, v) in enumerate(cases):
+                        _, want = _quadrature_moments(mu, v, lengthscale, chol, m, T)
+                        error = abs(float(var[i, 0]) - want) / want
+                        worst[kind] = max(worst.get(kind, 0.0), error)
+                print(
+                    f"layer, {response}, lengthscale {lengthscale}, spread {spread:g}: worst "
+                    f"variance error fused {worst['cpu']:.1e}, reference {worst['reference']:.1e}"
+                )
+
+
 if __name__ == "__main__":
     main()
+    layers()

@@ -70,10 +70,11 @@ class Response(GPNModule):
         return self.weights(points, lengthscales)[0]
 
     def factored_weights(
-        self, points: Tensor, lengthscales: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        self, points: Tensor, lengthscales: Tensor, with_reduction: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """``beta``, ``C`` and, where the response has them, factors ``L``, ``M`` with
-        ``C = L^-T M L^-1`` (``M = None`` meaning the identity).
+        ``C = L^-T M L^-1`` (``M = None`` meaning the identity). ``with_reduction=False``: a
+        response with factors may leave ``C`` out (``None``), for callers that use only them.
 
         The factors let :func:`~pyro_gpn.moments.response_moments` evaluate the conditional
         variance ``1 - x^T M x``, ``x = L^-1 alpha(a)``, without the ``eps * cond(K + S)``
@@ -82,6 +83,13 @@ class Response(GPNModule):
         """
         beta, reduction = self.weights(points, lengthscales)
         return beta, reduction, None, None
+
+    def variance_factor(self, points: Tensor, lengthscales: Tensor) -> Tensor | None:
+        """The lower ``L [G, R, R]`` of :meth:`factored_weights` (``C = L^-T M L^-1``) alone,
+        without the rest of the algebra, or ``None`` where the response has no factors. Its
+        ``||L^-1||_F^2`` bounds the explicit ``C``'s rounding error (:func:`respond
+        <pyro_gpn.layers.respond.respond>`)."""
+        return None
 
     def kl_divergence(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``KL(q(U) || p(U))`` summed over the functions; zero for point estimates."""
@@ -283,10 +291,10 @@ class GPNLayerBase(GPNModule):
         return self.response.weights(*self.compute_grid())
 
     def response_factored_weights(
-        self,
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        self, with_reduction: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
         """:meth:`Response.factored_weights` on the layer's grid, in :attr:`compute_dtype`."""
-        return self.response.factored_weights(*self.compute_grid())
+        return self.response.factored_weights(*self.compute_grid(), with_reduction=with_reduction)
 
     def _needs_factors(self) -> bool:
         """Hand the response's Cholesky factors to ``response_moments`` (the reference path)

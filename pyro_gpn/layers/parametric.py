@@ -21,7 +21,9 @@ from pyro.nn import PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
+from ..kernels import squared_exponential
 from ..moments.propagate import virtual_observation_weights
+from ..moments.weights import safe_cholesky
 from .base import GPNLayerBase, Response
 
 __all__ = ["GPNLayer", "TARGET_INITS", "VirtualObservations"]
@@ -92,19 +94,25 @@ class VirtualObservations(Response):
         kappa, beta = self._weights(points, lengthscales, with_kappa=True)
         return beta, kappa
 
-    def factored_weights(self, points: Tensor, lengthscales: Tensor):
+    def factored_weights(self, points: Tensor, lengthscales: Tensor, with_reduction: bool = True):
         """``beta``, ``C = kappa`` and ``L = chol(K(V, V) + diag(S))`` (``kappa = (L L^T)^-1``,
-        ``M`` the identity)."""
+        ``None`` with ``with_reduction=False``; ``M`` the identity)."""
         kappa, beta, chol = virtual_observation_weights(
             points,
             self.targets.to(points.dtype),
             self.target_variances.to(points.dtype),
             lengthscales,
             jitter=self.jitter,
-            with_kappa=True,
+            with_kappa=with_reduction,
             with_cholesky=True,
         )
         return beta, kappa, chol, None
+
+    def variance_factor(self, points: Tensor, lengthscales: Tensor) -> Tensor:
+        """``L = chol(K(V, V) + diag(S))``, the factor of :meth:`factored_weights`."""
+        gram = squared_exponential(points, points, lengthscales)
+        variances = self.target_variances.to(points.dtype) + self.jitter
+        return safe_cholesky(gram + torch.diag_embed(variances.expand(gram.shape[:-1])))
 
     def mean_weights(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``beta = (K(V, V) + diag(S))^-1 U`` by one solve, without forming ``kappa``."""

@@ -21,6 +21,7 @@ from ..moments import cpu_layer
 from ..moments.backend import cpu_kernels_evaluate
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
+from ..moments.quadrature import CLOSED_FORM_RTOL, _node_variance_rows
 
 if TYPE_CHECKING:
     from .base import GPNLayerBase
@@ -93,7 +94,8 @@ def respond(
     if parts is None:
         fused = _fused_layer(layer, activations, mode, noise)
         if fused is not None:
-            return fused
+            outputs, inverse_trace = fused
+            return _with_factored_rows(layer, activations, outputs, mode, noise, inverse_trace)
     parts = response_parts(layer, mode, noise) if parts is None else parts
     out_dtype = activations.mean.dtype
     if layer.compute_dtype is not None:
@@ -110,7 +112,80 @@ def respond(
         variance_cholesky=parts.chol,
         variance_inner=parts.inner,
     )
+    if parts.chol is None:
+        outputs = _with_factored_rows(layer, activations, outputs, mode, noise)
     return outputs.to(out_dtype)
+
+
+#: The explicit ``C``'s error in a variance is taken as ``EXPLICIT_C_ERROR_FACTOR * eps *
+#: ||L^-1||_F^2`` (:func:`_with_factored_rows`). Measured against quadrature
+#: (``benchmarks/whitened_quadrature.py``: 14 points, jitter 1e-6, posterior scales 1e-3 to 1)
+#: the fused layer's actual error was at most 0.74 of ``eps ||L^-1||_F^2`` at lengthscales 1 to
+#: 4 (at 0.4 other rounding dominates, at most 3.4e-10 relative), the reference path's less;
+#: on a fitted boston network's rows (the refined value against the closed form's) 0.41. So
+#: with 1 the rows kept on the closed form are accurate to about 0.74 CLOSED_FORM_RTOL. A
+#: larger margin costs speed: with 4, 3.3 % of that network's hidden rows were refined and its
+#: training steps took 2.3x as long (point weights); with 1, 11 of 20,450.
+EXPLICIT_C_ERROR_FACTOR = 1.0
+
+
+def _with_factored_rows(
+    layer: GPNLayerBase,
+    activations: Moments,
+    outputs: Moments,
+    mode: Mode,
+    noise: bool,
+    inverse_trace: Tensor | None = None,
+) -> Moments:
+    """``outputs`` with the variances that the explicit ``C`` cannot give to
+    :data:`~pyro_gpn.moments.quadrature.CLOSED_FORM_RTOL` recomputed from ``C``'s factors.
+
+    In float64 the layers hand ``response_moments`` (and the fused CPU layer) the explicit
+    ``C`` (``Khat`` of a variational posterior, ``(K + S)^-1`` of virtual observations): fast,
+    but ``C`` itself is formed with an absolute error of about ``eps ||L^-1||_F^2 = eps
+    tr(K^-1)`` (``L`` its factor, :meth:`~pyro_gpn.layers.base.Response.variance_factor`),
+    which the closed form's own error bound does not see. Where the variance returned (with the
+    output noise, if it is added) is small against it -- a nearly collapsed posterior or tiny
+    target variances at a long lengthscale, without noise: variances ~1e-6 with ``tr(K^-1)``
+    ~1e7 --, the rows are evaluated again at Gauss-Hermite nodes through the factors
+    (``1 - x^T M x``, ``x = L^-1 alpha(a)``): the float64 variances then agree with quadrature
+    to 4.4e-7 relative where the explicit ``C`` lost up to 8.2e-4
+    (``tests/layers/test_respond.py``, ``docs/results/accuracy.md``). Other rows, and whole
+    layers whose units are well conditioned, keep the closed form; the decision costs one
+    ``R x R`` factorisation per unit without gradient, nothing where the fused CPU layer gives
+    ``inverse_trace [G]`` (``||L^-1||_F^2``). Below float64 the layers use the factors
+    everywhere already; a full activation covariance in ``"cov"`` mode keeps the closed form.
+    """
+    if mode == "mean" or (mode == "cov" and activations.cov is not None):
+        return outputs
+    dtype = layer.compute_dtype or layer.weight.dtype
+    if inverse_trace is None:
+        with torch.no_grad():
+            factor = layer.response.variance_factor(*layer.compute_grid())
+            if factor is None:
+                return outputs
+            eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
+            inverse = torch.linalg.solve_triangular(factor, eye, upper=False)
+            inverse_trace = inverse.square().sum((-2, -1))
+    scale = EXPLICIT_C_ERROR_FACTOR * torch.finfo(dtype).eps * inverse_trace.to(dtype)
+    out_var = outputs.variance.to(dtype)
+    rows = scale > CLOSED_FORM_RTOL * out_var.detach()
+    if not bool(rows.any()):
+        return outputs
+    noise_var = layer._compute_noise_var() if noise else None
+    noise_free = out_var if noise_var is None else out_var - noise_var
+    acts = activations.to(dtype)
+    points, lengthscales = layer.compute_grid()
+    beta, _, chol, inner = layer.response_factored_weights(with_reduction=False)
+    noise_free = _node_variance_rows(
+        noise_free, rows, acts.mean, acts.variance, points, lengthscales, beta, None, chol,
+        inner,
+    ).clamp_min(0)  # fmt: skip
+    out_var = noise_free if noise_var is None else noise_free + noise_var
+    out_var = out_var.to(outputs.mean.dtype)
+    if mode == "cov":
+        return Moments(outputs.mean, cov=torch.diag_embed(out_var), validate=False)
+    return Moments(outputs.mean, var=out_var, validate=False)
 
 
 _RESPONSES = None  # (VirtualObservations, VariationalTargets), imported on first use
@@ -140,10 +215,12 @@ def _fused_kind(layer: GPNLayerBase) -> str | None:
 
 def _fused_layer(
     layer: GPNLayerBase, activations: Moments, mode: Mode, noise: bool
-) -> Moments | None:
+) -> tuple[Moments, Tensor | None] | None:
     """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` (virtual
     observations) or :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response` (a
-    whitened ``q(U)``), or ``None`` where that path does not apply (another response, a full
+    whitened ``q(U)``) with the explicit ``C``'s error scale
+    (:func:`~pyro_gpn.moments.cpu_layer.layer_response`'s ``inverse_trace``, ``None`` in
+    ``"mean"`` mode), or ``None`` where that path does not apply (another response, a full
     activation covariance, a variance whose algebra is below float64 -- the fused layer
     computes in float64; the means alone, ``"mean"`` mode, take it whatever the
     ``compute_dtype``: faster, and as accurate as float64 --, learnable or uneven inducing
@@ -159,10 +236,8 @@ def _fused_layer(
     response = layer.response
     if kind == "observations":
         first, second = response.targets, response.target_variances
-        respond_fused = cpu_layer.cpu_layer_response
     else:  # the scale (a constrained parameter) is evaluated once the path is sure
         first, second = response.targets_loc, None
-        respond_fused = cpu_layer.cpu_variational_layer_response
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
     lengthscales = layer.lengthscales
@@ -186,15 +261,18 @@ def _fused_layer(
     args = (mean, var, layer.inducing_points, lengthscales, first, second)
     try:
         if mode == "mean":
-            return Moments(respond_fused(*args, None, response.jitter, False), validate=False)
+            out = cpu_layer.layer_response(kind, *args, None, response.jitter, False)
+            return Moments(out, validate=False), None
         if var is None:
             var = mean.new_zeros(mean.shape)
             args = (mean, var, *args[2:])
-        out_mean, out_var = respond_fused(*args, noise_var, response.jitter, True)
+        out_mean, out_var, inverse_trace = cpu_layer.layer_response(
+            kind, *args, noise_var, response.jitter, True
+        )
     except cpu_layer.NotPositiveDefinite:
         # the reference path decides: the parametric one retries with more jitter, the
         # variational one factorises with PyTorch (which raises if it fails too)
         return None
     if mode == "cov":
-        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False)
-    return Moments(out_mean, var=out_var, validate=False)
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False), inverse_trace
+    return Moments(out_mean, var=out_var, validate=False), inverse_trace

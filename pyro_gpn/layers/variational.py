@@ -322,18 +322,30 @@ class VariationalTargets(Response):
         khat = kinv - root @ root.mT
         return beta, 0.5 * (khat + khat.mT)
 
-    def factored_weights(self, points: Tensor, lengthscales: Tensor):
+    def factored_weights(self, points: Tensor, lengthscales: Tensor, with_reduction: bool = True):
         """``beta``, ``Khat`` and its factors: ``L = chol(K + jitter)``, ``M = I - B B^T`` with
         ``B`` the whitened posterior scale (``B = L^-1 chol(Sigma_hat)`` when not whitened), so
-        ``Khat = L^-T M L^-1``."""
-        beta, khat = self.weights(points, lengthscales)
+        ``Khat = L^-T M L^-1`` (``None`` with ``with_reduction=False``)."""
         chol = prior_scale_tril(points, lengthscales, self.jitter)
+        if with_reduction:
+            beta, khat = self.weights(points, lengthscales)
+        else:
+            loc = self.targets_loc.to(points.dtype).unsqueeze(-1)
+            if self.whiten:
+                beta = torch.linalg.solve_triangular(chol.mT, loc, upper=True).squeeze(-1)
+            else:
+                beta = torch.cholesky_solve(loc, chol).squeeze(-1)
+            khat = None
         tril = self.variational_scale_tril().to(points.dtype)
         if not self.whiten:
             tril = torch.linalg.solve_triangular(chol, tril, upper=False)
         eye = torch.eye(tril.shape[-1], dtype=tril.dtype, device=tril.device)
         inner = eye - tril @ tril.mT
         return beta, khat, chol, 0.5 * (inner + inner.mT)
+
+    def variance_factor(self, points: Tensor, lengthscales: Tensor) -> Tensor:
+        """``L = chol(K + jitter I)``, the factor of :meth:`factored_weights`."""
+        return prior_scale_tril(points, lengthscales, self.jitter)
 
     def target_weights(self, points: Tensor, lengthscales: Tensor, targets: Tensor):
         """``K^-1 U [..., G, R]`` for values of the targets' site and ``K^-1 [G, R, R]``."""

@@ -133,11 +133,19 @@ class _LayerResponse(torch.autograd.Function):
         ctx.has_v = v is not None
         if not with_var:
             return _out(mean, mu)
-        return _out(mean, mu), _out(var, mu)
+        # ||L^-1||_F^2 of the factor of C (Khat = L^-T M L^-1; kappa = L^-T L^-1): the scale of
+        # the explicit C's rounding error (layers.respond._with_factored_rows)
+        if kind == "whitened":
+            inverse_trace = np.einsum("grt,grt->g", linv, linv)
+        else:
+            inverse_trace = np.trace(kappa, axis1=1, axis2=2).copy()
+        inverse_trace = torch.from_numpy(inverse_trace)
+        ctx.mark_non_differentiable(inverse_trace)
+        return _out(mean, mu), _out(var, mu), inverse_trace
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, gmean, gvar=None):
+    def backward(ctx: FunctionCtx, gmean, gvar=None, _ginverse_trace=None):
         mu_, v_, lam_, V_, beta, P, PC, mean, pre, how = ctx.arrays
         mu, lam, a, b, noise_var = ctx.like
         with_var = ctx.with_var
@@ -222,18 +230,19 @@ def cpu_layer_response(
         NotPositiveDefinite: if a ``K(V, V) + diag(S)`` fails the Cholesky factorisation (the
             reference path retries with more jitter).
     """
-    return _LayerResponse.apply(
+    out = layer_response(
+        "observations",
         mu,
         v,
+        inducing_points,
         lengthscales,
         targets,
         target_variances,
         noise_var,
-        inducing_points,
         jitter,
         with_var,
-        "observations",
     )
+    return out[:2] if with_var else out
 
 
 def cpu_variational_layer_response(
@@ -277,15 +286,39 @@ def cpu_variational_layer_response(
             (:func:`~pyro_gpn.moments._numba_params.well_posed`: only far below the default
             jitter); the layer then takes the reference path.
     """
-    return _LayerResponse.apply(
+    out = layer_response(
+        "whitened",
         mu,
         v,
+        inducing_points,
         lengthscales,
         targets_loc,
         targets_scale_tril,
         noise_var,
-        inducing_points,
         jitter,
         with_var,
-        "whitened",
+    )
+    return out[:2] if with_var else out
+
+
+def layer_response(
+    kind: str,
+    mu: Tensor,
+    v: Tensor | None,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    first: Tensor,
+    second: Tensor,
+    noise_var: Tensor | None,
+    jitter: float,
+    with_var: bool,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """:func:`cpu_layer_response` (``kind="observations"``, ``first, second = U, S``) or
+    :func:`cpu_variational_layer_response` (``kind="whitened"``, ``first, second = m, T``), with
+    ``with_var`` returning also ``inverse_trace [G]``: ``||L^-1||_F^2`` of the factor of ``C``
+    (``tr((K + S)^-1)``; ``tr((K + jitter I)^-1)`` for ``Khat``; float64, not differentiable),
+    the scale of the explicit ``C``'s rounding error that
+    :func:`~pyro_gpn.layers.respond.respond` checks the variances against."""
+    return _LayerResponse.apply(
+        mu, v, lengthscales, first, second, noise_var, inducing_points, jitter, with_var, kind
     )
