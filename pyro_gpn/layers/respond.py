@@ -94,8 +94,10 @@ def respond(
     if parts is None:
         fused = _fused_layer(layer, activations, mode, noise)
         if fused is not None:
-            outputs, inverse_trace = fused
-            return _with_factored_rows(layer, activations, outputs, mode, noise, inverse_trace)
+            outputs, refine = fused
+            if refine is None:
+                return outputs
+            return _with_factored_rows(layer, activations, outputs, mode, noise, refine)
     parts = response_parts(layer, mode, noise) if parts is None else parts
     out_dtype = activations.mean.dtype
     if layer.compute_dtype is not None:
@@ -129,13 +131,19 @@ def respond(
 EXPLICIT_C_ERROR_FACTOR = 1.0
 
 
+def refine_below(dtype: torch.dtype) -> float:
+    """A variance below this times ``||L^-1||_F^2`` is recomputed from the factors:
+    ``EXPLICIT_C_ERROR_FACTOR * eps / CLOSED_FORM_RTOL``."""
+    return EXPLICIT_C_ERROR_FACTOR * torch.finfo(dtype).eps / CLOSED_FORM_RTOL
+
+
 def _with_factored_rows(
     layer: GPNLayerBase,
     activations: Moments,
     outputs: Moments,
     mode: Mode,
     noise: bool,
-    inverse_trace: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> Moments:
     """``outputs`` with the variances that the explicit ``C`` cannot give to
     :data:`~pyro_gpn.moments.quadrature.CLOSED_FORM_RTOL` recomputed from ``C``'s factors.
@@ -151,15 +159,18 @@ def _with_factored_rows(
     (``1 - x^T M x``, ``x = L^-1 alpha(a)``): the float64 variances then agree with quadrature
     to 4.4e-7 relative where the explicit ``C`` lost up to 8.2e-4
     (``tests/layers/test_respond.py``, ``docs/results/accuracy.md``). Other rows, and whole
-    layers whose units are well conditioned, keep the closed form; the decision costs one
-    ``R x R`` factorisation per unit without gradient, nothing where the fused CPU layer gives
-    ``inverse_trace [G]`` (``||L^-1||_F^2``). Below float64 the layers use the factors
-    everywhere already; a full activation covariance in ``"cov"`` mode keeps the closed form.
+    layers whose units are well conditioned, keep the closed form. The decision costs one
+    ``R x R`` factorisation per unit without gradient and one read-back (a device
+    synchronisation on a GPU); nothing where the fused CPU layer makes it (``rows``, bool
+    ``[S, N]``: :func:`~pyro_gpn.moments.cpu_layer.layer_response`). Below float64 the layers
+    use the factors everywhere already; a full activation covariance in ``"cov"`` mode keeps
+    the closed form.
     """
     if mode == "mean" or (mode == "cov" and activations.cov is not None):
         return outputs
     dtype = layer.compute_dtype or layer.weight.dtype
-    if inverse_trace is None:
+    out_var = outputs.variance.to(dtype)
+    if rows is None:
         with torch.no_grad():
             factor = layer.response.variance_factor(*layer.compute_grid())
             if factor is None:
@@ -167,11 +178,9 @@ def _with_factored_rows(
             eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
             inverse = torch.linalg.solve_triangular(factor, eye, upper=False)
             inverse_trace = inverse.square().sum((-2, -1))
-    scale = EXPLICIT_C_ERROR_FACTOR * torch.finfo(dtype).eps * inverse_trace.to(dtype)
-    out_var = outputs.variance.to(dtype)
-    rows = scale > CLOSED_FORM_RTOL * out_var.detach()
-    if not bool(rows.any()):
-        return outputs
+        rows = refine_below(dtype) * inverse_trace > out_var.detach()
+        if not bool(rows.any()):
+            return outputs
     noise_var = layer._compute_noise_var() if noise else None
     noise_free = out_var if noise_var is None else out_var - noise_var
     acts = activations.to(dtype)
@@ -218,9 +227,9 @@ def _fused_layer(
 ) -> tuple[Moments, Tensor | None] | None:
     """:func:`respond` through :func:`~pyro_gpn.moments.cpu_layer.cpu_layer_response` (virtual
     observations) or :func:`~pyro_gpn.moments.cpu_layer.cpu_variational_layer_response` (a
-    whitened ``q(U)``) with the explicit ``C``'s error scale
-    (:func:`~pyro_gpn.moments.cpu_layer.layer_response`'s ``inverse_trace``, ``None`` in
-    ``"mean"`` mode), or ``None`` where that path does not apply (another response, a full
+    whitened ``q(U)``) with the rows to recompute from ``C``'s factors
+    (:func:`~pyro_gpn.moments.cpu_layer.layer_response`'s ``refine``, ``None`` for none), or
+    ``None`` where that path does not apply (another response, a full
     activation covariance, a variance whose algebra is below float64 -- the fused layer
     computes in float64; the means alone, ``"mean"`` mode, take it whatever the
     ``compute_dtype``: faster, and as accurate as float64 --, learnable or uneven inducing
@@ -266,13 +275,13 @@ def _fused_layer(
         if var is None:
             var = mean.new_zeros(mean.shape)
             args = (mean, var, *args[2:])
-        out_mean, out_var, inverse_trace = cpu_layer.layer_response(
-            kind, *args, noise_var, response.jitter, True
+        out_mean, out_var, refine = cpu_layer.layer_response(
+            kind, *args, noise_var, response.jitter, True, refine_below(torch.float64)
         )
     except cpu_layer.NotPositiveDefinite:
         # the reference path decides: the parametric one retries with more jitter, the
         # variational one factorises with PyTorch (which raises if it fails too)
         return None
     if mode == "cov":
-        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False), inverse_trace
-    return Moments(out_mean, var=out_var, validate=False), inverse_trace
+        return Moments(out_mean, cov=torch.diag_embed(out_var), validate=False), refine
+    return Moments(out_mean, var=out_var, validate=False), refine

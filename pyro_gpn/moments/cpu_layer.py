@@ -73,12 +73,15 @@ def _out(a: np.ndarray, like: Tensor) -> Tensor:
 
 
 class _LayerResponse(torch.autograd.Function):
-    """``(mean, var)`` (``with_var``) or ``mean`` of one layer. ``kind`` names its response:
+    """``(mean, var, refine)`` (``with_var``; ``refine`` as :func:`layer_response` returns it,
+    given ``refine_below``) or ``mean`` of one layer. ``kind`` names its response:
     ``"observations"`` (``a, b = U, S``: virtual observations) or ``"whitened"`` (``a, b = m,
     T``: the whitened variational posterior)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, mu, v, lam, a, b, noise_var, V, jitter, with_var, kind):
+    def forward(
+        ctx: FunctionCtx, mu, v, lam, a, b, noise_var, V, jitter, with_var, kind, refine_below
+    ):
         S, N = mu.shape
         G = max(a.shape[0], b.shape[0], lam.shape[0], V.shape[0])
         R = V.shape[-1]
@@ -134,18 +137,23 @@ class _LayerResponse(torch.autograd.Function):
         if not with_var:
             return _out(mean, mu)
         # ||L^-1||_F^2 of the factor of C (Khat = L^-T M L^-1; kappa = L^-T L^-1): the scale of
-        # the explicit C's rounding error (layers.respond._with_factored_rows)
-        if kind == "whitened":
-            inverse_trace = np.einsum("grt,grt->g", linv, linv)
-        else:
-            inverse_trace = np.trace(kappa, axis1=1, axis2=2).copy()
-        inverse_trace = torch.from_numpy(inverse_trace)
-        ctx.mark_non_differentiable(inverse_trace)
-        return _out(mean, mu), _out(var, mu), inverse_trace
+        # the explicit C's rounding error (layers.respond._with_factored_rows); the rows whose
+        # variance is below refine_below times it, decided here in NumPy (no tensor is read)
+        refine = None
+        if refine_below is not None:
+            if kind == "whitened":
+                inverse_trace = np.einsum("grt,grt->g", linv, linv)
+            else:
+                inverse_trace = np.trace(kappa, axis1=1, axis2=2)
+            rows = var < refine_below * np.broadcast_to(inverse_trace, (N,))
+            if rows.any():
+                refine = torch.from_numpy(rows)
+                ctx.mark_non_differentiable(refine)
+        return _out(mean, mu), _out(var, mu), refine
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, gmean, gvar=None, _ginverse_trace=None):
+    def backward(ctx: FunctionCtx, gmean, gvar=None, _grefine=None):
         mu_, v_, lam_, V_, beta, P, PC, mean, pre, how = ctx.arrays
         mu, lam, a, b, noise_var = ctx.like
         with_var = ctx.with_var
@@ -192,6 +200,7 @@ class _LayerResponse(torch.autograd.Function):
             _out(da, a) if need[3] else None,
             _out(db, b) if (need[4] and (with_var or ctx.kind != "whitened")) else None,
             g_noise,
+            None,
             None,
             None,
             None,
@@ -312,13 +321,25 @@ def layer_response(
     noise_var: Tensor | None,
     jitter: float,
     with_var: bool,
-) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    refine_below: float | None = None,
+) -> Tensor | tuple[Tensor, Tensor, Tensor | None]:
     """:func:`cpu_layer_response` (``kind="observations"``, ``first, second = U, S``) or
     :func:`cpu_variational_layer_response` (``kind="whitened"``, ``first, second = m, T``), with
-    ``with_var`` returning also ``inverse_trace [G]``: ``||L^-1||_F^2`` of the factor of ``C``
-    (``tr((K + S)^-1)``; ``tr((K + jitter I)^-1)`` for ``Khat``; float64, not differentiable),
-    the scale of the explicit ``C``'s rounding error that
-    :func:`~pyro_gpn.layers.respond.respond` checks the variances against."""
+    ``with_var`` returning also ``refine``: ``None``, or the bool ``[S, N]`` rows whose variance
+    is below ``refine_below * ||L^-1||_F^2`` (``L`` the factor of ``C``: ``tr((K + S)^-1)``,
+    ``tr((K + jitter I)^-1)`` for ``Khat``), the explicit ``C``'s rounding-error scale, which
+    :func:`~pyro_gpn.layers.respond.respond` recomputes from the factors. Decided in NumPy
+    inside the node: no tensor is read back."""
     return _LayerResponse.apply(
-        mu, v, lengthscales, first, second, noise_var, inducing_points, jitter, with_var, kind
+        mu,
+        v,
+        lengthscales,
+        first,
+        second,
+        noise_var,
+        inducing_points,
+        jitter,
+        with_var,
+        kind,
+        refine_below if with_var else None,
     )
