@@ -163,10 +163,10 @@ def _with_factored_rows(
     ``R x R`` factorisation per unit without gradient and one read-back (a device
     synchronisation on a GPU); nothing where the fused CPU layer makes it (``rows``, bool
     ``[S, N]``: :func:`~pyro_gpn.moments.cpu_layer.layer_response`). Below float64 the layers
-    use the factors everywhere already; a full activation covariance in ``"cov"`` mode keeps
-    the closed form.
+    use the factors everywhere already. In ``"cov"`` mode the diagonal is refined (the
+    variances, from each activation's marginal); the off-diagonal does not involve ``C``.
     """
-    if mode == "mean" or (mode == "cov" and activations.cov is not None):
+    if mode == "mean":
         return outputs
     dtype = layer.compute_dtype or layer.weight.dtype
     out_var = outputs.variance.to(dtype)
@@ -193,7 +193,8 @@ def _with_factored_rows(
     out_var = noise_free if noise_var is None else noise_free + noise_var
     out_var = out_var.to(outputs.mean.dtype)
     if mode == "cov":
-        return Moments(outputs.mean, cov=torch.diag_embed(out_var), validate=False)
+        cov = outputs.cov.diagonal_scatter(out_var, dim1=-2, dim2=-1)
+        return Moments(outputs.mean, cov=cov, validate=False)
     return Moments(outputs.mean, var=out_var, validate=False)
 
 

@@ -107,6 +107,23 @@ def test_float64_layer_variance_against_quadrature(kind, response, lengthscale, 
         assert abs(float(out.var[i, 0]) - want_var) <= 1e-6 * want_var, (mu, v)
 
 
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
+@pytest.mark.parametrize(("response", "lengthscale", "spread"), [CASES[1], CASES[5]])
+def test_cov_mode_diagonal_against_quadrature(response, lengthscale, spread):
+    """``"cov"`` mode with a full activation covariance (the reference path): the diagonal is
+    refined as ``"meanvar"``'s variances are (1e-6 against quadrature), the rest of the
+    covariance left as the closed form gives it."""
+    layer, (chol, m, T) = _unit(response, lengthscale, spread)
+    acts = _activations()
+    full = Moments(acts.mean, cov=acts.variance.unsqueeze(-1))  # [S, 1, 1]
+    with backend("reference"):
+        out = respond(layer, full, "cov", noise=False)
+    assert out.cov is not None
+    for i, (mu, v) in enumerate((mu, v) for mu in MUS for v in VARS):
+        _, want_var = _quadrature_moments(mu, v, lengthscale, chol, m, T)
+        assert abs(float(out.cov[i, 0, 0]) - want_var) <= 1e-6 * want_var, (mu, v)
+
+
 def _count_refined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of rows of each refinement (``_node_variance_rows`` calls) from now on."""
     calls = []
