@@ -21,7 +21,7 @@ from ..moments import cpu_layer
 from ..moments.backend import cpu_kernels_evaluate
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode, response_moments
-from ..moments.quadrature import CLOSED_FORM_RTOL, _node_variance_rows
+from ..moments.quadrature import explicit_c_rows, node_variance_rows
 
 if TYPE_CHECKING:
     from .base import GPNLayerBase
@@ -119,24 +119,6 @@ def respond(
     return outputs.to(out_dtype)
 
 
-#: The explicit ``C``'s error in a variance is taken as ``EXPLICIT_C_ERROR_FACTOR * eps *
-#: ||L^-1||_F^2`` (:func:`_with_factored_rows`). Measured against quadrature
-#: (``benchmarks/whitened_quadrature.py``: 14 points, jitter 1e-6, posterior scales 1e-3 to 1)
-#: the fused layer's actual error was at most 0.74 of ``eps ||L^-1||_F^2`` at lengthscales 1 to
-#: 4 (at 0.4 other rounding dominates, at most 3.4e-10 relative), the reference path's less;
-#: on a fitted boston network's rows (the refined value against the closed form's) 0.41. So
-#: with 1 the rows kept on the closed form are accurate to about 0.74 CLOSED_FORM_RTOL. A
-#: larger margin costs speed: with 4, 3.3 % of that network's hidden rows were refined and its
-#: training steps took 2.3x as long (point weights); with 1, 11 of 20,450.
-EXPLICIT_C_ERROR_FACTOR = 1.0
-
-
-def refine_below(dtype: torch.dtype) -> float:
-    """A variance below this times ``||L^-1||_F^2`` is recomputed from the factors:
-    ``EXPLICIT_C_ERROR_FACTOR * eps / CLOSED_FORM_RTOL``."""
-    return EXPLICIT_C_ERROR_FACTOR * torch.finfo(dtype).eps / CLOSED_FORM_RTOL
-
-
 def _with_factored_rows(
     layer: GPNLayerBase,
     activations: Moments,
@@ -146,7 +128,8 @@ def _with_factored_rows(
     rows: Tensor | None = None,
 ) -> Moments:
     """``outputs`` with the variances that the explicit ``C`` cannot give to
-    :data:`~pyro_gpn.moments.quadrature.CLOSED_FORM_RTOL` recomputed from ``C``'s factors.
+    :data:`~pyro_gpn.moments.quadrature.CLOSED_FORM_RTOL` recomputed from ``C``'s factors
+    (the rows of :func:`~pyro_gpn.moments.quadrature.explicit_c_rows`).
 
     In float64 the layers hand ``response_moments`` (and the fused CPU layer) the explicit
     ``C`` (``Khat`` of a variational posterior, ``(K + S)^-1`` of virtual observations): fast,
@@ -155,11 +138,13 @@ def _with_factored_rows(
     which the closed form's own error bound does not see. Where the variance returned (with the
     output noise, if it is added) is small against it -- a nearly collapsed posterior or tiny
     target variances at a long lengthscale, without noise: variances ~1e-6 with ``tr(K^-1)``
-    ~1e7 --, the rows are evaluated again at Gauss-Hermite nodes through the factors
-    (``1 - x^T M x``, ``x = L^-1 alpha(a)``): the float64 variances then agree with quadrature
-    to 4.4e-7 relative where the explicit ``C`` lost up to 8.2e-4
-    (``tests/layers/test_respond.py``, ``docs/results/accuracy.md``). Other rows, and whole
-    layers whose units are well conditioned, keep the closed form. The decision costs one
+    ~1e7 -- and the activation narrow (``sqrt(v) <= 1.25 lambda``), the rows are evaluated
+    again at Gauss-Hermite nodes through the factors (``1 - x^T M x``, ``x = L^-1 alpha(a)``):
+    the float64 variances of narrow activations then agree with quadrature to 4.4e-7 relative
+    where the explicit ``C`` lost up to 8.2e-4 (``tests/layers/test_respond.py``,
+    ``docs/results/accuracy.md``). Broader activations keep the closed form (Gauss-Hermite
+    needs too many nodes there), and so do other rows and whole layers whose units are well
+    conditioned. The decision costs one
     ``R x R`` factorisation per unit without gradient and one read-back (a device
     synchronisation on a GPU); nothing where the fused CPU layer makes it (``rows``, bool
     ``[S, N]``: :func:`~pyro_gpn.moments.cpu_layer.layer_response`). Below float64 the layers
@@ -178,7 +163,13 @@ def _with_factored_rows(
             eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
             inverse = torch.linalg.solve_triangular(factor, eye, upper=False)
             inverse_trace = inverse.square().sum((-2, -1))
-        rows = refine_below(dtype) * inverse_trace > out_var.detach()
+        rows = explicit_c_rows(
+            out_var.detach(),
+            activations.variance.detach().to(dtype),
+            layer.to_compute(layer.lengthscales).detach(),
+            inverse_trace,
+            torch.finfo(dtype).eps,
+        )
         if not bool(rows.any()):
             return outputs
     noise_var = layer._compute_noise_var() if noise else None
@@ -186,7 +177,7 @@ def _with_factored_rows(
     acts = activations.to(dtype)
     points, lengthscales = layer.compute_grid()
     beta, _, chol, inner = layer.response_factored_weights(with_reduction=False)
-    noise_free = _node_variance_rows(
+    noise_free = node_variance_rows(
         noise_free, rows, acts.mean, acts.variance, points, lengthscales, beta, None, chol,
         inner,
     ).clamp_min(0)  # fmt: skip
@@ -277,7 +268,7 @@ def _fused_layer(
             var = mean.new_zeros(mean.shape)
             args = (mean, var, *args[2:])
         out_mean, out_var, refine = cpu_layer.layer_response(
-            kind, *args, noise_var, response.jitter, True, refine_below(torch.float64)
+            kind, *args, noise_var, response.jitter, True, refine=True
         )
     except cpu_layer.NotPositiveDefinite:
         # the reference path decides: the parametric one retries with more jitter, the

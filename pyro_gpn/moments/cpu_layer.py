@@ -46,6 +46,7 @@ from .cpu_kernels import (
     _tier_rules,
     closed_form_error_scale,
 )
+from .quadrature import explicit_c_rows
 
 __all__ = ["NotPositiveDefinite", "cpu_layer_response", "cpu_variational_layer_response"]
 
@@ -73,15 +74,13 @@ def _out(a: np.ndarray, like: Tensor) -> Tensor:
 
 
 class _LayerResponse(torch.autograd.Function):
-    """``(mean, var, refine)`` (``with_var``; ``refine`` as :func:`layer_response` returns it,
-    given ``refine_below``) or ``mean`` of one layer. ``kind`` names its response:
-    ``"observations"`` (``a, b = U, S``: virtual observations) or ``"whitened"`` (``a, b = m,
-    T``: the whitened variational posterior)."""
+    """``(mean, var, rows)`` (``with_var``; ``rows`` as :func:`layer_response` returns it) or
+    ``mean`` of one layer. ``kind`` names its response: ``"observations"`` (``a, b = U, S``:
+    virtual observations) or ``"whitened"`` (``a, b = m, T``: the whitened variational
+    posterior)."""
 
     @staticmethod
-    def forward(
-        ctx: FunctionCtx, mu, v, lam, a, b, noise_var, V, jitter, with_var, kind, refine_below
-    ):
+    def forward(ctx: FunctionCtx, mu, v, lam, a, b, noise_var, V, jitter, with_var, kind, refine):
         S, N = mu.shape
         G = max(a.shape[0], b.shape[0], lam.shape[0], V.shape[0])
         R = V.shape[-1]
@@ -136,24 +135,24 @@ class _LayerResponse(torch.autograd.Function):
         ctx.has_v = v is not None
         if not with_var:
             return _out(mean, mu)
-        # ||L^-1||_F^2 of the factor of C (Khat = L^-T M L^-1; kappa = L^-T L^-1): the scale of
-        # the explicit C's rounding error (layers.respond._with_factored_rows); the rows whose
-        # variance is below refine_below times it, decided here in NumPy (no tensor is read)
-        refine = None
-        if refine_below is not None:
+        # the rows the explicit C cannot give (quadrature.explicit_c_rows, with ||L^-1||_F^2 of
+        # C's factor: Khat = L^-T M L^-1, kappa = L^-T L^-1), decided here in NumPy: no tensor
+        # is read back
+        rows = None
+        if refine:
             if kind == "whitened":
                 inverse_trace = np.einsum("grt,grt->g", linv, linv)
             else:
                 inverse_trace = np.trace(kappa, axis1=1, axis2=2)
-            rows = var < refine_below * np.broadcast_to(inverse_trace, (N,))
-            if rows.any():
-                refine = torch.from_numpy(rows)
-                ctx.mark_non_differentiable(refine)
-        return _out(mean, mu), _out(var, mu), refine
+            found = explicit_c_rows(var, v_, lam_, inverse_trace, float(np.finfo(np.float64).eps))
+            if found.any():
+                rows = torch.from_numpy(found)
+                ctx.mark_non_differentiable(rows)
+        return _out(mean, mu), _out(var, mu), rows
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, gmean, gvar=None, _grefine=None):
+    def backward(ctx: FunctionCtx, gmean, gvar=None, _grows=None):
         mu_, v_, lam_, V_, beta, P, PC, mean, pre, how = ctx.arrays
         mu, lam, a, b, noise_var = ctx.like
         with_var = ctx.with_var
@@ -321,15 +320,16 @@ def layer_response(
     noise_var: Tensor | None,
     jitter: float,
     with_var: bool,
-    refine_below: float | None = None,
+    refine: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor | None]:
     """:func:`cpu_layer_response` (``kind="observations"``, ``first, second = U, S``) or
     :func:`cpu_variational_layer_response` (``kind="whitened"``, ``first, second = m, T``), with
-    ``with_var`` returning also ``refine``: ``None``, or the bool ``[S, N]`` rows whose variance
-    is below ``refine_below * ||L^-1||_F^2`` (``L`` the factor of ``C``: ``tr((K + S)^-1)``,
-    ``tr((K + jitter I)^-1)`` for ``Khat``), the explicit ``C``'s rounding-error scale, which
-    :func:`~pyro_gpn.layers.respond.respond` recomputes from the factors. Decided in NumPy
-    inside the node: no tensor is read back."""
+    ``with_var`` returning also ``rows``: with ``refine``, the bool ``[S, N]`` rows that the
+    explicit ``C`` cannot give to 1e-6
+    (:func:`~pyro_gpn.moments.quadrature.explicit_c_rows`, with ``||L^-1||_F^2`` of ``C``'s
+    factor: ``tr((K + S)^-1)``, ``tr((K + jitter I)^-1)`` for ``Khat``), which
+    :func:`~pyro_gpn.layers.respond.respond` recomputes from the factors, or ``None`` when
+    there are none. Decided in NumPy inside the node: no tensor is read back."""
     return _LayerResponse.apply(
         mu,
         v,
@@ -341,5 +341,5 @@ def layer_response(
         jitter,
         with_var,
         kind,
-        refine_below if with_var else None,
+        refine and with_var,
     )

@@ -67,10 +67,10 @@ from .quadrature import (
     GH_MAX_STD_RATIO,
     GH_TIERS,
     _node_values,
-    _node_variance_rows,
     closed_form_error_scale,
     gauss_hermite,
     gauss_hermite_nodes,
+    node_variance_rows,
 )
 from .weights import safe_cholesky, virtual_observation_weights
 
@@ -356,7 +356,7 @@ def _narrow_regime(
 ) -> Tensor:
     """``out_var`` ``[S, N]`` (the closed-form variance, noise-free) with the ``narrow`` rows
     whose closed form is not provably accurate replaced by their Gauss-Hermite variance
-    (:func:`_node_variance_rows`): every narrow row when ``variance_cholesky`` is given, else
+    (:func:`node_variance_rows`): every narrow row when ``variance_cholesky`` is given, else
     those whose rounding-error bound (:func:`closed_form_error_scale` times the magnitude of the
     closed form's terms, ``1 + tr[(|C| + |beta| |beta|^T) Omega] + mean^2``) exceeds
     :data:`CLOSED_FORM_RTOL` of the value. The one rule of every backend that evaluates the
@@ -388,7 +388,7 @@ def _narrow_regime(
             quadrature = narrow & ~(bound <= CLOSED_FORM_RTOL * out_var)
     if not bool(quadrature.any()):
         return out_var
-    return _node_variance_rows(
+    return node_variance_rows(
         out_var,
         quadrature,
         mean,

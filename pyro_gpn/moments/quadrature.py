@@ -17,11 +17,14 @@ from torch import Tensor
 
 __all__ = [
     "CLOSED_FORM_RTOL",
+    "EXPLICIT_C_ERROR_FACTOR",
     "GH_MAX_STD_RATIO",
     "GH_TIERS",
     "closed_form_error_scale",
+    "explicit_c_rows",
     "gauss_hermite",
     "gauss_hermite_nodes",
+    "node_variance_rows",
 ]
 
 
@@ -54,6 +57,37 @@ GH_TIERS: tuple[tuple[float, int], ...] = (
 #: error about 1,000-fold (largest error against quadrature everywhere 2e-9 at 1e-6, where
 #: 1e-8 sent 98 % of the output layer's rows to quadrature; ``docs/results/accuracy.md``).
 CLOSED_FORM_RTOL = 1e-6
+
+
+#: The explicit ``C``'s error in a variance is taken as ``EXPLICIT_C_ERROR_FACTOR * eps *
+#: ||L^-1||_F^2`` (:func:`explicit_c_rows`). Measured against quadrature
+#: (``benchmarks/whitened_quadrature.py``: 14 points, jitter 1e-6, posterior scales 1e-3 to 1)
+#: the fused layer's actual error was at most 0.74 of ``eps ||L^-1||_F^2`` at lengthscales 1 to
+#: 4 (at 0.4 other rounding dominates, at most 3.4e-10 relative), the reference path's less;
+#: on a fitted boston network's rows (the refined value against the closed form's) 0.41. So
+#: with 1 the narrow rows kept on the closed form are accurate to about 0.74 CLOSED_FORM_RTOL.
+#: A larger margin costs speed: with 4, 3.3 % of that network's hidden rows were refined and
+#: its training steps took 2.3x as long (point weights); with 1, 11 of 20,450.
+EXPLICIT_C_ERROR_FACTOR = 1.0
+
+
+def explicit_c_rows(variance, activation_variance, lengthscales, inverse_trace, eps: float):
+    """The rows ``[S, N]`` whose variance an explicit ``C`` cannot give to
+    :data:`CLOSED_FORM_RTOL`, and Gauss-Hermite nodes through ``C``'s factors can.
+
+    ``C = L^-T M L^-1`` formed explicitly carries an absolute error of about
+    ``eps ||L^-1||_F^2 = eps tr(K^-1)`` (``EXPLICIT_C_ERROR_FACTOR`` times it, measured), which
+    the closed form's own rounding bound (:func:`closed_form_error_scale`) does not see: the rows
+    whose ``variance`` (``[S, N]``, as returned, with any output noise) is below it divided by
+    :data:`CLOSED_FORM_RTOL`, among the narrow ones (``activation_variance [S, N] <=
+    (GH_MAX_STD_RATIO lambda)^2``, ``lengthscales [N | 1]``): broader activations need more
+    nodes than Gauss-Hermite handles accurately (256 nodes at ``sqrt(v) = 3 lambda`` still
+    err by up to 1e-4), and keep the closed form. ``inverse_trace [N | 1]`` is
+    ``||L^-1||_F^2``. One rule for NumPy arrays (the fused CPU layer decides inside its node)
+    and tensors (the other paths): operators only."""
+    threshold = (EXPLICIT_C_ERROR_FACTOR * eps / CLOSED_FORM_RTOL) * inverse_trace
+    narrow = activation_variance <= (GH_MAX_STD_RATIO * lengthscales) ** 2
+    return (variance < threshold) & narrow
 
 
 def closed_form_error_scale(num_points: int, dtype: torch.dtype) -> float:
@@ -106,7 +140,7 @@ class _NodeValues:
         self.weights = weights  # [G]
 
 
-def _node_variance_rows(
+def node_variance_rows(
     out_var: Tensor,
     rows: Tensor,
     mean: Tensor,

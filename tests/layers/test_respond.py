@@ -124,16 +124,93 @@ def test_cov_mode_diagonal_against_quadrature(response, lengthscale, spread):
         assert abs(float(out.cov[i, 0, 0]) - want_var) <= 1e-6 * want_var, (mu, v)
 
 
+def _wide_grid_unit(lengthscale: float) -> GPNLayer:
+    """A unit on 61 points in ``[-15, 15]`` with targets 0 and ``S = 1e-6``: its output
+    variance is the tiny Nystrom residual, ~1e-6, for activations of any width."""
+    layer = GPNLayer(1, 1, num_inducing=61, inducing_range=(-15, 15), dtype=F64)
+    with torch.no_grad():
+        layer.response.targets.zero_()
+        layer.response.target_variances = torch.full((1, 61), 1e-6, dtype=F64)
+    layer.lengthscales = torch.tensor([lengthscale], dtype=F64)
+    return layer
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
+@pytest.mark.parametrize("kind", ["cpu", "reference"])
+@pytest.mark.parametrize(("lengthscale", "variance"), [(1.0, 9.0), (0.8, 9.0)])
+def test_broad_activations_keep_the_closed_form(kind, lengthscale, variance, monkeypatch):
+    """Activations broader than ``1.25 lambda`` are not refined: Gauss-Hermite with the
+    narrow regime's nodes erred by 1.9e-3 and 4.7e-3 here, where the closed form is within
+    4.5e-5 and 7.6e-7 (a review found it): the layer stays within 1e-4 of quadrature."""
+    from scipy import integrate
+    from scipy.linalg import solve_triangular
+
+    calls = _count_refined(monkeypatch)
+    layer = _wide_grid_unit(lengthscale)
+    points = layer.inducing_points.detach().numpy()[0]
+    gram = np.exp(-0.5 * (points[:, None] - points) ** 2 / lengthscale**2)
+    chol = np.linalg.cholesky(gram + (1e-6 + layer.response.jitter) * np.eye(61))
+
+    def residual(a):
+        x = solve_triangular(chol, np.exp(-0.5 * (a - points) ** 2 / lengthscale**2), lower=True)
+        return (1.0 - x @ x) * math.exp(-0.5 * a**2 / variance) / math.sqrt(2 * math.pi * variance)
+
+    sd = math.sqrt(variance)
+    inside = [float(p) for p in points if abs(p) < 12 * sd]
+    want = integrate.quad(
+        residual, -12 * sd, 12 * sd, epsabs=0.0, epsrel=1e-12, limit=2000, points=inside
+    )[0]
+    acts = Moments(torch.zeros(1, 1, dtype=F64), var=torch.full((1, 1), variance, dtype=F64))
+    with backend(kind):
+        got = float(respond(layer, acts, "meanvar", noise=False).var)
+    assert calls == []
+    assert abs(got - want) <= 1e-4 * want
+
+
+@pytest.mark.parametrize("kind", ["cpu", "reference"])
+def test_refined_rows_carry_the_noise(kind, monkeypatch):
+    """With an output noise small enough that rows are still refined, the variance returned is
+    the refined noise-free variance plus the noise (the refinement subtracts it and adds it
+    back)."""
+    calls = _count_refined(monkeypatch)
+    layer = _unit("whitened", 2.0, 1e-3)[0]
+    layer.noise_std = torch.tensor([1e-4], dtype=F64)
+    acts = _activations()
+    with backend(kind):
+        quiet = respond(layer, acts, "meanvar", noise=False)
+        noisy = respond(layer, acts, "meanvar")
+    assert len(calls) == 2 and calls[1] > 0
+    torch.testing.assert_close(noisy.var, quiet.var + 1e-8, rtol=1e-12, atol=0)
+
+
+def test_cov_mode_refines_only_the_diagonal(monkeypatch):
+    """Three units with a full activation covariance: the refined covariance differs from the
+    closed form's only on its diagonal."""
+    layer = VariationalGPNLayer(3, 3, num_inducing=R, weights="point", dtype=F64)
+    layer.lengthscales = torch.full((3,), 2.0, dtype=F64)
+    layer.response.targets_scale_tril = torch.diag_embed(torch.full((3, R), 1e-3, dtype=F64))
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(20, 3, 3, generator=g, dtype=F64) / 3
+    acts = Moments(torch.randn(20, 3, generator=g, dtype=F64), cov=a @ a.mT + 1e-3 * torch.eye(3))
+    with backend("reference"):
+        refined = respond(layer, acts, "cov", noise=False).cov
+        monkeypatch.setattr(respond_module, "_with_factored_rows", lambda *a, **k: a[2])
+        closed = respond(layer, acts, "cov", noise=False).cov
+    off = ~torch.eye(3, dtype=torch.bool)
+    assert torch.equal(refined[:, off], closed[:, off])
+    assert not torch.equal(refined.diagonal(dim1=-2, dim2=-1), closed.diagonal(dim1=-2, dim2=-1))
+
+
 def _count_refined(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of rows of each refinement (``_node_variance_rows`` calls) from now on."""
+    """The number of rows of each refinement (``node_variance_rows`` calls) from now on."""
     calls = []
-    original = respond_module._node_variance_rows
+    original = respond_module.node_variance_rows
 
     def counting(out_var, rows, *args):
         calls.append(int(rows.sum()))
         return original(out_var, rows, *args)
 
-    monkeypatch.setattr(respond_module, "_node_variance_rows", counting)
+    monkeypatch.setattr(respond_module, "node_variance_rows", counting)
     return calls
 
 

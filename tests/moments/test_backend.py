@@ -166,7 +166,7 @@ def test_layer_same_on_every_cpu_backend(mode, share, compute_dtype, monkeypatch
     ):
         original = getattr(module, name)
         monkeypatch.setattr(
-            module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+            module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k)
         )
     torch.manual_seed(0)
     layer = GPNLayer(4, 7, num_inducing=9, share=share, compute_dtype=compute_dtype)

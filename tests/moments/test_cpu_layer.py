@@ -122,7 +122,9 @@ def test_layer_float64_parameters(mode, share, monkeypatch):
 
     calls = []
     original = cpu_layer.layer_response  # the layers' fused path
-    monkeypatch.setattr(cpu_layer, "layer_response", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(
+        cpu_layer, "layer_response", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     torch.manual_seed(1)
     layer = GPNLayer(5, 9, num_inducing=11, share=share, dtype=F64)
     x = torch.randn(6, 5, dtype=F64)
@@ -323,7 +325,9 @@ def test_variational_layer_dispatch(mode, share, q_cov, whiten, weights, dtype, 
 
     calls = []
     original = cpu_layer.layer_response  # the layers' fused path
-    monkeypatch.setattr(cpu_layer, "layer_response", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(
+        cpu_layer, "layer_response", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     torch.manual_seed(1)
     layer = VariationalGPNLayer(
         5, 9, num_inducing=11, share=share, q_cov=q_cov, whiten=whiten, weights=weights,
@@ -369,7 +373,9 @@ def test_float32_algebra(mode, response, monkeypatch):
 
     calls = []
     original = cpu_layer.layer_response  # the layers' fused path
-    monkeypatch.setattr(cpu_layer, "layer_response", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(
+        cpu_layer, "layer_response", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     torch.manual_seed(3)
     cls = GPNLayer if response == "parametric" else VariationalGPNLayer
     layer = cls(4, 6, compute_dtype=None, dtype=torch.float32)
@@ -397,9 +403,9 @@ def test_variational_layer_falls_back_where_k_is_singular(monkeypatch):
     raised = []
     original = cpu_layer.layer_response  # the layers' fused path
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         try:
-            return original(*args)
+            return original(*args, **kwargs)
         except cpu_layer.NotPositiveDefinite:
             raised.append(1)
             raise

@@ -629,13 +629,13 @@ def test_triton_cov_is_the_reference_path(device, case):
     from pyro_gpn.moments import propagate
 
     calls, node_rows = [], []
-    kernel, rows = fused_mod.fused_response_meanvar, propagate._node_variance_rows
+    kernel, rows = fused_mod.fused_response_meanvar, propagate.node_variance_rows
     ill = case[-1]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fused_mod, "fused_response_meanvar", lambda *a: calls.append(1) or kernel(*a))
         patch.setattr(
             propagate,
-            "_node_variance_rows",
+            "node_variance_rows",
             lambda *a: node_rows.append(int(a[1].sum())) or rows(*a),
         )
         problem = _correlated_pair(*case, torch.float64, device)

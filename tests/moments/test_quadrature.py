@@ -48,13 +48,13 @@ def test_quadrature_only_where_the_closed_form_is_not_provably_accurate(
     points, ls, beta, kappa = _layer(2.0, 1e-6) if ill else _layer(0.4, 0.1)
     mean, var = _activations(float(ls[0]))
     calls = []
-    original = propagate._node_variance_rows
+    original = propagate.node_variance_rows
 
     def spy(out_var, rows, *args):
         calls.append(int(rows.sum()))
         return original(out_var, rows, *args)
 
-    monkeypatch.setattr(propagate, "_node_variance_rows", spy)
+    monkeypatch.setattr(propagate, "node_variance_rows", spy)
     with backend("reference"):
         response_moments(Moments(mean, var=var), points, ls, beta, kappa, None, "meanvar")
     assert bool(calls) == expect_nodes
