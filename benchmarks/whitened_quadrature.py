@@ -141,32 +141,13 @@ def wide_grid() -> None:
     """A unit on 61 points in ``[-15, 15]``, targets 0, ``S = 1e-6`` (variance ~1e-6): the
     float64 layer (``respond``, fused and reference) against adaptive quadrature, broad and
     narrow activations (``docs/results/accuracy.md``: the gap that remains)."""
-    from scipy import integrate
-    from scipy.linalg import solve_triangular
-
-    from pyro_gpn import GPNLayer
     from pyro_gpn.layers.respond import respond
+    from tests.layers.test_respond import _wide_grid_unit, _wide_grid_variance
 
     for lengthscale, v in ((1.0, 9.0), (0.8, 9.0), (1.5, 16.0), (1.0, 1.0), (1.5, 0.5)):
-        layer = GPNLayer(1, 1, num_inducing=61, inducing_range=(-15, 15), dtype=F64)
-        with torch.no_grad():
-            layer.response.targets.zero_()
-            layer.response.target_variances = torch.full((1, 61), 1e-6, dtype=F64)
-        layer.lengthscales = torch.tensor([lengthscale], dtype=F64)
-        points = layer.inducing_points.detach().numpy()[0]
-        gram = np.exp(-0.5 * (points[:, None] - points) ** 2 / lengthscale**2)
-        chol = np.linalg.cholesky(gram + (1e-6 + layer.response.jitter) * np.eye(61))
-
-        def residual(a, chol=chol, points=points, lengthscale=lengthscale, v=v):
-            alpha = np.exp(-0.5 * (a - points) ** 2 / lengthscale**2)
-            x = solve_triangular(chol, alpha, lower=True)
-            return (1.0 - x @ x) * math.exp(-0.5 * a**2 / v) / math.sqrt(2 * math.pi * v)
-
+        layer = _wide_grid_unit(lengthscale)
+        want = _wide_grid_variance(layer, v)
         sd = math.sqrt(v)
-        inside = [float(p) for p in points if abs(p) < 12 * sd]
-        want = integrate.quad(
-            residual, -12 * sd, 12 * sd, epsabs=0.0, epsrel=1e-12, limit=2000, points=inside
-        )[0]
         acts = Moments(torch.zeros(1, 1, dtype=F64), var=torch.full((1, 1), v, dtype=F64))
         errors = []
         for kind in ("cpu", "reference"):
