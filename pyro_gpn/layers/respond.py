@@ -36,7 +36,9 @@ class ResponseParts:
     Attributes:
         points: ``[G, R]`` inducing points; lengthscales ``[G]``; beta ``[G, R]``;
         reduction: ``C [G, R, R]`` (``None`` in ``"mean"`` mode); chol, inner: its factors or
-        ``None``; noise_var: ``[G]`` or ``None``.
+        ``None``; noise_var: ``[G]`` or ``None``; inverse_trace: ``||L^-1||_F^2 [G]`` of
+        ``C``'s factor where the explicit ``C`` is used (:func:`_with_factored_rows`), else
+        ``None``.
     """
 
     points: Tensor
@@ -46,6 +48,7 @@ class ResponseParts:
     chol: Tensor | None
     inner: Tensor | None
     noise_var: Tensor | None
+    inverse_trace: Tensor | None = None
 
 
 def response_parts(layer: GPNLayerBase, mode: Mode, noise: bool = True) -> ResponseParts:
@@ -65,7 +68,19 @@ def response_parts(layer: GPNLayerBase, mode: Mode, noise: bool = True) -> Respo
         chol,
         inner,
         layer._compute_noise_var() if noise else None,
+        _inverse_trace(layer) if mode != "mean" and chol is None else None,
     )
+
+
+def _inverse_trace(layer: GPNLayerBase) -> Tensor | None:
+    """``||L^-1||_F^2 [G]`` of the factor of ``layer``'s ``C`` (without gradient), or ``None``
+    where its response has no factor (:meth:`~pyro_gpn.layers.base.Response.variance_factor`)."""
+    with torch.no_grad():
+        factor = layer.response.variance_factor(*layer.compute_grid())
+        if factor is None:
+            return None
+        eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
+        return torch.linalg.solve_triangular(factor, eye, upper=False).square().sum((-2, -1))
 
 
 def respond(
@@ -114,8 +129,10 @@ def respond(
         variance_cholesky=parts.chol,
         variance_inner=parts.inner,
     )
-    if parts.chol is None:
-        outputs = _with_factored_rows(layer, activations, outputs, mode, noise)
+    if parts.inverse_trace is not None:
+        outputs = _with_factored_rows(
+            layer, activations, outputs, mode, noise, inverse_trace=parts.inverse_trace
+        )
     return outputs.to(out_dtype)
 
 
@@ -126,6 +143,7 @@ def _with_factored_rows(
     mode: Mode,
     noise: bool,
     rows: Tensor | None = None,
+    inverse_trace: Tensor | None = None,
 ) -> Moments:
     """``outputs`` with the variances that the explicit ``C`` cannot give to
     :data:`~pyro_gpn.moments.quadrature.CLOSED_FORM_RTOL` recomputed from ``C``'s factors
@@ -145,7 +163,8 @@ def _with_factored_rows(
     ``docs/results/accuracy.md``). Broader activations keep the closed form (Gauss-Hermite
     needs too many nodes there), and so do other rows and whole layers whose units are well
     conditioned. The decision costs one
-    ``R x R`` factorisation per unit without gradient and one read-back (a device
+    ``R x R`` factorisation per unit without gradient (``inverse_trace``, once per sequence
+    for a recurrent layer: :class:`ResponseParts`) and one read-back (a device
     synchronisation on a GPU); nothing where the fused CPU layer makes it (``rows``, bool
     ``[S, N]``: :func:`~pyro_gpn.moments.cpu_layer.layer_response`). Below float64 the layers
     use the factors everywhere already. In ``"cov"`` mode the diagonal is refined (the
@@ -156,13 +175,10 @@ def _with_factored_rows(
     dtype = layer.compute_dtype or layer.weight.dtype
     out_var = outputs.variance.to(dtype)
     if rows is None:
-        with torch.no_grad():
-            factor = layer.response.variance_factor(*layer.compute_grid())
-            if factor is None:
+        if inverse_trace is None:
+            inverse_trace = _inverse_trace(layer)
+            if inverse_trace is None:
                 return outputs
-            eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device)
-            inverse = torch.linalg.solve_triangular(factor, eye, upper=False)
-            inverse_trace = inverse.square().sum((-2, -1))
         rows = explicit_c_rows(
             out_var.detach(),
             activations.variance.detach().to(dtype),

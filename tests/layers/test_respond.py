@@ -288,3 +288,22 @@ def test_refined_rows_are_differentiable(monkeypatch):
         assert calls and calls[0] > 0
         # steps of 1e-3: the closed-form rows round to ~1e-10 absolute, smaller steps are noise
         assert torch.autograd.gradcheck(output, inputs, eps=1e-3, atol=1e-6, rtol=1e-4)
+
+
+def test_a_recurrent_layer_decides_once_per_sequence(monkeypatch):
+    """A recurrent layer responds at every time step with the weights of one
+    :func:`~pyro_gpn.layers.respond.response_parts`: the explicit ``C``'s error scale is
+    computed once per sequence, not per step."""
+    from pyro_gpn.layers import GPNRecurrent
+
+    calls = []
+    original = respond_module._inverse_trace
+    monkeypatch.setattr(
+        respond_module, "_inverse_trace", lambda layer: calls.append(1) or original(layer)
+    )
+    torch.manual_seed(0)
+    layer = GPNRecurrent(2, 3, dtype=F64)
+    x = torch.randn(4, 5 * 2, dtype=F64)  # 5 time steps
+    out = layer(x, "meanvar")
+    assert calls == [1]
+    assert torch.isfinite(out.var).all()
