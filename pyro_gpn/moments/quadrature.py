@@ -61,13 +61,15 @@ CLOSED_FORM_RTOL = 1e-6
 
 #: The explicit ``C``'s error in a variance is taken as ``EXPLICIT_C_ERROR_FACTOR * eps *
 #: ||L^-1||_F^2`` (:func:`explicit_c_rows`). Measured against quadrature
-#: (``benchmarks/whitened_quadrature.py``: 14 points, jitter 1e-6, posterior scales 1e-3 to 1)
-#: the fused layer's actual error was at most 0.74 of ``eps ||L^-1||_F^2`` at lengthscales 1 to
-#: 4 (at 0.4 other rounding dominates, at most 3.4e-10 relative), the reference path's less;
-#: on a fitted boston network's rows (the refined value against the closed form's) 0.41. So
-#: with 1 the narrow rows kept on the closed form are accurate to about 0.74 CLOSED_FORM_RTOL.
-#: A larger margin costs speed: with 4, 3.3 % of that network's hidden rows were refined and
-#: its training steps took 2.3x as long (point weights); with 1, 11 of 20,450.
+#: (``benchmarks/factored_rows_probe.py ratio``: the fused kernel, 14 points, jitter 1e-6,
+#: lengthscales 1 to 4, posterior scales 1e-3 to 1) the actual error was at most 0.74 of
+#: ``eps ||L^-1||_F^2`` for the nearly collapsed posteriors whose variances come near the
+#: threshold, and up to 1.22 for ``q = p``, whose variances (~1) stay 1,000x above it; at
+#: lengthscale 0.4 other rounding dominates (at most 3.4e-10 relative). So with 1 the narrow
+#: rows kept on the closed form are within CLOSED_FORM_RTOL in every case measured. A larger
+#: margin costs speed (``... boston``, one step of a fitted network: 1 refines 11 of 20,450
+#: hidden rows, 1.25 77, 4 816, and the closed form of all 816 was within 2.4e-7 of the refined;
+#: ``vgpn_step.py``: with 1.25 the point-weights step took 1.47x as long as before the rule).
 EXPLICIT_C_ERROR_FACTOR = 1.0
 
 
@@ -81,10 +83,11 @@ def explicit_c_rows(variance, activation_variance, lengthscales, inverse_trace, 
     whose ``variance`` (``[S, N]``, as returned, with any output noise) is below it divided by
     :data:`CLOSED_FORM_RTOL`, among the narrow ones (``activation_variance [S, N] <=
     (GH_MAX_STD_RATIO lambda)^2``, ``lengthscales [N | 1]``): broader activations need more
-    nodes than Gauss-Hermite handles accurately (256 nodes at ``sqrt(v) = 3 lambda`` still
-    err by up to 1e-4), and keep the closed form. ``inverse_trace [N | 1]`` is
-    ``||L^-1||_F^2``. One rule for NumPy arrays (the fused CPU layer decides inside its node)
-    and tensors (the other paths): operators only."""
+    nodes than Gauss-Hermite handles accurately (64 to 256 nodes at ``sqrt(v) = 3 lambda``
+    err by up to 4.7e-2, erratically: ``benchmarks/factored_rows_probe.py nodes``), and keep
+    the closed form. ``inverse_trace [N | 1]`` is ``||L^-1||_F^2``. One rule for NumPy arrays
+    (the fused CPU layer decides inside its node) and tensors (the other paths): operators
+    only."""
     threshold = (EXPLICIT_C_ERROR_FACTOR * eps / CLOSED_FORM_RTOL) * inverse_trace
     narrow = activation_variance <= (GH_MAX_STD_RATIO * lengthscales) ** 2
     return (variance < threshold) & narrow
