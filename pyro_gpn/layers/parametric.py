@@ -21,9 +21,7 @@ from pyro.nn import PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from ..kernels import squared_exponential
 from ..moments.propagate import virtual_observation_weights
-from ..moments.weights import safe_cholesky
 from .base import GPNLayerBase, Response
 
 __all__ = ["GPNLayer", "TARGET_INITS", "VirtualObservations"]
@@ -110,9 +108,7 @@ class VirtualObservations(Response):
 
     def variance_factor(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``L = chol(K(V, V) + diag(S))``, the factor of :meth:`factored_weights`."""
-        gram = squared_exponential(points, points, lengthscales)
-        variances = self.target_variances.to(points.dtype) + self.jitter
-        return safe_cholesky(gram + torch.diag_embed(variances.expand(gram.shape[:-1])))
+        return self.factored_weights(points, lengthscales, with_reduction=False)[2]
 
     def mean_weights(self, points: Tensor, lengthscales: Tensor) -> Tensor:
         """``beta = (K(V, V) + diag(S))^-1 U`` by one solve, without forming ``kappa``."""

@@ -174,11 +174,7 @@ def _with_factored_rows(
         return outputs
     dtype = layer.compute_dtype or layer.weight.dtype
     out_var = outputs.variance.to(dtype)
-    if rows is None:
-        if inverse_trace is None:
-            inverse_trace = _inverse_trace(layer)
-            if inverse_trace is None:
-                return outputs
+    if rows is None:  # not the fused layer's rows: decided from the given ||L^-1||_F^2
         rows = explicit_c_rows(
             out_var.detach(),
             activations.variance.detach().to(dtype),

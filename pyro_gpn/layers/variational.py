@@ -137,6 +137,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _inverse_gram_times(whiten: bool, chol: Tensor, values: Tensor) -> Tensor:
+    """``K^-1 U [..., G, R]`` for ``values [..., G, R]`` of the targets' site (``z`` with
+    ``U = L z`` when ``whiten``: ``L^-T z``; ``U`` itself otherwise), ``chol`` ``L``."""
+    if whiten:
+        return torch.linalg.solve_triangular(chol.mT, values.unsqueeze(-1), upper=True)[..., 0]
+    return torch.cholesky_solve(values.unsqueeze(-1), chol)[..., 0]
+
+
 def prior_scale_tril(points: Tensor, lengthscales: Tensor, jitter: float) -> Tensor:
     """``[G, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I`` (``eq:gpn_vi_puv``)."""
     gram = squared_exponential(points, points, lengthscales)
@@ -312,12 +320,10 @@ class VariationalTargets(Response):
         kinv = torch.cholesky_inverse(chol)
         tril = self.variational_scale_tril().to(points.dtype)
         loc = self.targets_loc.to(points.dtype)
+        beta = _inverse_gram_times(self.whiten, chol, loc)
         if self.whiten:  # beta = L^-T m, Khat = L^-T (I - S S^T) L^-1
-            beta = torch.linalg.solve_triangular(chol.mT, loc.unsqueeze(-1), upper=True)
-            beta = beta.squeeze(-1)
             root = torch.linalg.solve_triangular(chol.mT, tril, upper=True)
         else:
-            beta = torch.cholesky_solve(loc.unsqueeze(-1), chol).squeeze(-1)
             root = torch.cholesky_solve(tril, chol)  # K^-1 chol(Sigma_hat)
         khat = kinv - root @ root.mT
         return beta, 0.5 * (khat + khat.mT)
@@ -330,12 +336,8 @@ class VariationalTargets(Response):
         if with_reduction:
             beta, khat = self.weights(points, lengthscales)
         else:
-            loc = self.targets_loc.to(points.dtype).unsqueeze(-1)
-            if self.whiten:
-                beta = torch.linalg.solve_triangular(chol.mT, loc, upper=True).squeeze(-1)
-            else:
-                beta = torch.cholesky_solve(loc, chol).squeeze(-1)
-            khat = None
+            loc = self.targets_loc.to(points.dtype)
+            beta, khat = _inverse_gram_times(self.whiten, chol, loc), None
         tril = self.variational_scale_tril().to(points.dtype)
         if not self.whiten:
             tril = torch.linalg.solve_triangular(chol, tril, upper=False)
@@ -350,11 +352,7 @@ class VariationalTargets(Response):
     def target_weights(self, points: Tensor, lengthscales: Tensor, targets: Tensor):
         """``K^-1 U [..., G, R]`` for values of the targets' site and ``K^-1 [G, R, R]``."""
         chol = prior_scale_tril(points, lengthscales, self.jitter)
-        if self.whiten:  # K^-1 L z = L^-T z
-            weights = torch.linalg.solve_triangular(chol.mT, targets.unsqueeze(-1), upper=True)
-        else:
-            weights = torch.cholesky_solve(targets.unsqueeze(-1), chol)
-        return weights.squeeze(-1), torch.cholesky_inverse(chol)
+        return _inverse_gram_times(self.whiten, chol, targets), torch.cholesky_inverse(chol)
 
     def extra_repr(self) -> str:
         return f"q_cov={self.q_cov!r}, whiten={self.whiten}, targets_init={self.targets_init!r}"
