@@ -1,9 +1,11 @@
 """One training step (loss + penalty, backward, Adam) of the GPN CNN of
 ``benchmarks/conv_rnn.py`` against the ReLU CNN, on a batch of 28x28 images (reduced MNIST
 shape) or 8x8 (digits), in one process, interleaved round by round (median CPU time, one
-thread). ``gpn-points-head`` is the same GPN CNN with the softmax head's expected loss computed
-by the algorithm before 2026-11-24 (explicit sigma points in the features' space,
-``benchmarks/head_speed.py``'s ``points_path``): it shows what the head had cost.
+thread). ``vgpn`` / ``vgpn-closed-form``: the variational GPN CNN on its default (predictive)
+and its closed-form ELBO objective. ``gpn-points-head`` is the same GPN CNN with the softmax
+head's expected loss computed by the algorithm before 2026-11-24 (explicit sigma points in the
+features' space, ``benchmarks/head_speed.py``'s ``points_path``): it shows what the head had
+cost.
 
     OMP_NUM_THREADS=1 python benchmarks/cnn_step.py --side 28 --rounds 5
 """
@@ -64,6 +66,11 @@ def main() -> None:
         "gpn": step_of(gpn_cnn(shape, (8, 16), 10, False, 8000), x, y, default_loss),
         "gpn-points-head": step_of(
             gpn_cnn(shape, (8, 16), 10, False, 8000), x, y, points_head_loss
+        ),
+        # the variational GPN CNN on its two objectives (the default: predictive)
+        "vgpn": step_of(gpn_cnn(shape, (8, 16), 10, True, 8000), x, y, default_loss),
+        "vgpn-closed-form": step_of(
+            gpn_cnn(shape, (8, 16), 10, True, 8000, "closed_form"), x, y, default_loss
         ),
     }
     with validation(False):

@@ -45,6 +45,7 @@ from .losses import (
     heteroscedastic_expected_nll,
     heteroscedastic_log_noise_moments,
     unscented_cross_entropy,
+    unscented_log_predictive,
     unscented_logits,
 )
 from .moments.gaussian import Moments
@@ -389,8 +390,17 @@ class SoftmaxHead(Head):
         return Prediction(probs.mean(0), probs.std(0), self.task)
 
     def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        probs = self.predict(features).probs
-        return probs.gather(-1, y.long().reshape(-1, 1)).squeeze(-1).clamp_min(1e-300).log()
+        """``log sum_i w_i softmax(A_i / T)[y]`` over the sigma points ``A_i``
+        (:func:`~pyro_gpn.losses.unscented_log_predictive`: a log-sum-exp, finite where a
+        probability underflows, on the fused CPU kernel where it runs)."""
+        return unscented_log_predictive(
+            features,
+            y.long(),
+            self.weight,
+            self.bias,
+            kappa=self.unscented_kappa,
+            temperature=self.predictive_scale.to(features.mean.dtype),
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, num_classes={self.num_classes}"

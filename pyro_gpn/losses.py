@@ -50,6 +50,7 @@ __all__ = [
     "heteroscedastic_log_noise_moments",
     "target_variance_penalty",
     "unscented_cross_entropy",
+    "unscented_log_predictive",
     "unscented_logits",
     "unscented_points",
 ]
@@ -414,6 +415,77 @@ def unscented_cross_entropy(
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     point_ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, index).squeeze(-1)
     per_sample = weights[0] * point_ce[:, 0] + weights[1] * point_ce[:, 1:].sum(-1)
+    return _reduce(per_sample, reduction)
+
+
+def unscented_log_predictive(
+    features: Moments,
+    target: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    kappa: float | None = None,
+    temperature: float | Tensor = 1.0,
+    reduction: str = "none",
+) -> Tensor:
+    r"""Log of the predictive probability of the labels: the softmax averaged over the sigma
+    points of :func:`unscented_cross_entropy`,
+
+    .. math::
+
+        \log p(t \mid X) pprox \log \sum_i \mathscr{W}_i \,
+            \mathrm{softmax}ig((x_i W + b) / Tig)_t ,
+
+    the classification head's predictive (and, negated, the data term of the predictive
+    objective, :func:`pyro_gpn.inference.predictive_log_likelihood`). By Jensen's inequality it
+    is at least minus the expected cross-entropy for non-negative weights. ``T`` is the
+    temperature of the calibrated predictive (1 in training). With ``kappa >= 0`` (the default
+    0) it is a log-sum-exp of the points' log-softmax, finite with a useful gradient where a
+    probability underflows; with ``kappa < 0`` (a negative centre weight) the weighted
+    probabilities are summed and clamped at the dtype's smallest normal number. Diagonal
+    moments with a readout run on the fused CPU kernel of :func:`unscented_cross_entropy` where
+    it runs (``kappa >= 0``).
+
+    Args:
+        features, target, weight, bias, kappa: as :func:`unscented_cross_entropy`.
+        temperature: ``T > 0``, a number or a one-element tensor.
+        reduction: ``"none"`` (default, ``[S]``), ``"mean"`` or ``"sum"``.
+
+    Returns:
+        The log probabilities (nats), reduced over samples.
+    """
+    _check_reduction(reduction)
+    num_classes = _check_readout(features, weight, bias)
+    num_features = features.num_features
+    check_labels(target, features.num_samples, num_classes)
+    kappa = _check_kappa(kappa, num_features)
+    if features.is_deterministic:
+        logits = features.mean if weight is None else features.mean @ weight
+        logits = logits if bias is None else logits + bias
+        per_sample = -F.cross_entropy(logits / temperature, target, reduction="none")
+        return _reduce(per_sample, reduction)
+    if kappa >= 0 and _fused_cpu_head(features, weight, bias):
+        from .moments.cpu_unscented import cpu_unscented_cross_entropy
+
+        weight = weight / temperature
+        centre = features.mean @ weight
+        centre = centre if bias is None else centre + bias / temperature
+        scale = math.sqrt(num_features + kappa)
+        w0, w1 = kappa / (num_features + kappa), 0.5 / (num_features + kappa)
+        sd = features.var.sqrt()
+        per_sample = -cpu_unscented_cross_entropy(
+            centre, sd, weight, target, scale, w0, w1, predictive=True
+        )
+        return _reduce(per_sample, reduction)
+    logits, weights = _unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
+    logits = logits / temperature
+    index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
+    log_probs = logits.log_softmax(-1).gather(-1, index).squeeze(-1)  # [S, 2N+1]
+    point_weights = torch.cat([weights[:1], weights[1:].expand(logits.shape[1] - 1)])
+    if kappa >= 0:
+        per_sample = torch.logsumexp(log_probs + point_weights.log(), dim=-1)
+    else:
+        probs = (point_weights * log_probs.exp()).sum(-1)
+        per_sample = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
     return _reduce(per_sample, reduction)
 
 

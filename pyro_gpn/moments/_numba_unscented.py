@@ -30,9 +30,13 @@ def _point(i, N):
 
 
 @njit(**_OPTS)
-def unscented_ce_fwd(centre, sd, W, target, scale, w0, w1, loss, probs):
-    """``loss[s] = w0 CE_0 + w1 sum_{i >= 1} CE_i`` (``CE_i`` the cross-entropy of point
-    ``i``'s logits against ``target[s]``) and the points' softmax ``probs [S, 2N+1, C]``."""
+def unscented_ce_fwd(centre, sd, W, target, scale, w0, w1, predictive, loss, probs, resp):
+    """Per sample, from the cross-entropies ``CE_i`` of the points' logits against ``target[s]``:
+    ``loss[s] = w0 CE_0 + w1 sum_{i >= 1} CE_i`` (the expected cross-entropy), or with
+    ``predictive`` ``loss[s] = -log sum_i w_i exp(-CE_i)`` (the negative log of the averaged
+    softmax; weights not negative). Also the points' softmax ``probs [S, 2N+1, C]`` and
+    ``resp [S, 2N+1]``, ``d loss[s] / d CE_i``: the weights, or the points' shares
+    ``w_i exp(-CE_i) / sum_j w_j exp(-CE_j)`` of the averaged probability."""
     S, C = centre.shape
     N = sd.shape[1]
     P = 2 * N + 1
@@ -43,6 +47,7 @@ def unscented_ce_fwd(centre, sd, W, target, scale, w0, w1, loss, probs):
     tbuf = np.empty(n)
     ebuf = np.empty(n, dtype=np.int64)
     top = np.empty(P)
+    ce = np.empty(P)
     for s in range(S):
         for i in range(P):
             j, sign = _point(i, N)
@@ -58,7 +63,6 @@ def unscented_ce_fwd(centre, sd, W, target, scale, w0, w1, loss, probs):
                 args[i * C + c] = logits[i * C + c] - m
         vexp(args, ex, n, tbuf, ebuf)
         t = target[s]
-        total = 0.0
         for i in range(P):
             z = 0.0
             for c in range(C):
@@ -66,15 +70,37 @@ def unscented_ce_fwd(centre, sd, W, target, scale, w0, w1, loss, probs):
             inv = 1.0 / z
             for c in range(C):
                 probs[s, i, c] = ex[i * C + c] * inv
-            ce = top[i] + math.log(z) - logits[i * C + t]
-            total += (w0 if i == 0 else w1) * ce
-        loss[s] = total
+            ce[i] = top[i] + math.log(z) - logits[i * C + t]
+        if not predictive:
+            total = 0.0
+            for i in range(P):
+                wi = w0 if i == 0 else w1
+                total += wi * ce[i]
+                resp[s, i] = wi
+            loss[s] = total
+            continue
+        # -log sum_i w_i exp(-CE_i) by a log-sum-exp over the points with w_i > 0
+        m = -np.inf
+        for i in range(P):
+            wi = w0 if i == 0 else w1
+            if wi > 0.0 and -ce[i] > m:
+                m = -ce[i]
+        z = 0.0
+        for i in range(P):
+            wi = w0 if i == 0 else w1
+            e = wi * math.exp(-ce[i] - m) if wi > 0.0 else 0.0
+            resp[s, i] = e
+            z += e
+        for i in range(P):
+            resp[s, i] /= z
+        loss[s] = -(m + math.log(z))
 
 
 @njit(**_OPTS)
-def unscented_ce_bwd(sd, W, target, scale, w0, w1, probs, gout, dcentre, dsd, dW):
-    """Gradients of ``sum_s gout[s] loss[s]``: ``dcentre [S, C]``, ``dsd [S, N]`` and the direct
-    part ``dW [N, C]`` (through the points' offsets; ``dW`` accumulated, zero it first)."""
+def unscented_ce_bwd(sd, W, target, scale, resp, probs, gout, dcentre, dsd, dW):
+    """Gradients of ``sum_s gout[s] loss[s]`` (either loss of :func:`unscented_ce_fwd`, through
+    its ``resp``): ``dcentre [S, C]``, ``dsd [S, N]`` and the direct part ``dW [N, C]``
+    (through the points' offsets; ``dW`` accumulated, zero it first)."""
     S, C = dcentre.shape
     N = sd.shape[1]
     P = 2 * N + 1
@@ -86,7 +112,9 @@ def unscented_ce_bwd(sd, W, target, scale, w0, w1, probs, gout, dcentre, dsd, dW
             dsd[s, j] = 0.0
         for i in range(P):
             j, sign = _point(i, N)
-            wi = gout[s] * (w0 if i == 0 else w1)
+            wi = gout[s] * resp[s, i]
+            if wi == 0.0:
+                continue
             a = sign * scale * sd[s, j]
             acc = 0.0
             for c in range(C):

@@ -29,32 +29,32 @@ __all__ = ["cpu_unscented_cross_entropy"]
 
 class _UnscentedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, centre, sd, weight, target, scale, w0, w1):
+    def forward(ctx: FunctionCtx, centre, sd, weight, target, scale, w0, w1, predictive):
         S, C = centre.shape
         N = sd.shape[1]
         centre_, sd_, weight_ = _f64(centre), _f64(sd), _f64(weight)
         target_ = np.ascontiguousarray(target.detach().numpy(), dtype=np.int64)
         loss = np.empty(S)
         probs = np.empty((S, 2 * N + 1, C))
+        resp = np.empty((S, 2 * N + 1))
         _numba_module("_numba_unscented").unscented_ce_fwd(
-            centre_, sd_, weight_, target_, scale, w0, w1, loss, probs
+            centre_, sd_, weight_, target_, scale, w0, w1, predictive, loss, probs, resp
         )
-        ctx.arrays = (sd_, weight_, target_, probs)
-        ctx.constants = (scale, w0, w1)
+        ctx.arrays = (sd_, weight_, target_, probs, resp)
+        ctx.scale = scale
         ctx.like = (centre, sd, weight)
         return _out(loss, centre)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, gout):
-        sd_, weight_, target_, probs = ctx.arrays
+        sd_, weight_, target_, probs, resp = ctx.arrays
         centre, sd, weight = ctx.like
-        scale, w0, w1 = ctx.constants
         dcentre = np.empty((sd_.shape[0], weight_.shape[1]))
         dsd = np.empty(sd_.shape)
         dweight = np.zeros(weight_.shape)
         _numba_module("_numba_unscented").unscented_ce_bwd(
-            sd_, weight_, target_, scale, w0, w1, probs, _f64(gout), dcentre, dsd, dweight
+            sd_, weight_, target_, ctx.scale, resp, probs, _f64(gout), dcentre, dsd, dweight
         )
         need = ctx.needs_input_grad
         return (
@@ -65,13 +65,24 @@ class _UnscentedCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
 def cpu_unscented_cross_entropy(
-    centre: Tensor, sd: Tensor, weight: Tensor, target: Tensor, scale: float, w0: float, w1: float
+    centre: Tensor,
+    sd: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    scale: float,
+    w0: float,
+    w1: float,
+    predictive: bool = False,
 ) -> Tensor:
-    """Per-sample unscented expected cross-entropy ``[S]`` (module docstring).
+    """Per-sample unscented expected cross-entropy ``[S]`` (module docstring), or with
+    ``predictive`` the negative log of the points' averaged softmax probability of the target
+    (``-log sum_i w_i softmax(A_i)[t]``, :func:`pyro_gpn.losses.unscented_log_predictive`;
+    the weights must not be negative).
 
     Args:
         centre: ``[S, C]`` logits of the features' mean, ``mu W + b``.
@@ -80,10 +91,11 @@ def cpu_unscented_cross_entropy(
         target: ``[S]`` integer class labels in ``[0, C)`` (not checked here: the caller,
             :func:`pyro_gpn.losses.unscented_cross_entropy`, checks them).
         scale: ``sqrt(N + kappa)``; w0, w1: the centre's and every other point's weight.
+        predictive: the negative log predictive instead of the expected cross-entropy.
 
     Returns:
         ``[S]`` in ``centre``'s dtype, differentiable w.r.t. ``centre``, ``sd`` and ``weight``.
     """
     return _UnscentedCrossEntropy.apply(
-        centre, sd, weight, target, float(scale), float(w0), float(w1)
+        centre, sd, weight, target, float(scale), float(w0), float(w1), bool(predictive)
     )

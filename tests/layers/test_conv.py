@@ -186,7 +186,7 @@ def test_gradcheck_float64():
 
 
 def test_variational_kl_and_closed_form_elbo():
-    from pyro_gpn.inference.closed_form import closed_form_elbo
+    from pyro_gpn.inference.closed_form import closed_form_elbo, predictive_log_likelihood
 
     torch.manual_seed(0)
     net = GPNSequential(
@@ -194,6 +194,7 @@ def test_variational_kl_and_closed_form_elbo():
         input_shape=(1, 4, 4),
         num_outputs=3,
         num_data=100,
+        objective="closed_form",
     )
     x, y = torch.rand(5, 16, dtype=DT), torch.tensor([0, 1, 2, 0, 1])
     kl = net.kl_divergence()
@@ -202,6 +203,11 @@ def test_variational_kl_and_closed_form_elbo():
     elbo = closed_form_elbo(net, x, y)
     torch.testing.assert_close(elbo, 20 * net.expected_log_likelihood(x, y).sum() - kl)
     torch.testing.assert_close(net.loss(x, y), -elbo / 100)
+    net.objective = "predictive"  # the default for variational blocks
+    pll = predictive_log_likelihood(net, x, y)
+    torch.testing.assert_close(pll, 20 * net.log_predictive(x, y).sum() - kl)
+    torch.testing.assert_close(net.loss(x, y), -pll / 100)
+    assert float(pll) > float(elbo)  # Jensen
     elbo.backward()
     assert net.blocks[0].response.targets_loc.grad is not None
 

@@ -1,0 +1,203 @@
+"""GPNSequential's training objectives: the closed-form expected loss (the negative ELBO with
+variational blocks) and the predictive one, against their definitions written out here,
+Jensen's inequality between them, the softmax head's log-space predictive where probabilities
+underflow, gradcheck, and the argument check."""
+
+import math
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+from torch.func import functional_call
+
+from pyro_gpn import GPNSequential, Moments
+from pyro_gpn.heads import SoftmaxHead
+from pyro_gpn.layers import (
+    MomentAvgPool2d,
+    MomentFlatten,
+    MomentLinear,
+    VariationalGPNConv2d,
+    VariationalGPNRecurrent,
+)
+
+DT = torch.float64
+
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
+
+
+def _cnn(objective=None, seed=0):
+    torch.manual_seed(seed)
+    net = GPNSequential(
+        [
+            VariationalGPNConv2d(1, 3, 3, (6, 6), padding=1, dtype=DT),
+            MomentAvgPool2d(2),
+            MomentFlatten(),
+        ],
+        input_shape=(1, 6, 6),
+        num_outputs=4,
+        num_data=200,
+        objective=objective,
+    )
+    with torch.no_grad():  # a readout that makes the logits' spread matter
+        net.head.weight.mul_(4.0)
+    x = torch.rand(7, 36, dtype=DT)
+    y = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    return net, x, y
+
+
+def _rnn(objective=None, seed=0):
+    torch.manual_seed(seed)
+    net = GPNSequential(
+        [VariationalGPNRecurrent(1, 3, dtype=DT), MomentLinear(3, 1, dtype=DT)],
+        input_shape=(5, 1),
+        head="gaussian",
+        num_data=50,
+        objective=objective,
+    )
+    x = torch.randn(6, 5, dtype=DT)
+    y = torch.randn(6, 1, dtype=DT)
+    return net, x, y
+
+
+def test_default_objective_follows_the_recommendation():
+    """Variational blocks: the Bayesian GPN's recommended objective (predictive); point
+    estimates: the paper's expected loss."""
+    from pyro_gpn.layers import GPNConv2d, GPNRecurrent
+
+    assert _cnn()[0].objective == "predictive" == _rnn()[0].objective
+    plain = GPNSequential([GPNConv2d(1, 2, 3, (4, 4)), MomentFlatten()], (1, 4, 4), num_outputs=3)
+    rnn = GPNSequential([GPNRecurrent(1, 2), MomentLinear(2, 1)], (3, 1), head="gaussian")
+    assert plain.objective == "closed_form" == rnn.objective
+
+
+def test_default_objective_reads_the_recommendation(monkeypatch):
+    import dataclasses
+
+    import pyro_gpn.sequential as sequential
+
+    monkeypatch.setattr(
+        sequential, "VGPN", dataclasses.replace(sequential.VGPN, elbo="closed_form")
+    )
+    assert _cnn()[0].objective == "closed_form"
+    monkeypatch.setattr(sequential, "VGPN", dataclasses.replace(sequential.VGPN, elbo="trace"))
+    assert _cnn()[0].objective == "closed_form"  # no Monte Carlo objective here
+
+
+def test_closed_form_objective_is_the_negative_elbo_per_sample():
+    net, x, y = _cnn("closed_form")
+    expected = net.expected_nll(x, y) + net.kl_divergence() / 200
+    torch.testing.assert_close(net.loss(x, y), expected, rtol=1e-14, atol=0)
+
+
+def test_predictive_objective_softmax_against_its_definition():
+    net, x, y = _cnn("predictive")
+    features = net.hidden(x)
+    logits, weights = net.head.point_logits(features)  # [S, P, C], [P]
+    probs = (weights.view(1, -1, 1) * logits.softmax(-1)).sum(1)
+    log_pred = probs[torch.arange(7), y].log()
+    torch.testing.assert_close(net.log_predictive(x, y), log_pred, rtol=1e-12, atol=0)
+    expected = -log_pred.mean() + net.kl_divergence() / 200
+    torch.testing.assert_close(net.loss(x, y), expected, rtol=1e-12, atol=0)
+
+
+def test_predictive_objective_gaussian_against_its_definition():
+    net, x, y = _rnn("predictive")
+    features = net.hidden(x)
+    var = features.variance + net.head.noise_std.square()
+    log_pred = torch.distributions.Normal(features.mean, var.sqrt()).log_prob(y).sum(-1)
+    torch.testing.assert_close(net.log_predictive(x, y), log_pred, rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        net.loss(x, y), -log_pred.mean() + net.kl_divergence() / 50, rtol=1e-12, atol=0
+    )
+
+
+@pytest.mark.parametrize("build", [_cnn, _rnn])
+def test_predictive_data_term_is_at_least_the_expected_one(build):
+    """Jensen: ``log E[p] >= E[log p]`` per sample (exact for the Gaussian head's closed form,
+    and for the unscented points' non-negative weights), strictly where the features vary."""
+    net, x, y = build()
+    log_pred = net.log_predictive(x, y)
+    expected = -net.expected_nll(x, y, reduction="none")
+    assert torch.all(log_pred >= expected - 1e-12)
+    assert float((log_pred - expected).min()) > 1e-6
+    closed = build("closed_form")[0].loss(x, y)
+    predictive = build("predictive")[0].loss(x, y)
+    assert float(predictive) < float(closed)
+
+
+def test_softmax_log_predictive_finite_where_probabilities_underflow():
+    """Labels the logits rule out by ~200 nats: the probability underflows float32 (and the
+    old ``log(clamp(p))`` returned ``log(1e-45)`` or ``-inf``); the log-space form gives the
+    float64 value in float32 too, with a gradient."""
+    head64 = SoftmaxHead(3, 2, dtype=DT)
+    with torch.no_grad():
+        head64.weight.copy_(torch.tensor([[60.0, -60.0], [30.0, -30.0], [0.0, 0.0]], dtype=DT))
+    mean = torch.tensor([[2.0, 1.0, 0.0], [1.5, 0.5, 0.3]], dtype=DT)
+    var = torch.tensor([[1e-4, 4e-4, 1.0], [1e-4, 1e-4, 1e-4]], dtype=DT)
+    y = torch.tensor([1, 1])
+    ref = head64.log_predictive(Moments(mean, var=var), y)
+    assert torch.all(ref < -100) and torch.all(torch.isfinite(ref))
+    head32 = SoftmaxHead(3, 2, dtype=torch.float32)
+    head32.load_state_dict(head64.state_dict())
+    mean32 = mean.float().requires_grad_()
+    got = head32.log_predictive(Moments(mean32, var=var.float()), y)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=0)
+    got.sum().backward()
+    assert torch.all(torch.isfinite(mean32.grad)) and float(mean32.grad.abs().sum()) > 0
+
+
+def test_softmax_log_predictive_negative_kappa_sums_probabilities():
+    """``kappa < 0`` (the paper's ``3 - N``) has a negative centre weight: no log-space form;
+    the sum of the weighted probabilities, as defined."""
+    head = SoftmaxHead(5, 3, unscented_kappa=-2.0, dtype=DT)
+    torch.manual_seed(1)
+    features = Moments(torch.randn(4, 5, dtype=DT), var=torch.rand(4, 5, dtype=DT))
+    y = torch.tensor([0, 1, 2, 1])
+    logits, weights = head.point_logits(features)
+    assert float(weights[0]) < 0
+    probs = (weights.view(1, -1, 1) * logits.softmax(-1)).sum(1)
+    torch.testing.assert_close(
+        head.log_predictive(features, y), probs[torch.arange(4), y].log(), rtol=1e-12, atol=0
+    )
+
+
+class _Loss(torch.nn.Module):
+    def __init__(self, net, x, y):
+        super().__init__()
+        self.net, self.x, self.y = net, x, y
+
+    def forward(self):
+        return self.net.loss(self.x, self.y)
+
+
+@pytest.mark.parametrize("build", [_cnn, _rnn])
+def test_predictive_objective_gradcheck_float64(build):
+    """Through the log-sum-exp of the sigma points (softmax) and the Gaussian head's density,
+    with respect to the readout / head parameters."""
+    net, x, y = build("predictive")
+    loss = _Loss(net, x, y)
+    names = [
+        n
+        for n, _ in loss.named_parameters()
+        if n.startswith("net.head.") or n.startswith("net.blocks.1.")
+    ]
+    assert names
+    params = {
+        n: p.detach().clone().requires_grad_() for n, p in loss.named_parameters() if n in names
+    }
+
+    def f(*values):
+        return functional_call(loss, dict(zip(names, values, strict=True)), ())
+
+    assert gradcheck(f, tuple(params[n] for n in names))
+
+
+@pytest.mark.parametrize("objective", ["elbo", "trace", 1, "Predictive"])
+def test_bad_objective_names_the_argument(objective):
+    with pytest.raises(ValueError, match="objective"):
+        _cnn(objective)
+
+
+def test_repr_names_the_objective():
+    assert "objective='predictive'" in repr(_cnn("predictive")[0])
+    assert math.isfinite(float(_cnn("predictive")[0].loss(*_cnn()[1:])))
