@@ -131,9 +131,10 @@ class Head(nn.Module):
         """:class:`Prediction` from the features' moments, in closed form."""
         raise NotImplementedError
 
-    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+    def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
         """``log p(y_s | x_s)`` per sample ``[S]`` under the closed-form predictive (the test
-        log-likelihood and the validation score of the fits)."""
+        log-likelihood and the validation score of the fits); ``calibrated=False`` ignores the
+        predictive scale (a training objective's data term: training never sees it)."""
         raise NotImplementedError
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
@@ -189,17 +190,20 @@ class _RegressionHead(Head):
         check_shape("y", y, (num_samples, self.num_outputs))
         check_finite("y", y)
 
-    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+    def predictive_mixture(
+        self, features: Moments, calibrated: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
-        variances ``[K, S, D]``."""
+        variances ``[K, S, D]`` (``calibrated=False``: at scale 1)."""
         raise NotImplementedError
 
     def predict(self, features: Moments) -> Prediction:
         predictive = self.predictive(features)
         return Prediction(predictive.mean, predictive.variance.sqrt(), self.task)
 
-    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
-        return gaussian_mixture_log_density(*self.predictive_mixture(features), y)
+    def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
+        mixture = self.predictive_mixture(features, calibrated=calibrated)
+        return gaussian_mixture_log_density(*mixture, y)
 
     def predict_draws(self, samples: Mapping[str, Tensor], obs_site: str) -> Prediction:
         draws = samples[obs_site]
@@ -246,8 +250,15 @@ class GaussianHead(_RegressionHead):
     def noise_std(self) -> Tensor:
         return self.noise_std_unconstrained.exp()
 
-    def predictive(self, features: Moments) -> Moments:
+    def predictive(self, features: Moments, calibrated: bool = True) -> Moments:
+        """The predictive moments, ``F + eps`` times the predictive scale about the mean
+        (``calibrated=False``: at scale 1)."""
         noise_var = self.noise_std.square().expand(features.num_features)
+        if not calibrated:
+            if features.cov is not None:
+                cov = features.cov + torch.diag(noise_var)
+                return Moments(features.mean, cov=cov, validate=False)
+            return Moments(features.mean, var=features.variance + noise_var, validate=False)
         scale = self.predictive_scale.to(features.mean.dtype)
         if features.cov is not None:
             cov = (features.cov + torch.diag(noise_var)) * torch.outer(scale, scale)
@@ -266,10 +277,12 @@ class GaussianHead(_RegressionHead):
         scale = (var + self.noise_std.square()).sqrt()
         return dist.Normal(mean, scale).to_event(1)
 
-    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+    def predictive_mixture(
+        self, features: Moments, calibrated: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
         variances ``[K, S, D]``; here one component, ``N(mean, var + sigma^2)``."""
-        predictive = self.predictive(features)
+        predictive = self.predictive(features, calibrated=calibrated)
         one = predictive.mean.new_ones(1)
         return one, predictive.mean.unsqueeze(0), predictive.variance.unsqueeze(0)
 
@@ -389,17 +402,14 @@ class SoftmaxHead(Head):
         probs = samples["logits"].softmax(-1)
         return Prediction(probs.mean(0), probs.std(0), self.task)
 
-    def log_predictive(self, features: Moments, y: Tensor) -> Tensor:
+    def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
         """``log sum_i w_i softmax(A_i / T)[y]`` over the sigma points ``A_i``
         (:func:`~pyro_gpn.losses.unscented_log_predictive`: a log-sum-exp, finite where a
-        probability underflows, on the fused CPU kernel where it runs)."""
+        probability underflows, on the fused CPU kernel where it runs); ``calibrated=False``:
+        at ``T = 1``."""
+        temperature = self.predictive_scale if calibrated else 1.0
         return unscented_log_predictive(
-            features,
-            y.long(),
-            self.weight,
-            self.bias,
-            kappa=self.unscented_kappa,
-            temperature=self.predictive_scale.to(features.mean.dtype),
+            features, y.long(), self.weight, self.bias, self.unscented_kappa, temperature
         )
 
     def extra_repr(self) -> str:
@@ -531,11 +541,15 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         scale = (log_var.exp() + self.noise_floor**2).sqrt()
         return dist.Normal(features[..., :num], scale).to_event(1)
 
-    def predictive_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+    def predictive_mixture(
+        self, features: Moments, calibrated: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
-        Gaussian) plus the noise ``c^2 + e^{G_k}``."""
+        Gaussian) plus the noise ``c^2 + e^{G_k}`` (``calibrated=False``: at scale 1)."""
         w, comp_mean, cond_var, noise_var = self._nodes(features)
+        if not calibrated:
+            return w, comp_mean, cond_var + noise_var
         return self._scaled_mixture(w, comp_mean, cond_var + noise_var)
 
     def _nodes(self, features: Moments) -> tuple[Tensor, Tensor, Tensor, Tensor]:

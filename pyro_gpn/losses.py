@@ -48,6 +48,7 @@ __all__ = [
     "gaussian_predictive_log_likelihood",
     "heteroscedastic_expected_nll",
     "heteroscedastic_log_noise_moments",
+    "log_mean_softmax",
     "target_variance_penalty",
     "unscented_cross_entropy",
     "unscented_log_predictive",
@@ -398,18 +399,9 @@ def unscented_cross_entropy(
     kappa = _check_kappa(kappa, num_features)
 
     if features.is_deterministic:
-        logits = features.mean if weight is None else features.mean @ weight
-        logits = logits if bias is None else logits + bias
-        return F.cross_entropy(logits, target, reduction=reduction)
+        return F.cross_entropy(_mean_logits(features, weight, bias), target, reduction=reduction)
     if _fused_cpu_head(features, weight, bias):
-        from .moments.cpu_unscented import cpu_unscented_cross_entropy
-
-        centre = features.mean @ weight
-        centre = centre if bias is None else centre + bias
-        scale = math.sqrt(num_features + kappa)
-        w0, w1 = kappa / (num_features + kappa), 0.5 / (num_features + kappa)
-        sd = features.var.sqrt()
-        per_sample = cpu_unscented_cross_entropy(centre, sd, weight, target, scale, w0, w1)
+        per_sample = _fused_unscented(features, target, weight, bias, kappa, predictive=False)
         return _reduce(per_sample, reduction)
     logits, weights = _unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
     index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
@@ -432,61 +424,123 @@ def unscented_log_predictive(
 
     .. math::
 
-        \log p(t \mid X) pprox \log \sum_i \mathscr{W}_i \,
-            \mathrm{softmax}ig((x_i W + b) / Tig)_t ,
+        \log p(t \mid X) \approx \log \sum_i \mathscr{W}_i \,
+            \mathrm{softmax}\big((x_i W + b) / T\big)_t ,
 
     the classification head's predictive (and, negated, the data term of the predictive
-    objective, :func:`pyro_gpn.inference.predictive_log_likelihood`). By Jensen's inequality it
-    is at least minus the expected cross-entropy for non-negative weights. ``T`` is the
-    temperature of the calibrated predictive (1 in training). With ``kappa >= 0`` (the default
-    0) it is a log-sum-exp of the points' log-softmax, finite with a useful gradient where a
-    probability underflows; with ``kappa < 0`` (a negative centre weight) the weighted
-    probabilities are summed and clamped at the dtype's smallest normal number. Diagonal
-    moments with a readout run on the fused CPU kernel of :func:`unscented_cross_entropy` where
-    it runs (``kappa >= 0``).
+    objective, :func:`pyro_gpn.inference.predictive_log_likelihood`). For non-negative weights
+    (``kappa >= 0``) it is at least minus the expected cross-entropy (Jensen's inequality).
+    ``T`` is the temperature of the calibrated predictive (1 in training). The average is
+    taken by :func:`log_mean_softmax`; diagonal moments with a readout and ``kappa >= 0`` run
+    on the fused CPU kernel of :func:`unscented_cross_entropy` where it runs.
 
     Args:
         features, target, weight, bias, kappa: as :func:`unscented_cross_entropy`.
-        temperature: ``T > 0``, a number or a one-element tensor.
+        temperature: ``T``, positive and finite: a number or a one-element tensor (a
+            differentiable one is allowed).
         reduction: ``"none"`` (default, ``[S]``), ``"mean"`` or ``"sum"``.
 
     Returns:
         The log probabilities (nats), reduced over samples.
+
+    Raises:
+        ValueError: naming the argument, as :func:`unscented_cross_entropy`, and for a
+            temperature that is not one positive finite number.
     """
     _check_reduction(reduction)
     num_classes = _check_readout(features, weight, bias)
     num_features = features.num_features
     check_labels(target, features.num_samples, num_classes)
     kappa = _check_kappa(kappa, num_features)
+    temperature = _check_temperature(temperature, features.mean)
     if features.is_deterministic:
-        logits = features.mean if weight is None else features.mean @ weight
-        logits = logits if bias is None else logits + bias
-        per_sample = -F.cross_entropy(logits / temperature, target, reduction="none")
-        return _reduce(per_sample, reduction)
+        logits = _mean_logits(features, weight, bias) / temperature
+        return _reduce(-F.cross_entropy(logits, target, reduction="none"), reduction)
     if kappa >= 0 and _fused_cpu_head(features, weight, bias):
-        from .moments.cpu_unscented import cpu_unscented_cross_entropy
-
-        weight = weight / temperature
-        centre = features.mean @ weight
-        centre = centre if bias is None else centre + bias / temperature
-        scale = math.sqrt(num_features + kappa)
-        w0, w1 = kappa / (num_features + kappa), 0.5 / (num_features + kappa)
-        sd = features.var.sqrt()
-        per_sample = -cpu_unscented_cross_entropy(
-            centre, sd, weight, target, scale, w0, w1, predictive=True
+        bias = None if bias is None else bias / temperature
+        per_sample = _fused_unscented(
+            features, target, weight / temperature, bias, kappa, predictive=True
         )
-        return _reduce(per_sample, reduction)
+        return _reduce(-per_sample, reduction)
     logits, weights = _unscented_logits(features, weight, bias, kappa)  # [S, 2N+1, C], [2]
-    logits = logits / temperature
-    index = target.view(-1, 1, 1).expand(-1, logits.shape[1], 1)
-    log_probs = logits.log_softmax(-1).gather(-1, index).squeeze(-1)  # [S, 2N+1]
     point_weights = torch.cat([weights[:1], weights[1:].expand(logits.shape[1] - 1)])
-    if kappa >= 0:
-        per_sample = torch.logsumexp(log_probs + point_weights.log(), dim=-1)
-    else:
-        probs = (point_weights * log_probs.exp()).sum(-1)
-        per_sample = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+    per_sample = log_mean_softmax(logits / temperature, point_weights, target, kappa >= 0)
     return _reduce(per_sample, reduction)
+
+
+def log_mean_softmax(
+    logits: Tensor, point_weights: Tensor, labels: Tensor, nonnegative: bool | None = None
+) -> Tensor:
+    r"""``log sum_i w_i softmax(logits[s, i])[labels[s]]`` per row: the log probability of
+    the labels under softmaxes averaged with weights ``w`` (the unscented points of
+    :func:`unscented_log_predictive`, the members and points of an ensemble).
+
+    With non-negative weights it is a log-sum-exp of the points' log-softmax, exact where a
+    probability underflows (a label ruled out by hundreds of nats still has its log
+    probability, and a gradient); with a negative weight (the paper's ``kappa = 3 - N``) the
+    weighted probabilities are summed and the sum clamped at the dtype's smallest normal
+    number.
+
+    Shape:
+        ``logits [S, P, C]``, ``point_weights [P]``, ``labels [S]`` -> ``[S]``.
+
+    Args:
+        nonnegative: whether every weight is ``>= 0``; ``None`` reads the weights (a device
+            synchronisation on a GPU: callers that know pass it).
+    """
+    index = labels.long().reshape(-1, 1, 1).expand(-1, logits.shape[1], 1)
+    log_probs = logits.log_softmax(-1).gather(-1, index).squeeze(-1)  # [S, P]
+    if nonnegative is None:
+        nonnegative = bool((point_weights >= 0).all())
+    if nonnegative:
+        return torch.logsumexp(log_probs + point_weights.log(), dim=-1)
+    probs = log_probs.exp() @ point_weights
+    return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+
+def _mean_logits(features: Moments, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """The logits of the features' mean, ``mu W + b`` ``[S, C]``."""
+    logits = features.mean if weight is None else features.mean @ weight
+    return logits if bias is None else logits + bias
+
+
+def _fused_unscented(
+    features: Moments,
+    target: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    kappa: float,
+    predictive: bool,
+) -> Tensor:
+    """The expected cross-entropy ``[S]`` (or, with ``predictive``, minus the log predictive
+    probability) of diagonal features on the fused CPU kernel."""
+    from .moments.cpu_unscented import cpu_unscented_cross_entropy
+
+    num_features = features.num_features
+    scale = math.sqrt(num_features + kappa)
+    w0, w1 = kappa / (num_features + kappa), 0.5 / (num_features + kappa)
+    centre = _mean_logits(features, weight, bias)
+    sd = features.var.sqrt()
+    return cpu_unscented_cross_entropy(
+        centre, sd, weight, target, scale, w0, w1, predictive=predictive
+    )
+
+
+def _check_temperature(temperature: float | Tensor, like: Tensor) -> Tensor | float:
+    """A positive finite temperature: a number, or a one-element tensor in ``like``'s dtype
+    (its value checked while validation is on)."""
+    if isinstance(temperature, Tensor):
+        if temperature.numel() != 1:
+            raise ValueError(
+                f"temperature must be one number, got shape {tuple(temperature.shape)}"
+            )
+        temperature = temperature.to(like.dtype).reshape(())
+        return check_positive("temperature", temperature)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a number or a tensor, got {temperature!r}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be positive and finite, got {temperature}")
+    return float(temperature)
 
 
 def unscented_points(features: Moments, kappa: float | None = None) -> tuple[Tensor, Tensor]:

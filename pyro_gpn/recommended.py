@@ -66,9 +66,9 @@ class VGPNRecommendation:
             is one argument away (``elbo="closed_form"``). :class:`~pyro_gpn.GPNSequential`
             with variational blocks trains on the same objective by default
             (``objective``): on the variational GPN CNNs and RNN of
-            ``docs/results/conv_rnn.md`` it scored higher on the validation rows of 9 of 10
-            digits seeds (+0.0037 nats) and 2 of 3 noisy-sine seeds (+0.046), and tied on the
-            reduced MNIST.
+            ``docs/results/conv_rnn.md`` it scored higher on the validation rows, paired by
+            seed, of the digits (+0.0037 +- 0.0015 nats, 9 of 10 seeds) and the noisy sine
+            (+0.046 +- 0.033, 2 of 3), and tied on the reduced MNIST (+0.0002 +- 0.0026).
 
     The head is the caller's choice (it depends on the task). For regression, input-dependent
     noise (``head=HeteroscedasticGaussianHead(D)``) scored above the homoscedastic

@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from pyro_gpn.losses import (
     gaussian_expected_nll,
     gaussian_predictive_log_likelihood,
+    log_mean_softmax,
     target_variance_penalty,
     unscented_cross_entropy,
+    unscented_log_predictive,
     unscented_logits,
     unscented_points,
 )
@@ -353,6 +355,57 @@ class TestUnscentedLogits:
             lambda m, v, w, b: unscented_logits(Moments(m, var=v), w, b, 0.5)[0],
             (mean, var, weight, bias),
         )
+
+
+class TestUnscentedLogPredictive:
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            ({"temperature": 0.0}, "temperature"),
+            ({"temperature": -1.0}, "temperature"),
+            ({"temperature": float("nan")}, "temperature"),
+            ({"temperature": torch.ones(2)}, "temperature"),
+            ({"temperature": torch.tensor([-2.0])}, "temperature"),
+            ({"temperature": "1"}, "temperature"),
+            ({"reduction": "avg"}, "reduction"),
+            ({"target": torch.tensor([0, 5])}, "label|target"),
+            ({"kappa": -3.0}, "kappa"),
+            ({"weight": torch.zeros(2, 5)}, "weight"),
+        ],
+    )
+    def test_bad_input(self, kwargs, match):
+        args = {
+            "features": Moments(torch.zeros(2, 3), var=torch.ones(2, 3)),
+            "target": torch.tensor([0, 4]),
+            "weight": torch.zeros(3, 5),
+        }
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=match):
+            unscented_log_predictive(**args)
+
+    def test_point_mass_is_the_log_softmax_at_the_temperature(self):
+        g = torch.Generator().manual_seed(3)
+        mean = torch.randn(4, 3, generator=g, dtype=DTYPE)
+        weight = torch.randn(3, 5, generator=g, dtype=DTYPE)
+        target = torch.tensor([0, 1, 2, 4])
+        got = unscented_log_predictive(Moments(mean), target, weight, temperature=0.5)
+        want = ((mean @ weight) / 0.5).log_softmax(-1)[torch.arange(4), target]
+        torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+        total = unscented_log_predictive(Moments(mean), target, weight, reduction="sum")
+        torch.testing.assert_close(
+            total, unscented_log_predictive(Moments(mean), target, weight).sum()
+        )
+
+    def test_log_mean_softmax_signed_and_unsigned_weights(self):
+        g = torch.Generator().manual_seed(4)
+        logits = torch.randn(3, 5, 4, generator=g, dtype=DTYPE)
+        labels = torch.tensor([0, 3, 1])
+        probs = logits.softmax(-1)[torch.arange(3), :, labels]  # [S, P]
+        for w in (torch.full((5,), 0.2, dtype=DTYPE), torch.tensor([-0.6, 0.4, 0.4, 0.4, 0.4])):
+            want = (probs @ w.to(DTYPE)).log()
+            for nonnegative in (None, bool((w >= 0).all())):
+                got = log_mean_softmax(logits, w.to(DTYPE), labels, nonnegative)
+                torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
 
 
 class TestTargetVariancePenalty:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_finite, check_tensor
-from ..losses import check_labels, gaussian_mixture_log_density
+from ..losses import check_labels, gaussian_mixture_log_density, log_mean_softmax
 
 __all__ = ["fit_predictive_scale", "predictive_scale_of"]
 
@@ -39,11 +39,9 @@ def _mean_log_probability(logits: Tensor, weights: Tensor, labels: Tensor, scale
     """Mean log probability of ``labels [S]`` under the softmax of ``logits [S, P, C]`` over
     each temperature of ``scale [G, 1]``, averaged over the points with ``weights [P]`` (the
     :class:`~pyro_gpn.heads.SoftmaxHead` predictive): ``[G, 1]``."""
-    index = labels.reshape(-1, 1, 1).expand(-1, logits.shape[1], 1)
     out = []
     for temperature in scale:
-        probs = (logits / temperature).softmax(-1).gather(-1, index).squeeze(-1)  # [S, P]
-        out.append((probs @ weights).clamp_min(1e-300).log().mean().reshape(1))
+        out.append(log_mean_softmax(logits / temperature, weights, labels).mean().reshape(1))
     return torch.stack(out)
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..heads import Prediction
+from ..losses import log_mean_softmax
 
 __all__ = ["NetworkEnsemble"]
 
@@ -130,8 +131,9 @@ class NetworkEnsemble(nn.Module):
         scale ``s``, that of ``m + (y - m) / s`` less ``sum_d log s_d`` (regression), or the
         log probability of the label at the temperature (classification)."""
         if self.task == "classification":
-            probs, _ = self._class_moments(x, None)
-            return probs.gather(-1, y.long().reshape(-1, 1)).squeeze(-1).clamp_min(1e-300).log()
+            logits, weights = self._point_logits(x, None)
+            logits = logits / self.predictive_scale.to(logits.dtype)
+            return log_mean_softmax(logits, weights.to(logits.dtype), y)
         correction = None
         if self._is_scaled():
             weights, mean, _ = self._mixture(x)

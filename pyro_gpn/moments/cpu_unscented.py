@@ -1,4 +1,5 @@
-r"""The unscented expected cross-entropy of diagonal Gaussian features on the fused CPU kernels.
+r"""The unscented expected cross-entropy of diagonal Gaussian features on the fused CPU kernels,
+and the log of the averaged softmax (the predictive) on the same pass.
 
 :func:`cpu_unscented_cross_entropy` computes per sample the same value as
 :func:`pyro_gpn.losses.unscented_cross_entropy` for features with diagonal moments
@@ -10,8 +11,11 @@ subtract, exp, sum, log, gather, and their backward): with rows of only ``C = 26
 pass runs at a few ns per element, and the head of the paper's Letter network took as long as
 its two GPN layers. Here one compiled pass per sample builds the points' logits, their
 log-sum-exp (exponentials vectorised by :func:`~pyro_gpn.moments._numba_kernels.vexp`) and
-softmax; the backward is one more pass over the stored softmax. Everything is computed in
-float64; the result and gradients are returned in the inputs' dtypes.
+softmax; the backward is one more pass over the stored softmax. With ``predictive`` the same
+pass returns ``-log sum_i w_i softmax(A_i)[t]`` (:func:`pyro_gpn.losses.unscented_log_predictive`)
+by a log-sum-exp over the points, and the backward weights each point by its share
+``w_i softmax(A_i)[t] / sum_j w_j softmax(A_j)[t]`` instead of ``w_i``. Everything is computed
+in float64; the result and gradients are returned in the inputs' dtypes.
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ def cpu_unscented_cross_entropy(
     Returns:
         ``[S]`` in ``centre``'s dtype, differentiable w.r.t. ``centre``, ``sd`` and ``weight``.
     """
+    if predictive and min(w0, w1) < 0:
+        raise ValueError(
+            f"the predictive needs non-negative point weights, got w0 = {w0}, w1 = {w1}"
+        )
     return _UnscentedCrossEntropy.apply(
         centre, sd, weight, target, float(scale), float(w0), float(w1), bool(predictive)
     )

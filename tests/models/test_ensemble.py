@@ -276,3 +276,19 @@ def test_fit_predictive_scale_names_a_bad_target_of_an_ensemble():
         fit_predictive_scale(ensemble, x, torch.zeros(9, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="bounds"):
         fit_predictive_scale(ensemble, x, y, bounds=(2.0, 3.0))
+
+
+def test_one_classifier_member_is_itself_where_probabilities_underflow():
+    """A readout scaled up until labels are ruled out by hundreds of nats: the ensemble's log
+    probability is still its member's (both a log-sum-exp; a clamped probability would give
+    log(1e-300) = -690.8)."""
+    torch.manual_seed(0)
+    net = GPNNet([3, 4, 3], head="softmax").double()
+    with torch.no_grad():
+        net.head.weight.mul_(2000.0)
+    x, _ = _rows(width=3)
+    labels = torch.tensor([0, 1, 2, 1, 0, 2, 2, 1, 0])
+    own = net.head.log_predictive(net.hidden(x), labels)
+    assert float(own.min()) < -1000
+    ensemble = NetworkEnsemble([net])
+    torch.testing.assert_close(ensemble.log_predictive(x, labels), own, rtol=1e-12, atol=1e-9)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from pyro_gpn.losses import unscented_cross_entropy, unscented_log_predictive
+from pyro_gpn.losses import unscented_cross_entropy, unscented_log_predictive, unscented_logits
 from pyro_gpn.moments import Moments
 from pyro_gpn.moments.backend import backend, numba_available
 
@@ -133,7 +133,7 @@ def test_default_backend_takes_the_kernel(monkeypatch):
     monkeypatch.setattr(
         cpu_unscented,
         "cpu_unscented_cross_entropy",
-        lambda *a: calls.append(1) or original(*a),
+        lambda *a, **k: calls.append(1) or original(*a, **k),
     )
     leaves, target = problem(4, 3, 5, seed=11)
     loss_and_grads("auto", leaves, target)
@@ -242,3 +242,51 @@ def test_predictive_kernel_only_for_non_negative_weights(monkeypatch):
     assert len(calls) == 1  # kappa < 0: the reference path's sum of probabilities
     want, _ = loss_and_grads("reference", leaves, target, kappa=-2.0, fn=predictive_at(1.0))
     torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+
+
+def test_predictive_kernel_skips_a_zero_centre_weight():
+    """kappa = 0: the centre point has weight 0 and may be the only point that the label's
+    log probability would underflow at -- its term must be skipped, not taken as log(0)
+    (one feature, logits (1000, 0, -1000) x, label 1: at x = +-1 the label is 1000 nats
+    below the top class)."""
+    mean = torch.zeros(1, 1, dtype=F64)
+    var = torch.ones(1, 1, dtype=F64)
+    weight = torch.tensor([[1000.0, 0.0, -1000.0]], dtype=F64)
+    for name in ("cpu", "reference"):
+        with backend(name):
+            got = unscented_log_predictive(Moments(mean, var=var), torch.tensor([1]), weight)
+        torch.testing.assert_close(got, torch.tensor([-1000.0], dtype=F64), rtol=1e-12, atol=0)
+
+
+def test_predictive_reference_path_log_space_with_full_covariance():
+    """The PyTorch path (CUDA, full covariances) is a log-sum-exp too: labels ruled out by
+    hundreds of nats keep their log probability in float32."""
+    g = torch.Generator().manual_seed(12)
+    a = torch.randn(4, 3, 3, generator=g, dtype=F64)
+    cov = a @ a.mT * 0.01
+    mean = torch.randn(4, 3, generator=g, dtype=F64)
+    weight = 80.0 * torch.randn(3, 5, generator=g, dtype=F64)
+    labels = torch.tensor([0, 1, 2, 3])
+    ref = unscented_log_predictive(Moments(mean, cov=cov), labels, weight)
+    assert float(ref.min()) < -100
+    probs = unscented_logits(Moments(mean, cov=cov), weight)[0].softmax(-1)  # [S, P, C]
+    label_probs = probs.gather(-1, labels.view(-1, 1, 1).expand(-1, probs.shape[1], 1))
+    direct = label_probs.squeeze(-1)[:, 1:].mean(-1).log()  # kappa 0: the centre weighs 0
+    finite = direct > -700  # where the float64 sum of probabilities still holds
+    assert bool(finite.any())
+    torch.testing.assert_close(ref[finite], direct[finite], rtol=1e-10, atol=0)
+    with backend("reference"):
+        got = unscented_log_predictive(
+            Moments(mean.float(), cov=cov.float()), labels, weight.float()
+        )
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=0)
+
+
+def test_kernel_refuses_negative_weights_for_the_predictive():
+    from pyro_gpn.moments.cpu_unscented import cpu_unscented_cross_entropy
+
+    leaves, target = problem(3, 2, 4, seed=13)
+    mean, var, weight, bias = (t.detach() for t in leaves)
+    with pytest.raises(ValueError, match="non-negative point weights"):
+        cpu_unscented_cross_entropy(mean @ weight, var.sqrt(), weight, target, 1.0, -0.5, 0.4, True)
