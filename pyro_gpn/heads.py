@@ -250,7 +250,10 @@ class GaussianHead(_RegressionHead):
     def noise_std(self) -> Tensor:
         return self.noise_std_unconstrained.exp()
 
-    def predictive(self, features: Moments, calibrated: bool = True) -> Moments:
+    def predictive(self, features: Moments) -> Moments:
+        return self._predictive(features, calibrated=True)
+
+    def _predictive(self, features: Moments, calibrated: bool) -> Moments:
         """The predictive moments, ``F + eps`` times the predictive scale about the mean
         (``calibrated=False``: at scale 1)."""
         noise_var = self.noise_std.square().expand(features.num_features)
@@ -282,7 +285,7 @@ class GaussianHead(_RegressionHead):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The predictive as a Gaussian mixture: weights ``[K]`` and component means and
         variances ``[K, S, D]``; here one component, ``N(mean, var + sigma^2)``."""
-        predictive = self.predictive(features, calibrated=calibrated)
+        predictive = self._predictive(features, calibrated)
         one = predictive.mean.new_ones(1)
         return one, predictive.mean.unsqueeze(0), predictive.variance.unsqueeze(0)
 

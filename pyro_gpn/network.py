@@ -262,19 +262,19 @@ class GPNNet(GPNModule):
             )
         return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
 
-    def log_predictive(self, x: Tensor, y: Tensor) -> Tensor:
+    def log_predictive(self, x: Tensor, y: Tensor, calibrated: bool = True) -> Tensor:
         """Per-sample log density of ``y`` under the closed-form predictive (the head's
         :meth:`~pyro_gpn.heads.Head.log_predictive`: the moment-matched Gaussian of a Gaussian
         head, the Gauss-Hermite mixture of a heteroscedastic one, the averaged softmax),
-        differentiable: the test log-likelihood, and the data term of
-        :func:`~pyro_gpn.inference.predictive_log_likelihood`.
+        differentiable: the test log-likelihood, and (``calibrated=False``: without the head's
+        predictive scale) the data term of :func:`~pyro_gpn.inference.predictive_log_likelihood`.
 
         Shape:
             ``x [S, M]``, ``y [S, N_L]`` (Gaussian) or ``[S]`` labels (softmax) -> ``[S]``.
         """
         y = self._target(y)
         self.head.check_target(y, _num_rows(x))
-        return self.head.log_predictive(self.hidden(x), y)
+        return self.head.log_predictive(self.hidden(x), y, calibrated=calibrated)
 
     def _target(self, y: Tensor) -> Tensor:
         """Targets at the boundary: NumPy arrays become tensors, floating targets take the

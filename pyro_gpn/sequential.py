@@ -221,16 +221,17 @@ class GPNSequential(GPNModule):
         self.head.check_target(y, x.shape[0])
         return -self.expected_nll(x, y, reduction="none")
 
-    def log_predictive(self, x: Tensor, y: Tensor) -> Tensor:
+    def log_predictive(self, x: Tensor, y: Tensor, calibrated: bool = True) -> Tensor:
         """Per-sample log density of ``y`` under the closed-form predictive (the head's
         :meth:`~pyro_gpn.heads.Head.log_predictive`), differentiable: the test log-likelihood,
-        and the data term of the ``"predictive"`` objective.
+        and (``calibrated=False``: without the head's predictive scale) the data term of the
+        ``"predictive"`` objective.
 
         Shape:
             ``x [S, F_in]``, ``y [S, N]`` (regression) or ``[S]`` labels -> ``[S]``.
         """
         self.head.check_target(y, x.shape[0])
-        return self.head.log_predictive(self.hidden(x), y)
+        return self.head.log_predictive(self.hidden(x), y, calibrated=calibrated)
 
     def kl_divergence(self) -> Tensor:
         """Sum of the GPN blocks' ``KL(q(U) || p(U))`` (zero without variational blocks)."""
@@ -258,8 +259,7 @@ class GPNSequential(GPNModule):
         """
         num_data = x.shape[0] if self.num_data is None else self.num_data
         if self.objective == "predictive":
-            self.head.check_target(y, x.shape[0])
-            data = -self.head.log_predictive(self.hidden(x), y, calibrated=False).mean()
+            data = -self.log_predictive(x, y, calibrated=False).mean()
         else:
             data = self.expected_nll(x, y)
         return data + self.kl_divergence() / num_data

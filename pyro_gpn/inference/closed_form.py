@@ -109,7 +109,8 @@ def predictive_log_likelihood(
         vgpn, x, y, num_data: as :func:`closed_form_elbo`.
     """
     scale = _likelihood_scale(vgpn, x, y, num_data, "the predictive log-likelihood")
-    return scale * vgpn.log_predictive(x, y).sum() - vgpn.kl_divergence()
+    # a training objective: the head's calibration scale (fitted after training) stays out
+    return scale * vgpn.log_predictive(x, y, calibrated=False).sum() - vgpn.kl_divergence()
 
 
 def _likelihood_scale(

@@ -261,6 +261,29 @@ def test_predictive_objective_lies_above_the_elbo_by_jensen(sizes, kwargs):
     torch.testing.assert_close(pll - elbo, 4.0 * rows.sum())
 
 
+@pytest.mark.parametrize(
+    "sizes, kwargs",
+    [
+        ([2, 3, 1], dict()),
+        ([2, 3, 1], dict(head=HeteroscedasticGaussianHead(1, dtype=DT))),
+        ([2, 3, 3], dict(head="softmax")),
+    ],
+)
+def test_predictive_objective_ignores_the_predictive_scale(sizes, kwargs):
+    """A training objective: the calibration scale fitted after training (temperature,
+    sigma-scale) must not enter it; the test log-likelihood does use it."""
+    vgpn = _net(sizes, num_data=40, **kwargs)
+    x, y = _regression_data(n=10)
+    if isinstance(vgpn.head, SoftmaxHead):
+        y = torch.arange(10) % 3
+    with torch.no_grad():
+        before = predictive_log_likelihood(vgpn, x, y)
+        scored = vgpn.log_predictive(x, y)
+        vgpn.head.predictive_scale.fill_(2.0)
+        torch.testing.assert_close(predictive_log_likelihood(vgpn, x, y), before, rtol=0, atol=0)
+        assert not torch.allclose(vgpn.log_predictive(x, y), scored)
+
+
 def test_predictive_objective_rejects_empty_or_unlabelled_batches():
     vgpn = _net([2, 1])
     x, y = _regression_data(n=5)
