@@ -8,7 +8,10 @@ round by round (median CPU time per call, one thread):
 * ``logits``  -- ``backend("reference")``: the points' logits straight from the features
   (``unscented_logits``, ``O(S N C)``), then ``logsumexp``;
 * ``fused``   -- ``backend("auto")`` on the CPU: one compiled pass per sample
-  (``pyro_gpn.moments.cpu_unscented``).
+  (``pyro_gpn.moments.cpu_unscented``);
+* ``pred-logits`` / ``pred-fused`` -- the predictive objective's data term instead,
+  ``-log sum_i w_i softmax(A_i)[t]`` (``unscented_log_predictive``), on the PyTorch path
+  (``backend("reference")``: logits, log-softmax, log-sum-exp) and on the fused kernel.
 
 Shapes: the paper's Letter head (S = 256, N = 15, C = 26), the digits CNN's flattened features
 (S = 64, N = 64, C = 10) and the MNIST CNN's (S = 64, N = 784, C = 10).
@@ -26,7 +29,7 @@ import time
 
 import torch
 
-from pyro_gpn.losses import unscented_cross_entropy, unscented_points
+from pyro_gpn.losses import unscented_cross_entropy, unscented_log_predictive, unscented_points
 from pyro_gpn.moments import Moments
 from pyro_gpn.moments.backend import backend
 from pyro_gpn.settings import validation
@@ -67,6 +70,10 @@ def variants(shape):
                 return
             if kind == "points":
                 loss = points_path(mean, var, weight, bias, target)
+            elif kind.startswith("pred-"):
+                with backend("reference" if kind == "pred-logits" else "auto"):
+                    features = Moments(mean, var=var)
+                    loss = -unscented_log_predictive(features, target, weight, bias).mean()
             else:
                 with backend("reference" if kind == "logits" else "auto"):
                     loss = unscented_cross_entropy(Moments(mean, var=var), target, weight, bias)
@@ -74,7 +81,8 @@ def variants(shape):
 
         return call
 
-    return {k: run(k) for k in ("tanh", "points", "logits", "fused")}
+    kinds = ("tanh", "points", "logits", "fused", "pred-logits", "pred-fused")
+    return {k: run(k) for k in kinds}
 
 
 def main() -> None:
@@ -100,7 +108,7 @@ def main() -> None:
             print(f"{name} S, N, C = {shape}")
             for k, ts in times.items():
                 med = statistics.median(ts)
-                print(f"  {k:8s} {med * 1e3:8.3f} ms  x {med / base:7.2f} tanh")
+                print(f"  {k:11s} {med * 1e3:8.3f} ms  x {med / base:7.2f} tanh")
     print(f"load at the end {os.getloadavg()}")
 
 
