@@ -313,6 +313,11 @@ def calibrated_metrics(model, val_set, test_set) -> dict:
 def image_metrics(model, x, y) -> dict:
     model.eval()
     probs = model.probs(x) if isinstance(model, CNN) else model.predict(x).probs
+    return probability_metrics(probs, y)
+
+
+def probability_metrics(probs: Tensor, y: Tensor) -> dict:
+    """Test error, NLL, ECE (15 bins) and confidence gap of class probabilities ``[S, C]``."""
     probs = probs.to(torch.float64)
     probs = probs / probs.sum(-1, keepdim=True)
     return {

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv_rnn import CNN, digits_data, gpn_cnn, mnist_data, train  # noqa: E402
+from conv_rnn import CNN, _append, digits_data, gpn_cnn, mnist_data, train  # noqa: E402
 
 from pyro_gpn.metrics import expected_calibration_error  # noqa: E402
 
@@ -96,9 +96,7 @@ def main(argv=None):
                 "draws": args.draws,
             }
             print(json.dumps(row), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            _append(args.json, row)
 
 
 if __name__ == "__main__":

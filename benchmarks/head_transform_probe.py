@@ -38,13 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv_rnn import digits_data, gpn_cnn, train  # noqa: E402
-
-from pyro_gpn.metrics import (  # noqa: E402
-    categorical_nll,
-    classification_error,
-    expected_calibration_error,
-)
+from conv_rnn import _append, digits_data, gpn_cnn, probability_metrics, train  # noqa: E402
 
 
 def logit_moments(model, x):
@@ -91,13 +85,14 @@ def logit_mc(mu, cov, draws, seed):
 
 
 def metrics(probs, y):
-    probs = probs / probs.sum(-1, keepdim=True)
-    return {
-        "error": float(classification_error(probs, y)),
-        "nll": float(categorical_nll(probs.clamp_min(1e-12), y)),
-        "ece": float(expected_calibration_error(probs, y)),
-        "gap": float(probs.max(-1).values.mean() - (probs.argmax(-1) == y).double().mean()),
+    """:func:`conv_rnn.probability_metrics` under this probe's keys."""
+    keys = {
+        "test_error": "error",
+        "test_nll": "nll",
+        "test_ece": "ece",
+        "test_confidence_gap": "gap",
     }
+    return {keys[k]: v for k, v in probability_metrics(probs, y).items()}
 
 
 def main(argv=None):
@@ -136,9 +131,7 @@ def main(argv=None):
                     row["mc_se_max"] = float(se.max())
                     row["epochs"] = timing["epochs"]
                     print(json.dumps(row), flush=True)
-                    if args.json:
-                        with open(args.json, "a") as f:
-                            f.write(json.dumps(row) + "\n")
+                    _append(args.json, row)
 
 
 if __name__ == "__main__":

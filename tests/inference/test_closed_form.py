@@ -236,6 +236,16 @@ def test_predictive_objective_is_the_log_of_the_expected_likelihood():
     assert abs(closed - mc) < 4 * se, f"closed {closed:.4f}, MC {mc:.4f} +- {se:.4f}"
 
 
+def _net_and_rows(sizes, kwargs):
+    """A network of ``sizes`` (``num_data`` 40) and 10 rows: regression targets, or labels for
+    a softmax head."""
+    vgpn = _net(sizes, num_data=40, **kwargs)
+    x, y = _regression_data(n=10)
+    if isinstance(vgpn.head, SoftmaxHead):
+        y = torch.arange(10) % 3
+    return vgpn, x, y
+
+
 @pytest.mark.parametrize(
     "sizes, kwargs",
     [
@@ -249,10 +259,7 @@ def test_predictive_objective_lies_above_the_elbo_by_jensen(sizes, kwargs):
     """``log E[p] >= E[log p]`` row by row, so the predictive objective is at least the ELBO
     (the same KL) for every head -- strictly, where ``F`` has spread; both scale the data term
     by ``num_data / B`` alike."""
-    vgpn = _net(sizes, num_data=40, **kwargs)
-    x, y = _regression_data(n=10)
-    if isinstance(vgpn.head, SoftmaxHead):
-        y = torch.arange(10) % 3
+    vgpn, x, y = _net_and_rows(sizes, kwargs)
     with torch.no_grad():
         pll = predictive_log_likelihood(vgpn, x, y)
         elbo = closed_form_elbo(vgpn, x, y)
@@ -272,10 +279,7 @@ def test_predictive_objective_lies_above_the_elbo_by_jensen(sizes, kwargs):
 def test_predictive_objective_ignores_the_predictive_scale(sizes, kwargs):
     """A training objective: the calibration scale fitted after training (temperature,
     sigma-scale) must not enter it; the test log-likelihood does use it."""
-    vgpn = _net(sizes, num_data=40, **kwargs)
-    x, y = _regression_data(n=10)
-    if isinstance(vgpn.head, SoftmaxHead):
-        y = torch.arange(10) % 3
+    vgpn, x, y = _net_and_rows(sizes, kwargs)
     with torch.no_grad():
         before = predictive_log_likelihood(vgpn, x, y)
         scored = vgpn.log_predictive(x, y)

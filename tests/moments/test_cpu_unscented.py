@@ -83,15 +83,22 @@ def test_hard_regimes_match_reference(regime, rtol):
     assert_same(leaves, target, rtol)
 
 
-def test_float32_matches_float64_reference():
-    leaves, target = problem(32, 15, 26, seed=6, dtype=torch.float32)
-    got, got_grads = loss_and_grads("cpu", leaves, target)
+def assert_float32_matches_float64_reference(leaves, target, fn=unscented_cross_entropy):
+    """The fused kernel on float32 leaves against the PyTorch path on their float64 copies;
+    returns the reference values."""
+    got, got_grads = loss_and_grads("cpu", leaves, target, fn=fn)
     assert got.dtype == torch.float32 and all(g.dtype == torch.float32 for g in got_grads)
     ref_leaves = [t.detach().to(F64).requires_grad_() for t in leaves]
-    want, want_grads = loss_and_grads("reference", ref_leaves, target)
+    want, want_grads = loss_and_grads("reference", ref_leaves, target, fn=fn)
     torch.testing.assert_close(got.to(F64), want, rtol=1e-5, atol=1e-5)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a.to(F64), b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    return want
+
+
+def test_float32_matches_float64_reference():
+    leaves, target = problem(32, 15, 26, seed=6, dtype=torch.float32)
+    assert_float32_matches_float64_reference(leaves, target)
 
 
 def test_reductions_and_monte_carlo():
@@ -183,15 +190,8 @@ def test_predictive_hard_regimes_match_reference(regime, rtol):
 
 def test_predictive_float32_matches_float64_reference():
     leaves, target = problem(32, 15, 26, seed=6, dtype=torch.float32, mean_scale=10.0)
-    fn = predictive_at(1.0)
-    got, got_grads = loss_and_grads("cpu", leaves, target, fn=fn)
-    assert got.dtype == torch.float32 and all(g.dtype == torch.float32 for g in got_grads)
-    ref_leaves = [t.detach().to(F64).requires_grad_() for t in leaves]
-    want, want_grads = loss_and_grads("reference", ref_leaves, target, fn=fn)
+    want = assert_float32_matches_float64_reference(leaves, target, fn=predictive_at(1.0))
     assert float(want.min()) < -50  # probabilities far below float32's smallest number
-    torch.testing.assert_close(got.to(F64), want, rtol=1e-5, atol=1e-5)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a.to(F64), b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
 
 
 def test_predictive_is_jensen_above_the_expected_and_near_monte_carlo():
