@@ -12,7 +12,13 @@ to the paper's LaTeX source (the arXiv source files). See the README for a tour 
 
 from . import settings
 from ._validation import UnscaledInputWarning
-from .heads import GaussianHead, HeteroscedasticGaussianHead, Prediction, SoftmaxHead
+from .heads import (
+    GaussianHead,
+    HeteroscedasticGaussianHead,
+    Prediction,
+    SoftmaxHead,
+    StudentTHead,
+)
 from .kernels import gpn_kernel, squared_exponential
 from .layers import GPNLayer, VariationalGPNLayer
 from .moments import Moments
@@ -30,6 +36,7 @@ __all__ = [
     "Moments",
     "Prediction",
     "SoftmaxHead",
+    "StudentTHead",
     "UnscaledInputWarning",
     "VariationalGPNLayer",
     "__version__",

@@ -49,6 +49,10 @@ __all__ = [
     "heteroscedastic_expected_nll",
     "heteroscedastic_log_noise_moments",
     "log_mean_softmax",
+    "STUDENT_T_DF_RANGE",
+    "check_student_t_df",
+    "student_t_expected_nll",
+    "student_t_scale_mixture",
     "target_variance_penalty",
     "unscented_cross_entropy",
     "unscented_log_predictive",
@@ -289,6 +293,140 @@ def gaussian_mixture_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: 
     var = var.clamp_min(torch.finfo(var.dtype).tiny)
     comp = -0.5 * (_LOG_2PI + var.log() + (y - mean).square() / var)
     return torch.logsumexp(comp + weights.log().view(-1, 1, 1), dim=0).sum(-1)
+
+
+#: The degrees of freedom a Student-t likelihood takes: from 2.5 (the noise has a variance,
+#: so the predictive has a standard deviation, and the scale mixture captures it with a grid of
+#: at most ~150 nodes; towards 2 the variance comes from ever smaller ``lambda``) to 100
+#: (beyond, the t is a Gaussian to within 1 % in density out to 3 scales, and the scale mixture
+#: needs ever finer nodes).
+STUDENT_T_DF_RANGE = (2.5, 100.0)
+
+
+def check_student_t_df(df: float) -> float:
+    """``df`` as a float, or ``ValueError`` naming it unless ``2.5 <= df <= 100``
+    (:data:`STUDENT_T_DF_RANGE`)."""
+    low, high = STUDENT_T_DF_RANGE
+    if isinstance(df, bool) or not isinstance(df, (int, float)) or not low <= df <= high:
+        raise ValueError(f"df must be a number with {low:g} <= df <= {high:g}, got {df!r}")
+    return float(df)
+
+
+def student_t_scale_mixture(
+    df: float, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""The Student-t as a finite Gaussian scale mixture: weights ``w`` and variance factors
+    ``c`` (each ``[K]``) with
+
+    .. math::
+
+        t_\nu(r \mid 0, \sigma) = \int \mathcal{N}(r \mid 0, \sigma^2 / \lambda)\,
+        \mathrm{Gamma}(\lambda \mid \tfrac{\nu}{2}, \tfrac{\nu}{2})\, d\lambda
+        \approx \sum_k w_k\, \mathcal{N}(r \mid 0, c_k \sigma^2).
+
+    The integral is taken over ``u = log lambda`` by the trapezoid rule on a uniform grid
+    (``c_k = e^{-u_k}``, ``w_k`` proportional to the Gamma density in ``u``,
+    ``exp(a u - a e^u)`` with ``a = nu / 2``, normalised to sum to 1). The integrand is analytic
+    and decays like ``e^{a u}`` below and ``exp(-a e^u)`` above, so the rule converges
+    geometrically in the grid step: the step is half the standard deviation of ``log lambda``
+    (at most 0.5), the grid runs from ``min(-30, E - 12 sd, log(1e-8) / (a - 1))`` (where the
+    variance's integrand ``e^{(a - 1) u}`` has died out) to ``E + 10 sd``. Measured against
+    ``scipy.stats.t.logpdf`` for ``|r| / sigma`` from 0 to 1e4: absolute error in the log
+    density below 4e-7 for ``2.5 <= nu <= 100``, below 3e-8 from ``nu = 4``; the mixture's
+    variance is ``nu / (nu - 2)`` to 5e-8 relative (``tests/test_student_t_head.py``). ``K``
+    is 170 at ``nu = 2.5``, 96 at ``nu = 4``, 444 at ``nu = 100``.
+
+    With Gaussian responses ``F ~ N(mean, var)`` the predictive of ``y = F + eps``,
+    ``eps ~ t_nu(0, sigma)``, is then the Gaussian mixture ``sum_k w_k N(y | mean, var + c_k
+    sigma^2)`` (:class:`~pyro_gpn.heads.StudentTHead`), as exact as the rule.
+
+    Args:
+        df: ``nu``, with ``2.5 <= nu <= 100`` (:func:`check_student_t_df`).
+        dtype, device: of the returned tensors (computed in float64).
+
+    Returns:
+        ``(w, c)``, each ``[K]``; ``sum_k w_k c_k`` is the variance factor ``nu / (nu - 2)``.
+    """
+    a = check_student_t_df(df) / 2
+    a64 = torch.tensor(a, dtype=torch.float64)
+    centre = float(torch.digamma(a64)) - math.log(a)  # E[log lambda]
+    spread = math.sqrt(float(torch.polygamma(1, a64)))  # sd[log lambda]
+    step = 0.5 * min(1.0, spread)
+    # below: the variance's integrand decays like e^{(a - 1) u}; stop where it is 1e-8
+    low = min(-30.0, centre - 12 * spread, math.log(1e-8) / (a - 1))
+    high = centre + 10 * spread
+    u = torch.arange(math.floor(low / step), math.ceil(high / step) + 1, dtype=torch.float64)
+    u = u * step
+    weights = torch.softmax(a * u - a * u.exp(), dim=0)
+    return weights.to(dtype=dtype, device=device), (-u).exp().to(dtype=dtype, device=device)
+
+
+def student_t_expected_nll(
+    response: Moments,
+    target: Tensor,
+    noise_scale: Tensor | float,
+    df: float,
+    num_nodes: int = 32,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Expected Student-t negative log-likelihood under the response distribution.
+
+    For responses ``F`` with moments ``response`` (per-dimension variances; a full ``cov`` is
+    used through its diagonal) and observations ``X = F + eps``, ``eps ~ t_nu(0, sigma)``,
+    returns per sample ``s``
+
+    .. math::
+
+        \sum_n \mathbb{E}_{F_{sn}}\big[-\log t_\nu(t_{sn} - F_{sn} \mid 0, \sigma_n)\big],
+
+    the data term of the closed-form ELBO with a Student-t likelihood (the Gaussian case is
+    :func:`gaussian_expected_nll`, ``eq:gpn_reg_loss_marginal_final``). There is no closed
+    form: the expectation is taken by Gauss-Hermite quadrature over each ``F_sn``
+    (``num_nodes`` nodes). The integrand ``(nu + 1) / 2 log(1 + r^2 / (nu sigma^2))`` is
+    smooth on the scale ``sigma``, so the rule is accurate where ``sd(F)`` is not much wider:
+    against ``scipy.integrate.quad`` (``nu`` 2.5, 4 and 30, targets 0 to 16 scales from the
+    mean), 32 nodes reach 1.4e-7 relative where ``sd(F) <= sigma``, 1.3e-4 at ``2 sigma``,
+    4e-3 at ``4 sigma`` and 2e-2 at ``8 sigma`` (``tests/test_student_t_head.py``). Trained
+    regression networks have ``sd(F)`` below the noise; the predictive
+    (:func:`student_t_scale_mixture`) has no such limit.
+
+    Args:
+        response: moments of the noise-free responses ``F``, mean ``[S, N]``.
+        target: ``[S, N]`` observed targets.
+        noise_scale: ``sigma``, the t's scale (its standard deviation is ``sigma sqrt(nu / (nu
+            - 2))``), positive; ``[N]``, ``[1]``, ``[]`` or a float.
+        df: ``nu``, with ``2.5 <= nu <= 100``.
+        num_nodes: Gauss-Hermite nodes per response.
+        reduction: ``"mean"`` (over samples, default), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Raises:
+        ValueError: naming the argument, as :func:`gaussian_expected_nll`, and for ``df`` out
+            of range or a ``num_nodes`` that is not a positive integer.
+    """
+    from .moments.quadrature import gauss_hermite
+
+    _check_reduction(reduction)
+    _check_moments("response", response)
+    _check_target(target, response.mean)
+    df = check_student_t_df(df)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    if not isinstance(noise_scale, Tensor):
+        noise_scale = torch.as_tensor(noise_scale, dtype=response.mean.dtype, device=target.device)
+    check_tensor("noise_scale", noise_scale)
+    check_ndim("noise_scale", noise_scale, (0, 1))
+    if noise_scale.dim() == 1 and noise_scale.shape[0] not in (1, response.num_features):
+        raise ValueError(
+            f"noise_scale must have shape [{response.num_features}], [1] or [], "
+            f"got {tuple(noise_scale.shape)}"
+        )
+    check_positive("noise_scale", noise_scale)
+
+    z, w = gauss_hermite(num_nodes, response.mean.dtype, response.mean.device)
+    std = response.variance.clamp_min(0).sqrt()
+    residual = target - response.mean - std * z.view(-1, 1, 1)  # [K, S, N]
+    nll = -torch.distributions.StudentT(df, 0.0, noise_scale).log_prob(residual)
+    return _reduce(torch.einsum("k,ksn->s", w, nll), reduction)
 
 
 def gaussian_predictive_log_likelihood(

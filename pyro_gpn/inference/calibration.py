@@ -96,7 +96,8 @@ def fit_predictive_scale(
             :class:`~pyro_gpn.GPNNet`, :class:`~pyro_gpn.models.VariationalGPN`,
             :class:`~pyro_gpn.GPNSequential`, the fixed-activation baselines) whose head is
             :class:`~pyro_gpn.heads.GaussianHead`,
-            :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead` or
+            :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead`,
+            :class:`~pyro_gpn.heads.StudentTHead` or
             :class:`~pyro_gpn.heads.SoftmaxHead`; or a
             :class:`~pyro_gpn.models.NetworkEnsemble` of such networks.
         x, y: held-out rows ``[S, M]`` and targets: ``[S, D]`` (or ``[S]`` for ``D = 1``)
@@ -214,7 +215,8 @@ class _CalibrationTarget:
         if task not in ("regression", "classification") or not hasattr(head, "predictive_scale"):
             raise ValueError(
                 "model must have a head with a predictive scale (GaussianHead, "
-                "HeteroscedasticGaussianHead or SoftmaxHead) or be a NetworkEnsemble to "
+                "HeteroscedasticGaussianHead, StudentTHead or SoftmaxHead) or be a "
+                "NetworkEnsemble to "
                 f"calibrate its predictive, got {type(head).__name__}"
             )
         return cls(
