@@ -149,6 +149,9 @@ BGPN_MODELS = (
     "bgpn_long_warm1500_cal_ens5_mixcal",
     "bgpn_wide_longer_cal_ens5_mixcal",
     "bgpn_het_point_long_ens5_mixcal",
+    # Student-t noise with 4 degrees of freedom (``t4``; section 24)
+    "bgpn_long_t4",
+    "bgpn_qw2_long_t4",
 )
 PLL = "_pll"
 MODELS = (
@@ -226,7 +229,8 @@ SCHEDULES: dict[str, dict[str, dict]] = {"long": SET_SCHEDULES, "longer": LONGER
 #: first 1500. ``ens5``: five Bayesian GPNs fitted independently (model seeds ``seed + 1000 k``,
 #: ``k = 0..4``: the first is the column without the modifier) and predicting their equal-weight
 #: mixture (section 19); ``mixcal`` (with ``ens5``): the mixture's own predictive scale fitted on
-#: the validation rows (``fit_predictive_scale(ensemble, ...)``; section 20)
+#: the validation rows (``fit_predictive_scale(ensemble, ...)``; section 20); ``t4``: Student-t
+#: noise with 4 degrees of freedom (:class:`pyro_gpn.heads.StudentTHead`; section 24)
 BGPN_MODIFIERS: dict[str, dict] = {
     "het": {"head": "heteroscedastic"},
     "point": {"weights": "point"},
@@ -239,6 +243,7 @@ BGPN_MODIFIERS: dict[str, dict] = {
     "cal": {"calibrate": True},
     "ens5": {"members": 5},
     "mixcal": {"mixture_calibrate": True},
+    "t4": {"head": "student_t", "df": 4.0},
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
@@ -525,7 +530,7 @@ def _ensemble_facts(fits: list[dict], data) -> dict:
 
 def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     """One network of :func:`fit_bgpn`."""
-    from pyro_gpn.heads import HeteroscedasticGaussianHead
+    from pyro_gpn.heads import HeteroscedasticGaussianHead, StudentTHead
     from pyro_gpn.inference import fit_vgpn
     from pyro_gpn.models import VariationalGPN
 
@@ -533,6 +538,8 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     head = "gaussian"
     if config.get("head") == "heteroscedastic":
         head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0))
+    elif config.get("head") == "student_t":
+        head = StudentTHead(1, df=config["df"])
     sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
         sizes,

@@ -303,6 +303,7 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"num_steps": 4000},
         {"head": "student_t", "df": 4.0, "weights": ("point", "variational")},
     ),
+    "qw2_t4": ({}, {"head": "student_t", "df": 4.0, "weights": ("point", "variational")}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
         {"hidden": (1, 1), "head": "heteroscedastic"},

@@ -599,9 +599,11 @@ class StudentTHead(_RegressionHead):
       calibration): the Student-t written as a Gaussian scale mixture
       (:func:`~pyro_gpn.losses.student_t_scale_mixture`, ``K`` components, 96 at ``nu = 4``),
       so ``p(y) = sum_k w_k N(y | E[F], Var[F] + c_k sigma^2)``, exact given ``F``'s Gaussian
-      to the mixture's accuracy (log density within 4e-7 of the t's).
+      to the mixture's accuracy (log density within 4e-7 of the t's). :meth:`log_predictive`
+      sums it with log weights, which float32 keeps where the weights underflow.
     * :meth:`predictive` / :meth:`predict`: its mean and variance, ``Var[F] + sigma^2 nu /
-      (nu - 2)``.
+      (nu - 2)`` (the outputs' variances: a full ``cov`` of ``F`` is used through its
+      diagonal, as the outputs' noises are independent t's, not one multivariate t).
     * :meth:`observation`: ``StudentT(nu, F, sigma)`` (the Pyro routes).
 
     ``nu`` is not learned: choose it on validation rows (a small ``nu``, e.g. 4, for data with
@@ -618,7 +620,8 @@ class StudentTHead(_RegressionHead):
     Attributes:
         noise_scale: ``[D | 1]``, positive, ``sigma``: ``exp`` of ``noise_scale_unconstrained``.
         noise_std: ``[D | 1]``, the noise's standard deviation ``sigma sqrt(nu / (nu - 2))``.
-        df: ``nu`` (a float).
+        df: ``nu`` (a float; saved with the state as the buffer ``degrees_of_freedom``, and a
+            state saved under another ``nu`` is refused on loading).
         predictive_scale: ``[D]`` buffer, the predictive's calibration scale (1: none; see
             the regression heads' base class).
 
@@ -651,10 +654,20 @@ class StudentTHead(_RegressionHead):
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
         scale = torch.full((1 if shared else num_outputs,), float(noise_scale_init), **factory)
         self.noise_scale_unconstrained = nn.Parameter(scale.log())
-        weights, factors = student_t_scale_mixture(self.df, **factory)
-        self.register_buffer("mixture_weights", weights, persistent=False)
+        log_weights, factors = student_t_scale_mixture(self.df, **factory)
+        self.register_buffer("mixture_log_weights", log_weights, persistent=False)
         self.register_buffer("mixture_var_factors", factors, persistent=False)
+        # saved with the state, so that a state fitted under one nu never loads into another
+        self.register_buffer("degrees_of_freedom", torch.tensor(self.df, dtype=torch.float64))
         self._init_predictive_scale(self.num_outputs, factory)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        saved = state_dict.get(prefix + "degrees_of_freedom")
+        if saved is not None and float(saved) != self.df:
+            raise ValueError(
+                f"the state was fitted with df={float(saved):g}, this head has df={self.df:g}"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def noise_scale(self) -> Tensor:
@@ -684,16 +697,29 @@ class StudentTHead(_RegressionHead):
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         ``N(E[F], Var[F] + c_k sigma^2)`` at the scale mixture's nodes (class docstring;
         ``calibrated=False``: at scale 1)."""
-        dtype = features.mean.dtype
-        weights = self.mixture_weights.to(dtype)
-        noise_var = (
-            self.noise_scale.square().to(dtype) * self.mixture_var_factors.to(dtype)[:, None, None]
-        )  # [K, 1, D | 1]
-        var = features.variance.unsqueeze(0) + noise_var
-        mean = features.mean.unsqueeze(0).expand_as(var)
+        weights = self.mixture_log_weights.to(features.mean.dtype).exp()
+        mean, var = self._components(features)
         if not calibrated:
             return weights, mean, var
         return self._scaled_mixture(weights, mean, var)
+
+    def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
+        """As the other regression heads', with the mixture's log weights: in float32 the
+        weights of the far components underflow (below 1e-45; at ``nu >= 20`` they carry the
+        density from about 300 scales out), their logarithms do not."""
+        mean, var = self._components(features)
+        if calibrated:
+            scale = self.predictive_scale.to(mean.dtype)  # the components share their mean
+            var = scale.square() * var
+        log_weights = self.mixture_log_weights.to(mean.dtype)
+        return gaussian_mixture_log_density(log_weights, mean, var, y, log_weights=True)
+
+    def _components(self, features: Moments) -> tuple[Tensor, Tensor]:
+        """The mixture's component means and variances ``[K, S, D]``, uncalibrated."""
+        dtype = features.mean.dtype
+        factors = self.mixture_var_factors.to(dtype)[:, None, None]
+        var = features.variance.unsqueeze(0) + self.noise_scale.square().to(dtype) * factors
+        return features.mean.unsqueeze(0).expand_as(var), var
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}, df={self.df:g}, num_nodes={self.num_nodes}"

@@ -23,6 +23,7 @@ All functions are pure (no Pyro, no parameters), differentiable and vectorised o
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 
 import torch
@@ -280,26 +281,31 @@ def heteroscedastic_expected_nll(
     return _reduce(per_dim.sum(-1), reduction)
 
 
-def gaussian_mixture_log_density(weights: Tensor, mean: Tensor, var: Tensor, y: Tensor) -> Tensor:
+def gaussian_mixture_log_density(
+    weights: Tensor, mean: Tensor, var: Tensor, y: Tensor, log_weights: bool = False
+) -> Tensor:
     """Log density of the targets under a Gaussian mixture per output,
     ``sum_d log sum_k w_k N(y_sd | mean_ksd, var_ksd)``, ``[S]`` (the outputs independent).
 
     Args:
-        weights: ``[K]`` mixture weights summing to 1.
+        weights: ``[K]`` mixture weights summing to 1 (their logarithms with
+            ``log_weights=True``: weights too small for the dtype keep their share).
         mean, var: ``[K, S, D]`` component means and variances.
         y: ``[S, D]`` (or ``[S]`` for ``D = 1``) targets.
+        log_weights: ``weights`` holds log weights.
     """
     y = y.reshape(mean.shape[1:]).to(mean.dtype)
     var = var.clamp_min(torch.finfo(var.dtype).tiny)
     comp = -0.5 * (_LOG_2PI + var.log() + (y - mean).square() / var)
-    return torch.logsumexp(comp + weights.log().view(-1, 1, 1), dim=0).sum(-1)
+    log_w = weights if log_weights else weights.log()
+    return torch.logsumexp(comp + log_w.view(-1, 1, 1), dim=0).sum(-1)
 
 
 #: The degrees of freedom a Student-t likelihood takes: from 2.5 (the noise has a variance,
 #: so the predictive has a standard deviation, and the scale mixture captures it with a grid of
-#: at most ~150 nodes; towards 2 the variance comes from ever smaller ``lambda``) to 100
-#: (beyond, the t is a Gaussian to within 1 % in density out to 3 scales, and the scale mixture
-#: needs ever finer nodes).
+#: at most ~170 nodes; towards 2 the variance comes from ever smaller ``lambda``) to 100
+#: (the scale mixture's grid step shrinks like ``sqrt(2 / nu)``: 444 nodes at 100; a larger
+#: ``nu`` is close to the Gaussian head).
 STUDENT_T_DF_RANGE = (2.5, 100.0)
 
 
@@ -307,16 +313,18 @@ def check_student_t_df(df: float) -> float:
     """``df`` as a float, or ``ValueError`` naming it unless ``2.5 <= df <= 100``
     (:data:`STUDENT_T_DF_RANGE`)."""
     low, high = STUDENT_T_DF_RANGE
-    if isinstance(df, bool) or not isinstance(df, (int, float)) or not low <= df <= high:
-        raise ValueError(f"df must be a number with {low:g} <= df <= {high:g}, got {df!r}")
+    if isinstance(df, Tensor) and df.numel() == 1:
+        df = df.item()
+    if isinstance(df, bool) or not isinstance(df, numbers.Real) or not low <= df <= high:
+        raise ValueError(f"df must be a real number with {low:g} <= df <= {high:g}, got {df!r}")
     return float(df)
 
 
 def student_t_scale_mixture(
     df: float, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> tuple[Tensor, Tensor]:
-    r"""The Student-t as a finite Gaussian scale mixture: weights ``w`` and variance factors
-    ``c`` (each ``[K]``) with
+    r"""The Student-t as a finite Gaussian scale mixture: log weights ``log w`` and variance
+    factors ``c`` (each ``[K]``) with
 
     .. math::
 
@@ -344,8 +352,13 @@ def student_t_scale_mixture(
         df: ``nu``, with ``2.5 <= nu <= 100`` (:func:`check_student_t_df`).
         dtype, device: of the returned tensors (computed in float64).
 
+    Nodes whose weight is below ``e^-700`` (zero in float64 arithmetic) are dropped. The
+    weights are returned as logarithms, which float32 holds where the weights themselves
+    underflow (below 1e-45: at ``nu = 30`` those carry the density from 300 scales out).
+
     Returns:
-        ``(w, c)``, each ``[K]``; ``sum_k w_k c_k`` is the variance factor ``nu / (nu - 2)``.
+        ``(log_w, c)``, each ``[K]``; ``sum_k w_k c_k`` is the variance factor
+        ``nu / (nu - 2)``.
     """
     a = check_student_t_df(df) / 2
     a64 = torch.tensor(a, dtype=torch.float64)
@@ -357,8 +370,10 @@ def student_t_scale_mixture(
     high = centre + 10 * spread
     u = torch.arange(math.floor(low / step), math.ceil(high / step) + 1, dtype=torch.float64)
     u = u * step
-    weights = torch.softmax(a * u - a * u.exp(), dim=0)
-    return weights.to(dtype=dtype, device=device), (-u).exp().to(dtype=dtype, device=device)
+    log_weights = torch.log_softmax(a * u - a * u.exp(), dim=0)
+    kept = log_weights > -700.0
+    log_weights, u = log_weights[kept], u[kept]
+    return log_weights.to(dtype=dtype, device=device), (-u).exp().to(dtype=dtype, device=device)
 
 
 def student_t_expected_nll(
@@ -423,7 +438,9 @@ def student_t_expected_nll(
     check_positive("noise_scale", noise_scale)
 
     z, w = gauss_hermite(num_nodes, response.mean.dtype, response.mean.device)
-    std = response.variance.clamp_min(0).sqrt()
+    variance = response.variance
+    positive = variance > 0  # sqrt with a zero (not infinite) derivative at a point mass
+    std = torch.where(positive, torch.where(positive, variance, 1).sqrt(), 0)
     residual = target - response.mean - std * z.view(-1, 1, 1)  # [K, S, N]
     nll = -torch.distributions.StudentT(df, 0.0, noise_scale).log_prob(residual)
     return _reduce(torch.einsum("k,ksn->s", w, nll), reduction)

@@ -4,6 +4,7 @@ the Pyro observation site, bad arguments, and a fit that must see through outlie
 
 import math
 
+import numpy as np
 import pyro
 import pytest
 import torch
@@ -41,11 +42,12 @@ def _features(mean, std):
 def test_scale_mixture_is_the_t_density_far_into_its_tails(df):
     """The trapezoid rule over log lambda against scipy's t log density from the centre to 1e4
     scales out (where a Gauss-Laguerre rule of 32 nodes is already 5 nats off at 20)."""
-    weights, factors = student_t_scale_mixture(df)
+    log_weights, factors = student_t_scale_mixture(df)
+    weights = log_weights.exp()
     assert float(weights.sum()) == pytest.approx(1.0, abs=1e-12)
     r = torch.tensor([0.0, 0.5, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3, 1e4], dtype=DT)
     comp = torch.distributions.Normal(0.0, factors.sqrt()[:, None]).log_prob(r)
-    mixture = torch.logsumexp(weights.log()[:, None] + comp, 0)
+    mixture = torch.logsumexp(log_weights[:, None] + comp, 0)
     expected = torch.as_tensor(stats.t.logpdf(r.numpy(), df), dtype=DT)
     assert float((mixture - expected).abs().max()) < 5e-7
     # the noise's variance factor nu / (nu - 2), within the rule's accuracy
@@ -161,18 +163,42 @@ def test_head_parameter_receives_gradients_through_both_objectives():
         assert torch.isfinite(grad).all() and float(grad.abs().sum()) > 0
 
 
-def test_float32_log_predictive_is_finite_far_out():
-    """A target 1e4 scales from the mean: the Gaussian mixture's extreme components carry it
-    in float32 as in float64."""
-    head32 = StudentTHead(1, df=4.0, noise_scale_init=0.3, dtype=torch.float32)
-    head64 = _head(df=4.0, scale=0.3)
-    y = torch.tensor([[0.0], [3e3]])
-    f32 = Moments(torch.zeros(2, 1), var=torch.full((2, 1), 1e-4))
-    f64 = Moments(f32.mean.double(), var=f32.variance.double())
-    lp32 = head32.log_predictive(f32, y)
-    lp64 = head64.log_predictive(f64, y.double())
+@pytest.mark.parametrize("df", [4.0, 30.0, 100.0])
+def test_float32_log_predictive_is_the_t_far_out(df):
+    """Targets up to 1e4 scales from the mean, in float32: the log weights keep the far
+    components whose weights underflow there (at nu = 100 a float32 weight would price a target
+    100 scales out 124 nats too low), also after the head is cast with ``.double()``."""
+    scale = 0.3
+    r = torch.tensor([0.0, 3.0, 50.0, 100.0, 300.0, 1e3, 1e4])
+    y = (r * scale).reshape(-1, 1)
+    features = Moments(torch.zeros(len(r), 1), var=torch.zeros(len(r), 1))
+    expected = torch.as_tensor(stats.t.logpdf(r.double().numpy(), df) - math.log(scale), dtype=DT)
+    head32 = StudentTHead(1, df=df, noise_scale_init=scale, dtype=torch.float32)
+    lp32 = head32.log_predictive(features, y)
     assert torch.isfinite(lp32).all()
-    torch.testing.assert_close(lp32.double(), lp64, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(lp32.double(), expected, rtol=1e-5, atol=1e-4)
+    f64 = Moments(features.mean.double(), var=features.variance.double())
+    lp64 = head32.double().log_predictive(f64, y.double())
+    torch.testing.assert_close(lp64, expected, rtol=1e-6, atol=1e-5)
+
+
+def test_gradient_is_finite_at_a_point_mass():
+    """Deterministic responses (``Var[F] = 0``): the expected NLL's gradient with respect to the
+    variance is finite (a plain ``sqrt`` gives ``-inf``)."""
+    head = _head()
+    var = torch.zeros(2, 1, dtype=DT, requires_grad=True)
+    features = Moments(torch.tensor([[0.0], [1.0]], dtype=DT), var=var)
+    loss = head.expected_nll(features, torch.tensor([[0.5], [3.0]], dtype=DT))
+    (grad,) = torch.autograd.grad(loss, var)
+    assert torch.isfinite(grad).all()
+
+
+def test_state_saved_under_another_df_is_refused():
+    state = _head(df=4.0).state_dict()
+    assert float(state["degrees_of_freedom"]) == 4.0
+    _head(df=4.0).load_state_dict(state)
+    with pytest.raises(ValueError, match="df=4"):
+        _head(df=30.0).load_state_dict(state)
 
 
 def test_observation_site_is_the_student_t():
@@ -244,11 +270,20 @@ def test_calibration_scales_the_mixture():
     torch.testing.assert_close(
         head.predictive(features).variance, 4 * (features.var + head.noise_std**2)
     )
+    # fit_predictive_scale finds the maximum of the held-out log density over the scale
     torch.manual_seed(0)
     model = VariationalGPN([1, 3, 1], head=StudentTHead(1, dtype=DT), dtype=DT)
     x = torch.randn(40, 1, dtype=DT)
-    scale = fit_predictive_scale(model, x, x.sin())
-    assert torch.isfinite(torch.as_tensor(scale)).all()
+    y = x.sin() + 0.3 * torch.randn(40, 1, dtype=DT)
+    scale = float(fit_predictive_scale(model, x, y))
+    grid = torch.logspace(-2, 2, 801, dtype=DT)
+    scores = []
+    for s in grid:
+        model.head.predictive_scale.fill_(float(s))
+        with torch.no_grad():
+            scores.append(float(model.log_predictive(x, y).mean()))
+    best = float(grid[max(range(len(grid)), key=scores.__getitem__)])
+    assert scale == pytest.approx(best, rel=0.02)
 
 
 @pytest.mark.parametrize("df", [2.4, 0.5, 101.0, float("nan"), True, "4"])
@@ -271,6 +306,41 @@ def test_df_out_of_range_is_refused_by_name(df):
 def test_invalid_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         StudentTHead(**{"num_outputs": 1, **kwargs})
+
+
+def test_df_accepts_any_real_number():
+    assert check_student_t_df(np.float32(4.0)) == 4.0
+    assert check_student_t_df(torch.tensor(5.0)) == 5.0
+    assert StudentTHead(1, df=np.int64(3)).df == 3.0
+
+
+def test_evaluate_scores_the_heads_own_predictive():
+    """``pyro_gpn.inference.evaluate`` reports the head's log predictive density (the t's
+    scale mixture), not a Gaussian with the predictive's moments."""
+    from pyro_gpn.inference import evaluate
+
+    torch.manual_seed(0)
+    model = VariationalGPN([1, 3, 1], head=StudentTHead(1, dtype=DT), dtype=DT)
+    x = torch.randn(20, 1, dtype=DT)
+    y = x.sin()
+    y[0] += 5.0
+    with torch.no_grad():
+        expected = float(model.log_predictive(x, y).mean())
+        gaussian = float(
+            torch.distributions.Normal(model.predict(x).mean, model.predict(x).std)
+            .log_prob(y)
+            .mean()
+        )
+    got = evaluate(model, x, y)["log_likelihood"]
+    assert got == pytest.approx(expected, rel=1e-10)
+    assert abs(got - gaussian) > 0.1
+
+
+def test_marginal_likelihood_is_refused_for_the_head():
+    from pyro_gpn.models import ParametricGPN
+
+    with pytest.raises(ValueError, match="likelihood='marginal'"):
+        ParametricGPN([1, 2, 1], head=StudentTHead(1), likelihood="marginal")
 
 
 def test_bad_targets_and_scale_name_the_argument():

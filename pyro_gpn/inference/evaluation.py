@@ -102,8 +102,11 @@ def evaluate(
       argmax of the predictive mean logits (for Gaussian logits with a full covariance this is the
       most probable class of the mean prediction, not of the averaged softmax);
     * regression: ``{"rmse": r, "log_likelihood": ll}``, the root mean squared error of the
-      predictive mean over all samples and outputs, and the mean over samples of
-      ``log N(y | mean, var)`` (:func:`~pyro_gpn.metrics.gaussian_log_likelihood`).
+      predictive mean over all samples and outputs, and the mean over samples of the log
+      predictive density: ``model.log_predictive(x, y)`` where the model has one (the head's
+      own predictive: a Gaussian, the heteroscedastic head's mixture, the Student-t head's
+      scale mixture), else ``log N(y | mean, var)``
+      (:func:`~pyro_gpn.metrics.gaussian_log_likelihood`).
 
     Args:
         model: returns :class:`~pyro_gpn.moments.gaussian.Moments` from ``model(x)``.
@@ -141,7 +144,10 @@ def evaluate(
                     )
                 target = y[index].reshape(prediction.mean.shape)
                 squared += float(mean_squared_error(prediction.mean, target, reduction="sum"))
-                log_lik += float(gaussian_log_likelihood(prediction, target, reduction="sum"))
+                if hasattr(model, "log_predictive"):  # the head's own predictive density
+                    log_lik += float(model.log_predictive(x[index], target).sum())
+                else:
+                    log_lik += float(gaussian_log_likelihood(prediction, target, reduction="sum"))
     finally:
         model.train(was_training)
     n = x.shape[0]

@@ -125,8 +125,8 @@ class ParametricGPN(GPNModule):
         head, mode, **layer_kwargs: for a network built from ``sizes`` (see
             :class:`~pyro_gpn.GPNNet`).
         likelihood: ``"expected"`` (the paper's objective) or ``"marginal"``, for a head that
-            has a marginal observation (the Gaussian one; see the module docstring); other
-            heads ignore it.
+            has a marginal observation (the Gaussian one; see the module docstring); the
+            softmax head ignores it, another regression head refuses it.
         penalty: add the target-variance penalty ``eq:gpn_ls`` (paper: yes, for maximum
             likelihood) as a ``pyro.factor`` whenever ``y`` is observed (a training term; it is
             left out when the model generates ``y``).
@@ -170,6 +170,14 @@ class ParametricGPN(GPNModule):
             raise TypeError(f"network must be a GPNNet or sizes, got {type(network).__name__}")
         else:
             network = GPNNet(network, mode=mode, head=head, **layer_kwargs)
+        task = network.head.task
+        if likelihood == "marginal" and task == "regression":
+            if not hasattr(network.head, "marginal_observation"):
+                raise ValueError(
+                    f"likelihood='marginal' needs a head with a Gaussian marginal observation "
+                    f"(GaussianHead), got {type(network.head).__name__}: use "
+                    "likelihood='expected'"
+                )
         self.network = network
         self.likelihood = likelihood
         self.penalty = bool(penalty)
