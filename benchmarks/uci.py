@@ -149,9 +149,12 @@ BGPN_MODELS = (
     "bgpn_long_warm1500_cal_ens5_mixcal",
     "bgpn_wide_longer_cal_ens5_mixcal",
     "bgpn_het_point_long_ens5_mixcal",
-    # Student-t noise with 4 degrees of freedom (``t4``; section 24)
+    # Student-t noise with 4 degrees of freedom (``t4``; with ``het``, input-dependent t noise;
+    # section 24)
     "bgpn_long_t4",
     "bgpn_qw2_long_t4",
+    "bgpn_het_qw2_t4",
+    "bgpn_het_qw2_long_t4",
 )
 PLL = "_pll"
 MODELS = (
@@ -230,7 +233,8 @@ SCHEDULES: dict[str, dict[str, dict]] = {"long": SET_SCHEDULES, "longer": LONGER
 #: ``k = 0..4``: the first is the column without the modifier) and predicting their equal-weight
 #: mixture (section 19); ``mixcal`` (with ``ens5``): the mixture's own predictive scale fitted on
 #: the validation rows (``fit_predictive_scale(ensemble, ...)``; section 20); ``t4``: Student-t
-#: noise with 4 degrees of freedom (:class:`pyro_gpn.heads.StudentTHead`; section 24)
+#: noise with 4 degrees of freedom (:class:`pyro_gpn.heads.StudentTHead`; with ``het``, the
+#: heteroscedastic head's t noise, ``HeteroscedasticGaussianHead(df=4)``; section 24)
 BGPN_MODIFIERS: dict[str, dict] = {
     "het": {"head": "heteroscedastic"},
     "point": {"weights": "point"},
@@ -243,7 +247,7 @@ BGPN_MODIFIERS: dict[str, dict] = {
     "cal": {"calibrate": True},
     "ens5": {"members": 5},
     "mixcal": {"mixture_calibrate": True},
-    "t4": {"head": "student_t", "df": 4.0},
+    "t4": {"df": 4.0},
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
 #: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
@@ -535,11 +539,11 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     from pyro_gpn.models import VariationalGPN
 
     torch.manual_seed(seed)
-    head = "gaussian"
+    head, df = "gaussian", config.get("df")
     if config.get("head") == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0))
-    elif config.get("head") == "student_t":
-        head = StudentTHead(1, df=config["df"])
+        head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0), df=df)
+    elif df is not None:
+        head = StudentTHead(1, df=df)
     sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
         sizes,

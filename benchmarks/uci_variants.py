@@ -303,6 +303,19 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"num_steps": 4000},
         {"head": "student_t", "df": 4.0, "weights": ("point", "variational")},
     ),
+    "qw2_t4_s4000_pll": (
+        {"num_steps": 4000, "elbo": "predictive"},
+        {"head": "student_t", "df": 4.0, "weights": ("point", "variational")},
+    ),
+    # the heteroscedastic head with Student-t noise (HeteroscedasticGaussianHead(df=4))
+    "hetero_qw2_t4": (
+        {},
+        {"head": "heteroscedastic", "df": 4.0, "weights": ("point", "variational")},
+    ),
+    "hetero_qw2_t4_s4000": (
+        {"num_steps": 4000},
+        {"head": "heteroscedastic", "df": 4.0, "weights": ("point", "variational")},
+    ),
     "qw2_t4": ({}, {"head": "student_t", "df": 4.0, "weights": ("point", "variational")}),
     "hetero_deep_s1000": (
         {"lr": 0.05, "num_steps": 1000},
@@ -333,11 +346,11 @@ def run(
     floor = model_kw.pop("noise_floor", 0.0)
     if floor == "quantisation":
         floor = quantisation_noise_std(data.y_train)
-    kind = model_kw.pop("head", "gaussian")
+    kind, df = model_kw.pop("head", "gaussian"), model_kw.pop("df", None)
     if kind == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1, noise_init, noise_floor=floor)
+        head = HeteroscedasticGaussianHead(1, noise_init, noise_floor=floor, df=df)
     elif kind == "student_t":
-        head = StudentTHead(1, df=model_kw.pop("df"), noise_scale_init=noise_init)
+        head = StudentTHead(1, df=df, noise_scale_init=noise_init)
     else:
         head = GaussianHead(1, noise_init)
     sizes = bgpn_sizes(name, data.num_features, model_kw.pop("hidden", (1,)))

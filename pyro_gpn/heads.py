@@ -40,6 +40,7 @@ from ._validation import check_finite, check_shape, check_tensor
 from .losses import (
     _check_reduction,
     _reduce,
+    _student_t_gauss_hermite_nll,
     check_labels,
     check_student_t_df,
     gaussian_expected_nll,
@@ -424,7 +425,54 @@ class SoftmaxHead(Head):
         return f"in_features={self.in_features}, num_classes={self.num_classes}"
 
 
-class HeteroscedasticGaussianHead(_RegressionHead):
+#: Gauss-Hermite nodes over ``F | G`` of the heteroscedastic head's expected t log-likelihood
+#: (``sd(F | G)`` is below the noise on trained networks: 1e-6 relative there, as measured for
+#: :func:`~pyro_gpn.losses.student_t_expected_nll` at 32 nodes, 1e-4 at twice the noise)
+_T_NODES_GIVEN_G = 20
+
+
+class _StudentTNoise(nn.Module):
+    """Student-t noise as a Gaussian scale mixture
+    (:func:`~pyro_gpn.losses.student_t_scale_mixture`), for the heads that offer it: the
+    mixture's log weights and variance factors (non-persistent buffers, rebuilt from ``df``) and
+    ``df`` itself, saved with the state as the buffer ``degrees_of_freedom`` so that a state
+    fitted under one ``nu`` never loads into another."""
+
+    df: float | None
+
+    def _init_student_t(self, df: float, factory: dict) -> None:
+        self.df = check_student_t_df(df)
+        log_weights, factors = student_t_scale_mixture(self.df, **factory)
+        self.register_buffer("mixture_log_weights", log_weights, persistent=False)
+        self.register_buffer("mixture_var_factors", factors, persistent=False)
+        self.register_buffer("degrees_of_freedom", torch.tensor(self.df, dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        saved = state_dict.get(prefix + "degrees_of_freedom")
+        if saved is not None and self.df is not None and float(saved) != self.df:
+            raise ValueError(
+                f"the state was fitted with df={float(saved):g}, this head has df={self.df:g}"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _scale_mixture(self, mean: Tensor, var: Tensor, noise_var: Tensor):
+        """Log weights ``[L]`` and component means and variances ``[L, ...]`` of ``N(mean, var)``
+        plus t noise of squared scale ``noise_var`` (each ``[...]``): ``var + c_l noise_var``."""
+        dtype = mean.dtype
+        shape = (-1,) + (1,) * var.dim()
+        var = var.unsqueeze(0) + noise_var * self.mixture_var_factors.to(dtype).view(shape)
+        return self.mixture_log_weights.to(dtype), mean.unsqueeze(0).expand_as(var), var
+
+    def _log_predictive_mixture(self, log_weights, mean, var, y, calibrated: bool) -> Tensor:
+        """The log density of ``y`` under a mixture given by its log weights (which float32
+        keeps where the weights underflow: below 1e-45, at ``nu >= 20`` the density from about
+        300 scales out), calibrated as :meth:`_RegressionHead._scaled_mixture`."""
+        if calibrated:
+            _, mean, var = self._scaled_mixture(log_weights.exp(), mean, var)
+        return gaussian_mixture_log_density(log_weights, mean, var, y, log_weights=True)
+
+
+class HeteroscedasticGaussianHead(_StudentTNoise, _RegressionHead):
     """Regression with input-dependent noise: ``y = F + eps``, ``eps ~ N(0, exp(G))``, where
     the network outputs both ``F`` and the noise features ``H`` and ``G = a + b H`` is the log
     noise variance (DVI's heteroscedastic likelihood; Wu et al. 2019).
@@ -451,15 +499,27 @@ class HeteroscedasticGaussianHead(_RegressionHead):
     Gaussian as in the predictive mixture) instead of the closed form; ``c = 0`` (the default)
     is the head without a floor, closed form.
 
+    **Student-t noise** (``df = nu``): ``eps ~ t_nu(0, sqrt(c^2 + e^G))``, heavy-tailed noise
+    whose scale follows the input (:class:`StudentTHead` is the homoscedastic one). A target
+    far from the mean costs ``(nu + 1) log |r|`` nats instead of ``r^2 / 2``, also where the
+    fitted noise has narrowed onto a few training targets. :meth:`expected_nll` is then the
+    expectation by Gauss-Hermite quadrature over ``G`` (``num_nodes``) and over ``F | G`` (20
+    nodes) of the t's log density; :meth:`predictive_mixture` the Gauss-Hermite mixture over
+    ``G`` with each node's t written as its Gaussian scale mixture (``num_nodes x K``
+    components, ``K`` = 90 at ``nu = 4``: memory ``num_nodes x K x S x D``, meant for the small
+    sets where outliers matter); :meth:`predictive`'s noise variance is multiplied by
+    ``nu / (nu - 2)``. ``None`` (the default) is the Gaussian head.
+
     Args:
         num_outputs: ``D``.
         noise_std_init: the initial noise standard deviation where ``H = 0``
-            (``a = 2 log noise_std_init``).
+            (``a = 2 log noise_std_init``; with ``df``, the initial t scale).
         noise_slope_init: the initial ``b``.
         num_nodes: Gauss-Hermite nodes of the predictive mixture (and of the expected
             log-likelihood with a noise floor).
         noise_floor: ``c >= 0``, the smallest noise standard deviation (in the targets'
             units): the noise variance is ``c^2 + exp(G)``; 0: no floor.
+        df: ``nu`` of Student-t noise (``2.5 <= nu <= 100``), or ``None``: Gaussian noise.
         dtype, device: of the parameters.
 
     Attributes:
@@ -478,6 +538,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         noise_slope_init: float = 0.5,
         num_nodes: int = 64,
         noise_floor: float = 0.0,
+        df: float | None = None,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -506,6 +567,9 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         self.noise_slope = nn.Parameter(
             torch.full((num_outputs,), float(noise_slope_init), **factory)
         )
+        self.df = None
+        if df is not None:
+            self._init_student_t(df, factory)
         self._init_predictive_scale(self.num_outputs, factory)
 
     @classmethod
@@ -521,6 +585,8 @@ class HeteroscedasticGaussianHead(_RegressionHead):
     def predictive(self, features: Moments) -> Moments:
         mean, var, g_mean, g_var, _ = self._moments(features)
         noise_var = (g_mean + g_var / 2).exp() + self.noise_floor**2
+        if self.df is not None:
+            noise_var = noise_var * (self.df / (self.df - 2))
         scale = self.predictive_scale.to(mean.dtype)
         return Moments(mean, var=(var + noise_var) * scale.square(), validate=False)
 
@@ -528,7 +594,7 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         """``E[-log N(y | F, c^2 + e^G)]`` summed over outputs, reduced over samples: in
         closed form without a floor (:func:`~pyro_gpn.losses.heteroscedastic_expected_nll`),
         by Gauss-Hermite quadrature over ``G`` with one (class docstring)."""
-        if self.noise_floor == 0:
+        if self.noise_floor == 0 and self.df is None:
             return heteroscedastic_expected_nll(
                 features, y, self.noise_offset, self.noise_slope, reduction=reduction
             )
@@ -536,6 +602,11 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         self.check_target(y, features.mean.shape[0])
         w, comp_mean, cond_var, noise_var = self._nodes(features)
         y = y.to(comp_mean.dtype)
+        if self.df is not None:
+            per_node = _student_t_gauss_hermite_nll(
+                comp_mean, cond_var, y, noise_var.sqrt(), self.df, _T_NODES_GIVEN_G
+            )  # [K, S, D]
+            return _reduce(torch.einsum("k,ksd->s", w, per_node), reduction)
         per_node = 0.5 * (
             math.log(2 * math.pi)
             + noise_var.log()
@@ -547,6 +618,8 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         num = self.num_outputs
         log_var = self.noise_offset + self.noise_slope * features[..., num:]
         scale = (log_var.exp() + self.noise_floor**2).sqrt()
+        if self.df is not None:
+            return dist.StudentT(self.df, features[..., :num], scale).to_event(1)
         return dist.Normal(features[..., :num], scale).to_event(1)
 
     def predictive_mixture(
@@ -555,10 +628,28 @@ class HeteroscedasticGaussianHead(_RegressionHead):
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         Gauss-Hermite nodes ``G_k`` of ``G``, and ``F | G_k`` Gaussian (``F`` and ``G`` jointly
         Gaussian) plus the noise ``c^2 + e^{G_k}`` (``calibrated=False``: at scale 1)."""
+        if self.df is not None:
+            log_weights, mean, var = self._t_mixture(features)
+            if not calibrated:
+                return log_weights.exp(), mean, var
+            return self._scaled_mixture(log_weights.exp(), mean, var)
         w, comp_mean, cond_var, noise_var = self._nodes(features)
         if not calibrated:
             return w, comp_mean, cond_var + noise_var
         return self._scaled_mixture(w, comp_mean, cond_var + noise_var)
+
+    def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
+        if self.df is None:
+            return super().log_predictive(features, y, calibrated)
+        return self._log_predictive_mixture(*self._t_mixture(features), y, calibrated)
+
+    def _t_mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+        """With t noise: log weights ``[K L]`` and component means and variances
+        ``[K L, S, D]``, the scale mixture of each Gauss-Hermite node of ``G``."""
+        w, comp_mean, cond_var, noise_var = self._nodes(features)
+        log_t, mean, var = self._scale_mixture(comp_mean, cond_var, noise_var)  # [L, K, S, D]
+        log_weights = (log_t[:, None] + w.log()[None, :]).reshape(-1)
+        return log_weights, mean.reshape(-1, *mean.shape[2:]), var.reshape(-1, *var.shape[2:])
 
     def _nodes(self, features: Moments) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Gauss-Hermite weights ``[K]`` and, at each node ``G_k`` of ``G``, ``E[F | G_k]``,
@@ -580,10 +671,11 @@ class HeteroscedasticGaussianHead(_RegressionHead):
 
     def extra_repr(self) -> str:
         floor = f", noise_floor={self.noise_floor}" if self.noise_floor else ""
-        return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}{floor}"
+        df = f", df={self.df:g}" if self.df is not None else ""
+        return f"num_outputs={self.num_outputs}, num_nodes={self.num_nodes}{floor}{df}"
 
 
-class StudentTHead(_RegressionHead):
+class StudentTHead(_StudentTNoise, _RegressionHead):
     r"""Robust regression: ``y = F + eps``, ``eps ~ t_nu(0, sigma)`` per output, a Student-t with
     ``nu`` degrees of freedom (fixed) and scale ``sigma`` (learned).
 
@@ -597,7 +689,7 @@ class StudentTHead(_RegressionHead):
       :func:`~pyro_gpn.losses.student_t_expected_nll`, Gauss-Hermite quadrature over ``F``.
     * :meth:`predictive_mixture` (the predictive objective, the test log-likelihood, the
       calibration): the Student-t written as a Gaussian scale mixture
-      (:func:`~pyro_gpn.losses.student_t_scale_mixture`, ``K`` components, 96 at ``nu = 4``),
+      (:func:`~pyro_gpn.losses.student_t_scale_mixture`, ``K`` components, 90 at ``nu = 4``),
       so ``p(y) = sum_k w_k N(y | E[F], Var[F] + c_k sigma^2)``, exact given ``F``'s Gaussian
       to the mixture's accuracy (log density within 4e-7 of the t's). :meth:`log_predictive`
       sums it with log weights, which float32 keeps where the weights underflow.
@@ -648,26 +740,13 @@ class StudentTHead(_RegressionHead):
             raise ValueError(
                 f"noise_scale_init must be positive and finite, got {noise_scale_init}"
             )
-        self.df = check_student_t_df(df)
         self.num_outputs = num_outputs
         self.num_nodes = num_nodes
         factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        self._init_student_t(df, factory)
         scale = torch.full((1 if shared else num_outputs,), float(noise_scale_init), **factory)
         self.noise_scale_unconstrained = nn.Parameter(scale.log())
-        log_weights, factors = student_t_scale_mixture(self.df, **factory)
-        self.register_buffer("mixture_log_weights", log_weights, persistent=False)
-        self.register_buffer("mixture_var_factors", factors, persistent=False)
-        # saved with the state, so that a state fitted under one nu never loads into another
-        self.register_buffer("degrees_of_freedom", torch.tensor(self.df, dtype=torch.float64))
         self._init_predictive_scale(self.num_outputs, factory)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        saved = state_dict.get(prefix + "degrees_of_freedom")
-        if saved is not None and float(saved) != self.df:
-            raise ValueError(
-                f"the state was fitted with df={float(saved):g}, this head has df={self.df:g}"
-            )
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def noise_scale(self) -> Tensor:
@@ -697,29 +776,18 @@ class StudentTHead(_RegressionHead):
         """Weights ``[K]`` and component means and variances ``[K, S, D]`` of the predictive:
         ``N(E[F], Var[F] + c_k sigma^2)`` at the scale mixture's nodes (class docstring;
         ``calibrated=False``: at scale 1)."""
-        weights = self.mixture_log_weights.to(features.mean.dtype).exp()
-        mean, var = self._components(features)
+        log_weights, mean, var = self._mixture(features)
         if not calibrated:
-            return weights, mean, var
-        return self._scaled_mixture(weights, mean, var)
+            return log_weights.exp(), mean, var
+        return self._scaled_mixture(log_weights.exp(), mean, var)
 
     def log_predictive(self, features: Moments, y: Tensor, calibrated: bool = True) -> Tensor:
-        """As the other regression heads', with the mixture's log weights: in float32 the
-        weights of the far components underflow (below 1e-45; at ``nu >= 20`` they carry the
-        density from about 300 scales out), their logarithms do not."""
-        mean, var = self._components(features)
-        if calibrated:
-            scale = self.predictive_scale.to(mean.dtype)  # the components share their mean
-            var = scale.square() * var
-        log_weights = self.mixture_log_weights.to(mean.dtype)
-        return gaussian_mixture_log_density(log_weights, mean, var, y, log_weights=True)
+        """As the other regression heads', summed with the mixture's log weights."""
+        return self._log_predictive_mixture(*self._mixture(features), y, calibrated)
 
-    def _components(self, features: Moments) -> tuple[Tensor, Tensor]:
-        """The mixture's component means and variances ``[K, S, D]``, uncalibrated."""
-        dtype = features.mean.dtype
-        factors = self.mixture_var_factors.to(dtype)[:, None, None]
-        var = features.variance.unsqueeze(0) + self.noise_scale.square().to(dtype) * factors
-        return features.mean.unsqueeze(0).expand_as(var), var
+    def _mixture(self, features: Moments) -> tuple[Tensor, Tensor, Tensor]:
+        noise_var = self.noise_scale.square().to(features.mean.dtype)
+        return self._scale_mixture(features.mean, features.variance, noise_var)
 
     def extra_repr(self) -> str:
         return f"num_outputs={self.num_outputs}, df={self.df:g}, num_nodes={self.num_nodes}"
