@@ -532,18 +532,24 @@ def _ensemble_facts(fits: list[dict], data) -> dict:
     }
 
 
+def bgpn_head(config: dict):
+    """The head of a Bayesian GPN column's ``config``: ``"gaussian"``, the heteroscedastic head
+    (``het``; with ``t4``, its Student-t noise) or the Student-t head (``t4`` alone)."""
+    from pyro_gpn.heads import HeteroscedasticGaussianHead, StudentTHead
+
+    df = config.get("df")
+    if config.get("head") == "heteroscedastic":
+        return HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0), df=df)
+    return "gaussian" if df is None else StudentTHead(1, df=df)
+
+
 def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     """One network of :func:`fit_bgpn`."""
-    from pyro_gpn.heads import HeteroscedasticGaussianHead, StudentTHead
     from pyro_gpn.inference import fit_vgpn
     from pyro_gpn.models import VariationalGPN
 
     torch.manual_seed(seed)
-    head, df = "gaussian", config.get("df")
-    if config.get("head") == "heteroscedastic":
-        head = HeteroscedasticGaussianHead(1, noise_floor=config.get("noise_floor", 0.0), df=df)
-    elif df is not None:
-        head = StudentTHead(1, df=df)
+    head = bgpn_head(config)
     sizes = bgpn_sizes(data.name, data.num_features, config.get("hidden", (1,)))
     model = VariationalGPN(
         sizes,

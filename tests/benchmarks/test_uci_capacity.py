@@ -253,3 +253,15 @@ def test_calibrated_columns_and_their_facts(monkeypatch):
     assert facts["test_uncalibrated"] == _score(fit["predict"], data.x_test, data.y_test, 1.0)
     assert calibrated_test["rmse"] == facts["test_uncalibrated"]["rmse"]
     assert calibrated_test["log_lik"] != facts["test_uncalibrated"]["log_lik"]
+
+
+def test_t4_modifier_gives_student_t_noise_to_either_head():
+    from benchmarks.uci import bgpn_config, bgpn_head
+    from pyro_gpn.heads import HeteroscedasticGaussianHead, StudentTHead
+
+    het = bgpn_head(bgpn_config("bgpn_het_qw2_t4", "wine"))
+    assert isinstance(het, HeteroscedasticGaussianHead) and het.df == 4.0
+    homo = bgpn_head(bgpn_config("bgpn_long_t4", "boston"))
+    assert isinstance(homo, StudentTHead) and homo.df == 4.0
+    assert bgpn_head(bgpn_config("bgpn_long", "boston")) == "gaussian"
+    assert bgpn_head(bgpn_config("bgpn_het_qw2", "wine")).df is None
