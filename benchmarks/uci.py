@@ -150,11 +150,13 @@ BGPN_MODELS = (
     "bgpn_wide_longer_cal_ens5_mixcal",
     "bgpn_het_point_long_ens5_mixcal",
     # Student-t noise with 4 degrees of freedom (``t4``; with ``het``, input-dependent t noise;
-    # section 24)
+    # section 24), and the chosen ones' calibrated twins
     "bgpn_long_t4",
     "bgpn_qw2_long_t4",
     "bgpn_het_qw2_t4",
     "bgpn_het_qw2_long_t4",
+    "bgpn_het_qw2_t4_cal",
+    "bgpn_het_qw2_long_t4_cal",
 )
 PLL = "_pll"
 MODELS = (
@@ -250,9 +252,11 @@ BGPN_MODIFIERS: dict[str, dict] = {
     "t4": {"df": 4.0},
 }
 #: "the Bayesian GPN" of each set: the column whose model scored best on the validation rows
-#: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close) among those
+#: of splits 0-2 (0-1 on power and protein; 0-5 where two candidates were close; from section
+#: 22 a candidate replaces the chosen column where its mean paired validation gain is positive
+#: and larger than its standard error, over splits 0-5 or, in section 24, all 20) among those
 #: with test cells (``benchmarks/uci_variants.py``, docs/results/uci.md sections 1b, 5, 6, 7,
-#: 10, 12 and 13); test rows never took part in a choice
+#: 10, 12, 13, 22 and 24); test rows never took part in a choice
 CHOSEN = {
     # hetero_point: -0.016 over splits 0-5 (section 12); the Student-t candidates of section 24
     # (lr02_t4, lr02_t4_pll, hetero_qw2_t4) gained less than their standard error over 20 splits
@@ -416,8 +420,9 @@ def bgpn_sizes(name: str, num_features: int, hidden: Sequence[int] = (1,)) -> li
 
 def noise_std_of(head) -> float:
     """A fitted Gaussian head's noise standard deviation (standardised units; the first
-    output); for a heteroscedastic head, its value where the noise feature is 0,
-    ``exp(a / 2)``."""
+    output; a Student-t head's ``sigma sqrt(nu / (nu - 2))``); for a heteroscedastic head, its
+    value where the noise feature is 0, ``exp(a / 2)`` (with Student-t noise: the t's scale
+    there, not its standard deviation)."""
     if hasattr(head, "noise_std"):
         return float(head.noise_std.detach().reshape(-1)[0])
     return float((0.5 * head.noise_offset.detach()).exp().reshape(-1)[0])
