@@ -74,6 +74,21 @@ def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
     return per_sample
 
 
+def _check_noise(name: str, value: Tensor | float, response: Moments, target: Tensor) -> Tensor:
+    """A noise level as a positive tensor of shape ``[N]``, ``[1]`` or ``[]`` (a float becomes
+    one in the response's dtype), or ``ValueError`` naming it."""
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(value, dtype=response.mean.dtype, device=target.device)
+    check_tensor(name, value)
+    check_ndim(name, value, (0, 1))
+    if value.dim() == 1 and value.shape[0] not in (1, response.num_features):
+        raise ValueError(
+            f"{name} must have shape [{response.num_features}], [1] or [], got {tuple(value.shape)}"
+        )
+    check_positive(name, value)
+    return value
+
+
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
@@ -188,16 +203,7 @@ def gaussian_expected_nll(
     _check_reduction(reduction)
     _check_moments("response", response)
     _check_target(target, response.mean)
-    if not isinstance(noise_std, Tensor):
-        noise_std = torch.as_tensor(noise_std, dtype=response.mean.dtype, device=target.device)
-    check_tensor("noise_std", noise_std)
-    check_ndim("noise_std", noise_std, (0, 1))
-    if noise_std.dim() == 1 and noise_std.shape[0] not in (1, response.num_features):
-        raise ValueError(
-            f"noise_std must have shape [{response.num_features}], [1] or [], "
-            f"got {tuple(noise_std.shape)}"
-        )
-    check_positive("noise_std", noise_std)
+    noise_std = _check_noise("noise_std", noise_std, response, target)
 
     noise_var = noise_std.square()
     sq_err = (target - response.mean).square() + response.variance
@@ -424,16 +430,7 @@ def student_t_expected_nll(
     df = check_student_t_df(df)
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
-    if not isinstance(noise_scale, Tensor):
-        noise_scale = torch.as_tensor(noise_scale, dtype=response.mean.dtype, device=target.device)
-    check_tensor("noise_scale", noise_scale)
-    check_ndim("noise_scale", noise_scale, (0, 1))
-    if noise_scale.dim() == 1 and noise_scale.shape[0] not in (1, response.num_features):
-        raise ValueError(
-            f"noise_scale must have shape [{response.num_features}], [1] or [], "
-            f"got {tuple(noise_scale.shape)}"
-        )
-    check_positive("noise_scale", noise_scale)
+    noise_scale = _check_noise("noise_scale", noise_scale, response, target)
 
     nll = _student_t_gauss_hermite_nll(
         response.mean, response.variance, target, noise_scale, df, num_nodes
