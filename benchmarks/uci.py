@@ -265,7 +265,7 @@ CHOSEN = {
     # (validation rows of splits 0-5, section 13)
     # hetero_qw2_s4000 against hetero_qw2 (the previous choice): +0.055 +- 0.032, 4 of 6 splits
     # (validation rows of splits 0-5, section 15)
-    # hetero_qw2_t4_s4000 (Student-t noise) against hetero_qw2_s4000: +0.086 +- 0.032, 13 of
+    # hetero_qw2_t4_s4000 (Student-t noise) against hetero_qw2_s4000: +0.067 +- 0.031, 13 of
     # 20 (validation rows of all 20 splits, section 24)
     "concrete": "bgpn_het_qw2_long_t4",
     # hetero_qw2_pll against hetero_pll (the previous choice): +0.118 +- 0.065, 5 of 6 splits
@@ -293,7 +293,7 @@ CHOSEN = {
     "protein": "bgpn_wide_longer_cal_pll",
     # hetero_qw2 against hetero_point (the previous choice): +0.038 +- 0.019, 5 of 6 splits
     # (validation rows of splits 0-5, section 13); hetero_qw2_t4 (Student-t noise) against
-    # hetero_qw2: +0.281 +- 0.081, 16 of 20 (validation rows of all 20 splits, section 24)
+    # hetero_qw2: +0.222 +- 0.045, 17 of 20 (validation rows of all 20 splits, section 24)
     "wine": "bgpn_het_qw2_t4",
     # hetero_point_pll against hetero_pll: +0.92, 3 of 3; hetero_point_pll_lr02_s4000_p40 (longer:
     # lr 0.02, 4000 steps, patience 40) against hetero_point_pll: +0.175 +- 0.110, 5 of 6
