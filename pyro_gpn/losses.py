@@ -41,6 +41,7 @@ from ._validation import (
 )
 from .moments.backend import cpu_kernels_evaluate
 from .moments.gaussian import Moments
+from .moments.quadrature import gauss_hermite
 
 __all__ = [
     "check_labels",
@@ -443,8 +444,6 @@ def _student_t_gauss_hermite_nll(
 ) -> Tensor:
     """``E[-log t_nu(target - F | 0, scale)]`` for ``F ~ N(mean, variance)`` elementwise
     (all arguments broadcast), by ``num_nodes``-point Gauss-Hermite quadrature; unchecked."""
-    from .moments.quadrature import gauss_hermite
-
     z, w = gauss_hermite(num_nodes, mean.dtype, mean.device)
     positive = variance > 0  # sqrt with a zero (not infinite) derivative at a point mass
     std = torch.where(positive, torch.where(positive, variance, 1).sqrt(), 0)

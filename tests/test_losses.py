@@ -136,6 +136,17 @@ class TestPredictiveLogLikelihood:
 
 
 # ---------------------------------------------------------------------------------- classification
+
+
+def _unscented_args() -> dict:
+    """Valid arguments of the unscented losses' bad-input tests, to be overridden one at a time."""
+    return {
+        "features": Moments(torch.zeros(2, 3), var=torch.ones(2, 3)),
+        "target": torch.tensor([0, 4]),
+        "weight": torch.zeros(3, 5),
+    }
+
+
 class TestUnscentedCrossEntropy:
     S, N, C = 6, 4, 5
 
@@ -256,12 +267,7 @@ class TestUnscentedCrossEntropy:
         ],
     )
     def test_bad_input(self, kwargs, match):
-        args = {
-            "features": Moments(torch.zeros(2, 3), var=torch.ones(2, 3)),
-            "target": torch.tensor([0, 4]),
-            "weight": torch.zeros(3, 5),
-        }
-        args.update(kwargs)
+        args = {**_unscented_args(), **kwargs}
         with pytest.raises(ValueError, match=match):
             unscented_cross_entropy(**args)
 
@@ -374,12 +380,7 @@ class TestUnscentedLogPredictive:
         ],
     )
     def test_bad_input(self, kwargs, match):
-        args = {
-            "features": Moments(torch.zeros(2, 3), var=torch.ones(2, 3)),
-            "target": torch.tensor([0, 4]),
-            "weight": torch.zeros(3, 5),
-        }
-        args.update(kwargs)
+        args = {**_unscented_args(), **kwargs}
         with pytest.raises(ValueError, match=match):
             unscented_log_predictive(**args)
 
