@@ -57,14 +57,27 @@ from pyro_gpn.models import VariationalGPN  # noqa: E402
 from pyro_gpn.recommended import VGPN  # noqa: E402
 
 
-def build(package, d: int, n: int, head: str, state: dict | None):
-    """``VariationalGPN([d, 50, 1])`` of ``package`` (``None``: this checkout), loaded with
-    ``state`` (the other package's initial state) when given."""
+def build(
+    package,
+    d: int,
+    n: int,
+    head: str,
+    state: dict | None,
+    width: int = 50,
+    weights: str = "variational",
+):
+    """``VariationalGPN([d, width, 1], weights=weights)`` of ``package`` (``None``: this
+    checkout), loaded with ``state`` (the other package's initial state) when given."""
     if package is None:
         cls, het = VariationalGPN, HeteroscedasticGaussianHead
     else:
         cls, het = package.models.VariationalGPN, package.heads.HeteroscedasticGaussianHead
-    model = cls([d, 50, 1], head=het(1) if head == "heteroscedastic" else head, num_data=n)
+    model = cls(
+        [d, width, 1],
+        head=het(1) if head == "heteroscedastic" else head,
+        num_data=n,
+        weights=weights,
+    )
     if state is not None:
         model.load_state_dict(state)
     return model
@@ -85,6 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--full", action="store_true", help="one whole recommended fit each")
     parser.add_argument("--trajectory", type=int, default=0, help="steps of one long run each")
+    parser.add_argument("--width", type=int, default=50, help="hidden units")
+    parser.add_argument(
+        "--weights",
+        default="variational",
+        choices=["variational", "point"],
+        help="point: deterministic first-layer activations (kin8nm's chosen network)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.settings.set(module_local_params=True)
@@ -95,15 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     base_fit = base.inference.closed_form.fit_vgpn
     print(
         f"load {os.getloadavg()}, torch {torch.__version__}, one thread, elbo {args.elbo}, "
-        f"head {args.head}, lr {args.lr}, baseline {args.baseline}"
+        f"head {args.head}, lr {args.lr}, baseline {args.baseline}, width {args.width}, "
+        f"weights {args.weights}"
     )
     for name in args.sets:
         data = load_uci_regression(name, DATA_DIR, split=0, download=False)
         x, y = data.x_train, data.y_train
         n, d = x.shape
         torch.manual_seed(0)
-        new = build(None, d, n, args.head, None)
-        old = build(base, d, n, args.head, copy.deepcopy(new.state_dict()))
+        shape = {"width": args.width, "weights": args.weights}
+        new = build(None, d, n, args.head, None, **shape)
+        old = build(base, d, n, args.head, copy.deepcopy(new.state_dict()), **shape)
         variants = {"new": (new, fit_vgpn), f"@{args.baseline}": (old, base_fit)}
         options = dict(
             batch_size=args.batch, val_fraction=0, lr=args.lr, lr_decay=args.lr_decay,

@@ -418,6 +418,125 @@ def block_exponentials(
     vexp(args, ex, (8 if with_var else 4) * nb, tbuf, ebuf)
 
 
+#: Largest ``h^2 / (4 lambda^2)`` for which deterministic rows take :func:`deterministic_row`:
+#: its odd midpoint Gaussians are ``c E_r E_{r+1}`` with ``c = exp(h^2 / (4 lambda^2))``, kept
+#: below ``e^300`` (a lengthscale under 1/35 of the spacing falls back to the general rows).
+DETERMINISTIC_MAX_SHIFT = 300.0
+
+
+@njit(inline="always", **_OPTS)
+def deterministic_weights(b, pc, c_odd, h, R, dw):
+    """One unit's weights of :func:`deterministic_row`, ``dw [6, 2R - 1]``: the mean's
+    ``b_r u_r^j`` (rows 0-2, ``u_r = (r - (R - 1) / 2) h`` the centres about the grid's middle)
+    and the conditional variance's ``pc_k w_k^j`` (rows 3-5, ``w_k = (k / 2 - (R - 1) / 2) h`` the
+    midpoints), ``j = 0, 1, 2``, the odd midpoints' times ``c_odd``."""
+    mid = 0.5 * (R - 1)
+    for r in range(R):
+        u = (r - mid) * h
+        dw[0, r] = b[r]
+        dw[1, r] = b[r] * u
+        dw[2, r] = b[r] * u * u
+    for k in range(2 * R - 1):
+        w = (0.5 * k - mid) * h
+        p = pc[k] * c_odd if k % 2 else pc[k]
+        dw[3, k] = p
+        dw[4, k] = p * w
+        dw[5, k] = p * w * w
+
+
+@njit(inline="always", **_OPTS)
+def deterministic_row(xc, R, j0, ex, off, nb, dw, e, moments):
+    """One deterministic activation (``v = 0``) at ``xc`` (from the grid's middle): the mean
+    function's Gaussians ``E_r = exp(-(xc - u_r)^2 / (2 lambda^2))`` into ``e`` by one
+    progression (the exponentials ``ex[off + i nb]`` of :func:`progression_args`), the mean
+    ``m = sum_r b_r E_r`` and the conditional variance's sum ``q = sum_k pc_k G_k`` over the
+    ``2R - 1`` midpoints, whose Gaussians ``G_k = exp(-(xc - w_k)^2 / lambda^2)`` are products of
+    the mean's: ``G_{2r} = E_r^2``, ``G_{2r+1} = c_odd E_r E_{r+1}``
+    (``c_odd = exp(h^2 / (4 lambda^2))``, folded into the weights ``dw`` of
+    :func:`deterministic_weights`). So the row needs the exponentials of one progression instead
+    of two, and no Gauss-Hermite node.
+
+    Returns ``(m, m1, m2, q, q1, q2)``; with ``moments``, ``m_j = sum_r b_r E_r d_r^j``
+    (``d_r = xc - u_r``) and ``q_j = sum_k pc_k G_k d_k^j`` (``d_k = xc - w_k``), expanded in
+    powers of ``xc`` over the weights ``dw`` (three fused multiply-adds a term), else zeros."""
+    E0 = ex[off]
+    q_up = ex[off + nb]
+    q_dn = ex[off + 2 * nb]
+    rho = q_up * q_dn if (j0 < R - 1 and j0 > 0) else ex[off + 3 * nb]
+    e[j0] = E0
+    E = E0
+    q = q_up
+    for k in range(j0 + 1, R):
+        E *= q
+        q *= rho
+        e[k] = E
+    E = E0
+    q = q_dn
+    for k in range(j0 - 1, -1, -1):
+        E *= q
+        q *= rho
+        e[k] = E
+    # the even and odd midpoints in separate accumulators (two shorter chains of additions)
+    m0 = 0.0
+    m1 = 0.0
+    m2 = 0.0
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    o0 = 0.0
+    o1 = 0.0
+    o2 = 0.0
+    for r in range(R):
+        E = e[r]
+        g = E * E
+        m0 += dw[0, r] * E
+        s0 += dw[3, 2 * r] * g
+        if moments:
+            m1 += dw[1, r] * E
+            m2 += dw[2, r] * E
+            s1 += dw[4, 2 * r] * g
+            s2 += dw[5, 2 * r] * g
+        if r < R - 1:
+            g = E * e[r + 1]
+            o0 += dw[3, 2 * r + 1] * g
+            if moments:
+                o1 += dw[4, 2 * r + 1] * g
+                o2 += dw[5, 2 * r + 1] * g
+    s0 += o0
+    s1 += o1
+    s2 += o2
+    if moments:
+        # sum c E (xc - u)^j from sum c E u^j: j = 1, 2
+        m2 = xc * xc * m0 - 2.0 * xc * m1 + m2
+        m1 = xc * m0 - m1
+        s2 = xc * xc * s0 - 2.0 * xc * s1 + s2
+        s1 = xc * s0 - s1
+    return m0, m1, m2, s0, s1, s2
+
+
+@njit(inline="always", **_OPTS)
+def deterministic_accumulate(R, e, acc_b, coef_b, acc_q, coef_q):
+    """The parameter gradients of :func:`deterministic_row`'s sums with the Gaussians ``e`` of
+    one activation: ``acc_b[r] += coef_b E_r``, ``acc_q[k] += coef_q G_k / (c_odd if k odd)``
+    (the caller multiplies the odd entries by ``c_odd``). Linear in the coefficients: a run of
+    equal activations is accumulated once with their sums."""
+    for r in range(R):
+        E = e[r]
+        acc_b[r] += coef_b * E
+        acc_q[2 * r] += coef_q * (E * E)
+        if r < R - 1:
+            acc_q[2 * r + 1] += coef_q * (E * e[r + 1])
+
+
+@njit(inline="always", **_OPTS)
+def block_deterministic(v, n, s_lo, nb):
+    """Whether every activation of the block's rows of unit ``n`` is deterministic (``v = 0``)."""
+    for r in range(nb):
+        if v[s_lo + r, n] != 0.0:
+            return False
+    return True
+
+
 @njit(inline="always", **_OPTS)
 def node_buffers(Q, R):
     """One unit's work arrays of the Gauss-Hermite rows (up to ``Q`` nodes): the nodes' mean
@@ -490,17 +609,48 @@ def meanvar_fwd(
         nz = unit_row(noise, n)
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         _, _, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, _ = node_buffers(Q, R)
+        shift = h * h / (4.0 * l2)
+        det_unit = with_var and shift <= DETERMINISTIC_MAX_SHIFT
+        c_odd = math.exp(shift) if det_unit else 0.0
+        evals = np.empty(R)
+        dw = np.empty((6, K))
+        if det_unit:
+            deterministic_weights(b, pc, c_odd, h, R, dw)
+        mid = 0.5 * (R - 1) * h
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
-            # the block's exponentials (anchors and progression ratios of both sums) at once
+            # the block's exponentials (anchors and progression ratios of both sums) at once;
+            # deterministic rows need the mean's only
+            det_block = det_unit and block_deterministic(v, n, s_lo, nb)
             block_exponentials(
-                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var, j1, d1, j2, d2, args, ex, tbuf, ebuf
-            )
+                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var and not det_block, j1, d1, j2, d2,
+                args, ex, tbuf, ebuf,
+            )  # fmt: skip
             for r in range(nb):
                 s = s_lo + r
                 m = mu[s, n]
                 vv = v[s, n]
+                if s > 0 and m == mu[s - 1, n] and vv == v[s - 1, n]:
+                    # the previous row's activation (runs of them: a CNN's background)
+                    mean[s, n] = mean[s - 1, n]
+                    if with_var:
+                        var[s, n] = var[s - 1, n]
+                        pre[s, n] = pre[s - 1, n]
+                        how[s, n] = how[s - 1, n]
+                    continue
                 x = m - x0
+                if det_unit and vv == 0.0:
+                    # deterministic: the one-node rule, 1 - alpha^T C alpha at the activation
+                    # (no cancellation), from the mean's exponentials (deterministic_row)
+                    mn, _, _, qd, _, _ = deterministic_row(
+                        x - mid, R, j1[r], ex, r, nb, dw, evals, False
+                    )
+                    mean[s, n] = mn
+                    pr = 1.0 - qd
+                    how[s, n] = 1
+                    pre[s, n] = pr
+                    var[s, n] = max(pr, 0.0) + nz
+                    continue
                 c1 = l2 + vv
                 g0, _, _ = gsum_pre(
                     x, h, R, j1[r], d1[r], ex, r, nb, b, b, dummy, 0.0, False, False
@@ -575,18 +725,59 @@ def meanvar_bwd(
         acc_l2 = 0.0
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         m1vals, m2vals, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, evals = node_buffers(Q, R)
+        shift = h * h / (4.0 * l2)
+        det_unit = with_var and shift <= DETERMINISTIC_MAX_SHIFT
+        c_odd = math.exp(shift) if det_unit else 0.0
+        il2 = 1.0 / l2
+        dw = np.empty((6, K))
+        acc_q = np.zeros(K)  # the deterministic rows' gradient of PC, odd entries over c_odd
+        dete = np.empty(R)  # the last deterministic row's Gaussians, their pending coefficients
+        have = False
+        pend_b = 0.0
+        pend_q = 0.0
+        m0 = m1 = m2 = q0 = q1 = q2 = 0.0
+        if det_unit:
+            deterministic_weights(b, pc, c_odd, h, R, dw)
+        mid = 0.5 * (R - 1) * h
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
-            # the block's exponentials (anchors and progression ratios of both sums) at once
+            # the block's exponentials (anchors and progression ratios of both sums) at once;
+            # deterministic rows need the mean's only
+            det_block = det_unit and block_deterministic(v, n, s_lo, nb)
             block_exponentials(
-                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var, j1, d1, j2, d2, args, ex, tbuf, ebuf
-            )
+                mu, v, n, s_lo, nb, x0, h, R, K, l2, with_var and not det_block, j1, d1, j2, d2,
+                args, ex, tbuf, ebuf,
+            )  # fmt: skip
             for r in range(nb):
                 s = s_lo + r
                 m = mu[s, n]
                 vv = v[s, n]
                 x = m - x0
                 gm = gmean[s, n]
+                if det_unit and vv == 0.0:
+                    # deterministic_row's mean m(x) and conditional variance s(x) = 1 - q(x);
+                    # d var / dv at v = 0 is m'(x)^2 + s''(x) / 2 (Var[m(a)] and E[s(a)] to
+                    # first order in v)
+                    G = gvar[s, n] if pre[s, n] >= 0.0 else 0.0
+                    if not (s > 0 and m == mu[s - 1, n] and v[s - 1, n] == 0.0):
+                        # a new activation (not the previous row's: runs of equal activations,
+                        # as a CNN's background, share one evaluation and one accumulation)
+                        if have:
+                            deterministic_accumulate(R, dete, acc_b, pend_b, acc_q, pend_q)
+                        m0, m1, m2, q0, q1, q2 = deterministic_row(
+                            x - mid, R, j1[r], ex, r, nb, dw, dete, True
+                        )
+                        have = True
+                        pend_b = 0.0
+                        pend_q = 0.0
+                    pend_b += gm
+                    pend_q -= G
+                    dmu[s, n] = il2 * (2.0 * G * q1 - gm * m1)
+                    dv[s, n] = gm * il2 * (0.5 * m2 * il2 - 0.5 * m0) + G * il2 * (
+                        m1 * m1 * il2 + q0 - 2.0 * q2 * il2
+                    )
+                    acc_l2 += (0.5 * gm * m2 - G * q2) * il2 * il2
+                    continue
                 G = 0.0
                 tier = -1
                 if with_var:
@@ -675,6 +866,11 @@ def meanvar_bwd(
                 dmu[s, n] = gmu
                 dv[s, n] = gv
                 acc_l2 += gl2
+        if have:
+            deterministic_accumulate(R, dete, acc_b, pend_b, acc_q, pend_q)
+        if det_unit:
+            for k in range(K):
+                acc_pc[k] += acc_q[k] * c_odd if k % 2 else acc_q[k]
         dlam[n] = 2.0 * lm * acc_l2
 
 

@@ -24,6 +24,19 @@ row: ``E_{k_0} = exp(-delta^2 / w)``, ``q_up = exp((2 delta h - h^2) / w)`` and
 nothing overflows; outside the range only one direction is walked and ``rho`` is exponentiated
 directly. The relative error grows like ``K`` roundings (about ``1e-14`` in float64).
 
+**Deterministic activations** (``v = 0``: a first layer with point weights, a CNN's zero
+patches). Their variance is the one-node rule ``1 - alpha(mu)^T C alpha(mu)`` (no cancellation
+of ``|beta|^2``-sized terms, whatever the conditioning), and its midpoint Gaussians are products
+of the mean's, ``G_{2r} = E_r^2`` and ``G_{2r+1} = e^{h^2 / (4 lambda^2)} E_r E_{r+1}``: one
+progression (three exponentials) serves the row, forward and backward, with the exact
+``d var / dv = m'(mu)^2 + s''(mu) / 2`` at ``v = 0`` (``s`` the conditional variance). Units with
+``lambda < h / 35`` (where that factor would pass ``e^300``) take the general rows.
+
+**Runs of equal activations.** A row equal to the previous one of its unit (a CNN's background,
+where consecutive positions see the same zero patch) copies its outputs; in the backward pass a
+run of equal deterministic rows is evaluated once and its parameter gradient accumulated once,
+with the run's summed coefficients (the gradient is linear in them).
+
 **Parameter-only part.** ``kappa = (K(V, V) + diag(S))^-1`` (LU inverse) and ``beta = kappa U``
 (``eq:gpn_normal_alpha_kappa``, Cholesky solve), and the midpoint weights
 ``P_k = sum_{r + t = k} (C_rt - beta_r beta_t) exp(-(r - t)^2 h^2 / (4 lambda^2))``, with their

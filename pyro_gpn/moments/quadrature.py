@@ -189,8 +189,51 @@ def node_variance_rows(
         else:
             reduction = variance_reduction.expand(num_units, -1, -1)[unit]
             quad = ((alpha @ reduction) * alpha).sum(-1)
-        flat = flat.index_put((sel,), ((1 - quad) + centred.square()) @ w)
+        value = ((1 - quad) + centred.square()) @ w
+        if GH_TIERS[t][1] == 1:  # deterministic rows: one node, whose sqrt(v) has no slope
+            v_sel = var.reshape(-1)[sel]
+            slope = _deterministic_variance_slope(
+                diff, alpha, ls2[unit], beta[unit], unit, variance_reduction, variance_cholesky,
+                variance_inner, num_units,
+            )  # fmt: skip
+            value = value + torch.where(v_sel == 0, v_sel * slope, 0)
+        flat = flat.index_put((sel,), value)
     return flat.reshape(out_var.shape)
+
+
+def _deterministic_variance_slope(
+    diff: Tensor,
+    alpha: Tensor,
+    ls2: Tensor,
+    beta: Tensor,
+    unit: Tensor,
+    variance_reduction: Tensor,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+    num_units: int,
+) -> Tensor:
+    r"""``d Var / dv`` at ``v = 0`` of the rows of one node (``diff = a - V`` ``[P, 1, R]``,
+    ``alpha = k(a, V)``): ``m'(a)^2 + s''(a) / 2`` (``Var[m(a)]`` and ``E[s(a)]`` to first order
+    in ``v``), with the mean function ``m = alpha^T beta`` and the conditional variance
+    ``s = 1 - alpha^T C alpha`` (in ``C``'s form given). Not differentiated (it multiplies
+    ``v = 0``)."""
+    with torch.no_grad():
+        d1 = -diff / ls2[:, None, None]
+        alpha1 = alpha * d1  # d alpha / da
+        alpha2 = alpha * (d1.square() - 1 / ls2[:, None, None])  # d^2 alpha / da^2
+        m1 = (alpha1 @ beta.unsqueeze(-1)).squeeze(-1)
+        if variance_cholesky is not None:
+            chol = variance_cholesky.expand(num_units, -1, -1)[unit]
+            stacked = torch.cat([alpha, alpha1, alpha2], dim=-2).mT  # [P, R, 3]
+            x = torch.linalg.solve_triangular(chol, stacked, upper=False)
+            mx = x if variance_inner is None else variance_inner.expand(num_units, -1, -1)[unit] @ x
+            half_q2 = (x[..., 1] * mx[..., 1]).sum(-1) + (x[..., 0] * mx[..., 2]).sum(-1)
+        else:
+            reduction = variance_reduction.expand(num_units, -1, -1)[unit]
+            half_q2 = ((alpha1 @ reduction) * alpha1).sum(-1).squeeze(-1) + (
+                (alpha @ reduction) * alpha2
+            ).sum(-1).squeeze(-1)
+        return m1.squeeze(-1).square() - half_q2
 
 
 def _node_values(

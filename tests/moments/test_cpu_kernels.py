@@ -306,3 +306,125 @@ def test_one_thread_never_starts_numbas_thread_pool():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pool not started" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# deterministic activations (v = 0): the kernels' one-progression rows (deterministic_row)
+# ---------------------------------------------------------------------------------------------
+def _deterministic_variance(mu, V, lam, C):
+    """``1 - alpha(mu)^T C alpha(mu)`` directly (an [S, N, R] product: no midpoint expansion,
+    no progression), the noise-free output variance of deterministic activations."""
+    alpha = torch.exp(-0.5 * (mu.unsqueeze(-1) - V) ** 2 / lam.square().unsqueeze(-1))
+    return 1 - torch.einsum("snr,nrt,snt->sn", alpha, C.expand(mu.shape[1], -1, -1), alpha)
+
+
+@pytest.mark.parametrize(
+    "regime",
+    [
+        {},
+        {"mu_scale": 40.0},  # far outside the inducing range
+        {"lengthscale": 0.05},  # short: lambda / h = 0.16
+        # ill-conditioned K + S: the closed form 1 - tr[(C - beta beta^T) Omega] - m^2 cancels
+        # terms of size |beta|^2; the one-node rule does not
+        {"lengthscale": 2.0, "target_var": 1e-6},
+        {"lengthscale": 5.0, "target_var": 1e-6},
+    ],
+)
+def test_deterministic_rows_match_the_direct_conditional_variance(regime):
+    mu, _, V, U, Svar, lam, noise = make(37, 5, 14, seed=11, **regime)
+    v = torch.zeros_like(mu)
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam, 1e-9)
+    mean, var = cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise)
+    want = _deterministic_variance(mu, V, lam, kappa).clamp_min(0) + noise
+    alpha = torch.exp(-0.5 * (mu.unsqueeze(-1) - V) ** 2 / lam.square().unsqueeze(-1))
+    # rounding of alpha^T C alpha: eps times the magnitude of its terms
+    magnitude = torch.einsum("snr,nrt,snt->sn", alpha, kappa.abs(), alpha) + 1
+    assert ((var - want).abs() / magnitude).max() < 1e-12
+    # the mean: a linear form in beta, to rounding of its terms (|beta| ~ 1e7 when ill-posed)
+    terms = alpha * beta
+    # (exponents of size ~400 far outside the range or at short lengthscales: 1e-13 relative)
+    assert ((mean - terms.sum(-1)).abs() / (terms.abs().sum(-1) + 1e-300)).max() < 1e-11
+
+
+def test_deterministic_rows_match_reference_values_and_gradients():
+    """Values and every gradient against the reference path (whose deterministic rows take the
+    one-node rule too), on a unit set with lengthscales on both sides of the kernels' fallback
+    (``h^2 / (4 lambda^2) > 300``: ``lambda < h / 35`` takes the general rows)."""
+    leaves = make(29, 4, 14, seed=21)
+    with torch.no_grad():
+        leaves[1].zero_()  # v = 0
+        leaves[5][0] = 0.006  # h = 4 / 13: h^2 / (4 lambda^2) = 657, the fallback
+    out_f, g_f = run(leaves, True, jitter=1e-9)
+    out_r, g_r = run(leaves, False, jitter=1e-9)
+    assert_close_all(out_f, out_r, rtol=1e-11, atol=1e-13, what="outputs")
+    assert_close_all(g_f, g_r, rtol=1e-9, atol=1e-11, what="grads")
+
+
+def test_deterministic_variance_slope_against_autograd():
+    """``d var / dv`` at ``v = 0``, the kernels' ``m'(x)^2 + s''(x) / 2`` and the reference's,
+    against autograd's first and second derivatives of the mean function ``alpha^T beta`` and
+    the conditional variance ``1 - alpha^T C alpha`` written out directly (a ``v`` derivative the
+    one node's ``sqrt(v)`` does not give)."""
+    mu, _, V, U, Svar, lam, noise = make(13, 3, 14, seed=5, lengthscale=0.6)
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    kappa, beta, lam = kappa.detach(), beta.detach(), lam.detach()
+    a = mu.detach().clone().requires_grad_()
+    alpha = torch.exp(-0.5 * (a.unsqueeze(-1) - V) ** 2 / lam.square().unsqueeze(-1))
+    m = (alpha * beta).sum(-1)
+    s = 1 - torch.einsum("snr,nrt,snt->sn", alpha, kappa, alpha)
+    (dm,) = torch.autograd.grad(m.sum(), a, retain_graph=True)
+    (ds,) = torch.autograd.grad(s.sum(), a, create_graph=True)
+    (d2s,) = torch.autograd.grad(ds.sum(), a)
+    want = dm.square() + 0.5 * d2s
+    assert float(want.abs().max()) > 0.1  # a slope that a dropped term would miss
+    for fast in (True, False):
+        v = torch.zeros_like(a, requires_grad=True)
+        if fast:
+            _, var = cpu_response_meanvar(a.detach(), v, V, lam, beta, kappa, None)
+        else:
+            with backend("reference"):
+                var = response_moments(
+                    Moments(a.detach(), var=v), V, lam, beta, kappa, None, "meanvar",
+                    equidistant=True,
+                ).var  # fmt: skip
+        (dv,) = torch.autograd.grad(var.sum(), v)
+        torch.testing.assert_close(dv, want, rtol=1e-9, atol=1e-10)
+
+
+def test_deterministic_rows_gradcheck_and_float32():
+    mu, _, V, U, Svar, lam, noise = make(6, 3, 7, seed=8)
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    kappa, beta = kappa.detach().requires_grad_(), beta.detach().requires_grad_()
+    zeros = torch.zeros_like(mu)
+    torch.autograd.gradcheck(
+        lambda *a: cpu_response_meanvar(a[0], zeros, V, *a[1:]), (mu, lam, beta, kappa, noise)
+    )
+    m32, v32 = cpu_response_meanvar(
+        mu.float(), zeros.float(), V, lam.float(), beta.float(), kappa.float(), noise.float()
+    )
+    m64, v64 = cpu_response_meanvar(mu, zeros, V, lam, beta, kappa, noise)
+    assert m32.dtype == v32.dtype == torch.float32
+    torch.testing.assert_close(v32.double(), v64.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m32.double(), m64.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_runs_of_equal_activations_match_reference(deterministic):
+    """Consecutive equal activations (a CNN's background: the kernels evaluate a run once and,
+    for deterministic rows, accumulate its gradient once) against the reference, values and
+    every gradient; the runs cross the kernels' blocks of 16 rows and alternate with other
+    rows."""
+    leaves = make(53, 3, 14, seed=31)
+    with torch.no_grad():
+        mu, v = leaves[0], leaves[1]
+        for lo, hi in ((0, 5), (9, 30), (31, 33), (40, 53)):
+            mu[lo:hi] = mu[lo]
+            v[lo:hi] = v[lo]
+        mu[12, 1] += 0.1  # a run broken in one unit only
+        if deterministic:
+            v.zero_()
+    out_f, g_f = run(leaves, True, jitter=1e-9)
+    out_r, g_r = run(leaves, False, jitter=1e-9)
+    assert_close_all(out_f, out_r, rtol=1e-11, atol=1e-13, what="outputs")
+    assert_close_all(g_f, g_r, rtol=1e-9, atol=1e-11, what="grads")
+    assert (out_f[0][1:5] == out_f[0][0]).all()
