@@ -167,6 +167,7 @@ MODELS = (
     "ensemble",
     "dgp",
     "dgp_ens5",
+    "dgp_t4",
 )
 METRICS = ("log_lik", "rmse", "coverage90")
 #: the large sets: mini-batches (the same number of optimiser steps, not fewer rows)
@@ -802,8 +803,39 @@ def fit_ensemble(data, seed: int, members: int = 5) -> dict:
     return {"predict": predict, "fit_s": total, "epochs": float(np.sum(epochs))}
 
 
-def build_dgp(dims: int, hidden: int = 10, inducing: int = 64):
-    """GPyTorch's 2-layer deep GP as in its DeepGP example (``hidden`` GPs, ``inducing`` points)."""
+def student_t_likelihood(df: float):
+    """GPyTorch's ``StudentTLikelihood`` with its degrees of freedom fixed at ``df`` (as the
+    Bayesian GPN's ``StudentTHead(df=...)``), its scale learned."""
+    from gpytorch.likelihoods import StudentTLikelihood
+
+    likelihood = StudentTLikelihood()
+    likelihood.deg_free = df
+    likelihood.raw_deg_free.requires_grad_(False)
+    return likelihood
+
+
+def student_t_predictive(
+    mean_f: Tensor, var_f: Tensor, scale2: float, df: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The predictive of Student-t noise (scale ``sqrt(scale2)``, ``df``) on the Gaussian latent
+    outputs ``N(mean_f, var_f)`` (``[T, S]``, equal weights) as a Gaussian mixture ``(mean, var,
+    weights)`` of :func:`metrics_of`: every latent component times the t's scale mixture
+    (:func:`pyro_gpn.losses.student_t_scale_mixture`), exact given each Gaussian."""
+    from pyro_gpn.losses import student_t_scale_mixture
+
+    log_w, factors = student_t_scale_mixture(df, dtype=torch.float64)
+    T, S = mean_f.shape
+    K = factors.shape[0]
+    mean = mean_f.double()[:, None, :].expand(T, K, S).reshape(T * K, S)
+    var = (var_f.double()[:, None, :] + scale2 * factors[None, :, None]).reshape(T * K, S)
+    weights = (log_w.exp() / T).expand(T, K).reshape(-1)
+    return mean, var, weights / weights.sum()
+
+
+def build_dgp(dims: int, hidden: int = 10, inducing: int = 64, df: float | None = None):
+    """GPyTorch's 2-layer deep GP as in its DeepGP example (``hidden`` GPs, ``inducing`` points);
+    Gaussian noise, or Student-t noise with ``df`` degrees of freedom (:func:`student_t_likelihood`:
+    the deep GP's side of the GPN columns with Student-t noise, uci.md section 26)."""
     from gpytorch.distributions import MultivariateNormal
     from gpytorch.kernels import RBFKernel, ScaleKernel
     from gpytorch.likelihoods import GaussianLikelihood
@@ -840,7 +872,7 @@ def build_dgp(dims: int, hidden: int = 10, inducing: int = 64):
             super().__init__()
             self.hidden_layer = HiddenLayer(dims, hidden, inducing, "linear")
             self.last_layer = HiddenLayer(hidden, None, inducing, "constant")
-            self.likelihood = GaussianLikelihood()
+            self.likelihood = GaussianLikelihood() if df is None else student_t_likelihood(df)
 
         def forward(self, x):
             return self.last_layer(self.hidden_layer(x))
@@ -859,22 +891,35 @@ def fit_dgp(
     eval_every: int = 25,
     patience: int = 20,
     batch_size: int | None = None,
+    df: float | None = None,
 ) -> dict:
+    """Fits :func:`build_dgp` (``df``: Student-t noise) by Adam on the ELBO, choosing the step
+    on the validation rows' log-likelihood (every ``eval_every`` steps, ``patience`` checks)."""
     import gpytorch
     from gpytorch.mlls import DeepApproximateMLL, VariationalELBO
 
     torch.manual_seed(seed)
     x, y = data.x_train, data.y_train.reshape(-1)
-    model = build_dgp(data.num_features, hidden, inducing)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model = build_dgp(data.num_features, hidden, inducing, df)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     mll = DeepApproximateMLL(VariationalELBO(model.likelihood, model, x.shape[0]))
 
     def predict(xs):
         model.eval()
         with torch.no_grad(), gpytorch.settings.num_likelihood_samples(samples):
-            pred = model.likelihood(model(xs))
+            if df is None:
+                pred = model.likelihood(model(xs))
+                out = pred.mean.reshape(samples, -1), pred.variance.reshape(samples, -1)
+            else:
+                latent = model(xs)
+                out = student_t_predictive(
+                    latent.mean.reshape(samples, -1),
+                    latent.variance.reshape(samples, -1),
+                    float(model.likelihood.noise),
+                    df,
+                )
         model.train()
-        return pred.mean.reshape(samples, -1), pred.variance.reshape(samples, -1)
+        return out
 
     best, best_state, since, step_s, n_steps = -math.inf, None, 0, 0.0, 0
     gen = torch.Generator().manual_seed(seed)
@@ -896,7 +941,7 @@ def fit_dgp(
         n_steps = step
         if step % eval_every == 0:
             torch.manual_seed(seed)
-            val = metrics_of(*predict(data.x_val), data.y_val, 1.0)["log_lik"]
+            val = _score(predict, data.x_val, data.y_val, 1.0)["log_lik"]
             if val > best:
                 best, best_state, since = val, copy.deepcopy(model.state_dict()), 0
             else:
@@ -947,9 +992,12 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
         fit = fit_mcdrop(data, seed + split)
     elif model == "ensemble":
         fit = fit_ensemble(data, seed + split)
-    elif model in ("dgp", "dgp_ens5"):
-        fitter = fit_dgp if model == "dgp" else fit_dgp_ensemble
-        fit = fitter(data, seed + split, batch_size=LARGE_BATCH if name in LARGE else None)
+    elif model in ("dgp", "dgp_ens5", "dgp_t4"):
+        fitter = fit_dgp_ensemble if model == "dgp_ens5" else fit_dgp
+        options = {"df": 4.0} if model == "dgp_t4" else {}
+        fit = fitter(
+            data, seed + split, batch_size=LARGE_BATCH if name in LARGE else None, **options
+        )
     else:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     total, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -7,6 +7,7 @@ splits won) and the 90 % interval coverages: a markdown table. Usage::
 
     python benchmarks/uci_paired.py --models bgpn clt ensemble mcdrop --long naval=bgpn_long
     python benchmarks/uci_paired.py --models chosen dgp mcdrop --chosen
+    python benchmarks/uci_paired.py --models dgp_t4 dgp --rows val
 
 ``--chosen``: the first model stands for each set's chosen Bayesian GPN column
 (``benchmarks.uci.CHOSEN``, chosen on validation rows; with ``--ensembles`` its five-network
@@ -26,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 
 
-def _cells(runs: Path, model: str, name: str) -> dict[int, dict]:
+def _cells(runs: Path, model: str, name: str, rows: str = "test") -> dict[int, dict]:
+    """``{split: metrics}`` of one column on one set: its ``rows`` (``"test"`` or ``"val"``)."""
     out = {}
     for path in sorted(runs.glob(f"{model}__{name}__*.json")):
         cell = json.loads(path.read_text())
-        out[int(cell["split"])] = cell["test"]
+        out[int(cell["split"])] = cell[rows]
     return out
 
 
@@ -41,8 +43,11 @@ def _mean_se(values: list[float]) -> str:
     return f"{mean:.2f} ± {statistics.stdev(values) / math.sqrt(len(values)):.2f}"
 
 
-def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> str:
-    """The markdown table (module docstring); ``substitute`` maps a set to the cell name that
+def paired_table(
+    runs: Path, models: list[str], substitute: dict[str, str], rows: str = "test"
+) -> str:
+    """The markdown table (module docstring) of the ``rows`` (``"test"``; ``"val"``: the
+    validation rows, where choices are made); ``substitute`` maps a set to the cell name that
     stands for ``models[0]`` there (e.g. naval's ``bgpn_long``)."""
     first, others = models[0], models[1:]
     head = ["set", "splits", *models]
@@ -50,8 +55,8 @@ def paired_table(runs: Path, models: list[str], substitute: dict[str, str]) -> s
     head += [f"cov. 90 % {m}" for m in models]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name in SETS:
-        cells = {m: _cells(runs, m, name) for m in models}
-        cells[first] = _cells(runs, substitute.get(name, first), name)
+        cells = {m: _cells(runs, m, name, rows) for m in models}
+        cells[first] = _cells(runs, substitute.get(name, first), name, rows)
         splits = sorted(set.intersection(*(set(c) for c in cells.values())))
         if not splits:
             continue
@@ -90,10 +95,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="with --chosen: the five-network mixture where validation adopted it",
     )
+    parser.add_argument(
+        "--rows",
+        choices=("test", "val"),
+        default="test",
+        help="val: the validation rows' metrics (for choosing between columns)",
+    )
     args = parser.parse_args(argv)
     substitute = chosen_columns(args.ensembles) if args.chosen else {"naval": "bgpn_long"}
     substitute.update(item.split("=", 1) for item in args.long or [])
-    print(paired_table(Path(args.runs), args.models, substitute))
+    print(paired_table(Path(args.runs), args.models, substitute, args.rows))
 
 
 if __name__ == "__main__":

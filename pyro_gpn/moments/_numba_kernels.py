@@ -425,40 +425,37 @@ DETERMINISTIC_MAX_SHIFT = 300.0
 
 
 @njit(inline="always", **_OPTS)
-def deterministic_weights(b, pc, c_odd, h, R, dw):
-    """One unit's weights of :func:`deterministic_row`, ``dw [6, 2R - 1]``: the mean's
-    ``b_r u_r^j`` (rows 0-2, ``u_r = (r - (R - 1) / 2) h`` the centres about the grid's middle)
-    and the conditional variance's ``pc_k w_k^j`` (rows 3-5, ``w_k = (k / 2 - (R - 1) / 2) h`` the
-    midpoints), ``j = 0, 1, 2``, the odd midpoints' times ``c_odd``."""
-    mid = 0.5 * (R - 1)
-    for r in range(R):
-        u = (r - mid) * h
-        dw[0, r] = b[r]
-        dw[1, r] = b[r] * u
-        dw[2, r] = b[r] * u * u
-    for k in range(2 * R - 1):
-        w = (0.5 * k - mid) * h
-        p = pc[k] * c_odd if k % 2 else pc[k]
-        dw[3, k] = p
-        dw[4, k] = p * w
-        dw[5, k] = p * w * w
+def deterministic_setup(pc, h, l2, K, with_var):
+    """One unit's set-up of :func:`deterministic_row`: whether its deterministic rows take it
+    (``with_var`` and ``h^2 / (4 lambda^2) <= DETERMINISTIC_MAX_SHIFT``), the factor
+    ``c_odd = exp(h^2 / (4 lambda^2))`` of the odd midpoints, and the weights ``pcw [K]``: the
+    midpoint weights ``pc`` of ``C``, the odd ones times ``c_odd``."""
+    shift = h * h / (4.0 * l2)
+    det_unit = with_var and shift <= DETERMINISTIC_MAX_SHIFT
+    c_odd = math.exp(shift) if det_unit else 0.0
+    pcw = np.empty(K)
+    if det_unit:
+        for k in range(K):
+            pcw[k] = pc[k] * c_odd if k % 2 else pc[k]
+    return det_unit, c_odd, pcw
 
 
 @njit(inline="always", **_OPTS)
-def deterministic_row(xc, R, j0, ex, off, nb, dw, e, moments):
-    """One deterministic activation (``v = 0``) at ``xc`` (from the grid's middle): the mean
-    function's Gaussians ``E_r = exp(-(xc - u_r)^2 / (2 lambda^2))`` into ``e`` by one
+def deterministic_row(x, h, R, j0, ex, off, nb, b, pcw, e, moments):
+    """One deterministic activation (``v = 0``) at ``x`` (from the grid's origin): the mean
+    function's Gaussians ``E_r = exp(-(x - r h)^2 / (2 lambda^2))`` into ``e`` by one
     progression (the exponentials ``ex[off + i nb]`` of :func:`progression_args`), the mean
     ``m = sum_r b_r E_r`` and the conditional variance's sum ``q = sum_k pc_k G_k`` over the
-    ``2R - 1`` midpoints, whose Gaussians ``G_k = exp(-(xc - w_k)^2 / lambda^2)`` are products of
-    the mean's: ``G_{2r} = E_r^2``, ``G_{2r+1} = c_odd E_r E_{r+1}``
-    (``c_odd = exp(h^2 / (4 lambda^2))``, folded into the weights ``dw`` of
-    :func:`deterministic_weights`). So the row needs the exponentials of one progression instead
+    ``2R - 1`` midpoints, whose Gaussians ``G_k = exp(-(x - k h / 2)^2 / lambda^2)`` are products
+    of the mean's: ``G_{2r} = E_r^2``, ``G_{2r+1} = c_odd E_r E_{r+1}``
+    (``c_odd = exp(h^2 / (4 lambda^2))``, folded into the weights ``pcw`` of
+    :func:`deterministic_setup`). So the row needs the exponentials of one progression instead
     of two, and no Gauss-Hermite node.
 
     Returns ``(m, m1, m2, q, q1, q2)``; with ``moments``, ``m_j = sum_r b_r E_r d_r^j``
-    (``d_r = xc - u_r``) and ``q_j = sum_k pc_k G_k d_k^j`` (``d_k = xc - w_k``), expanded in
-    powers of ``xc`` over the weights ``dw`` (three fused multiply-adds a term), else zeros."""
+    (``d_r = x - r h``) and ``q_j = sum_k pc_k G_k d_k^j`` (``d_k = x - k h / 2``), else zeros.
+    The terms of ``q`` are added in the order of ``k`` (one chain: partial sums of the even and
+    odd midpoints alone would each grow to the size of ``C``'s entries and cancel)."""
     E0 = ex[off]
     q_up = ex[off + nb]
     q_dn = ex[off + 2 * nb]
@@ -476,41 +473,34 @@ def deterministic_row(xc, R, j0, ex, off, nb, dw, e, moments):
         E *= q
         q *= rho
         e[k] = E
-    # the even and odd midpoints in separate accumulators (two shorter chains of additions)
     m0 = 0.0
     m1 = 0.0
     m2 = 0.0
     s0 = 0.0
     s1 = 0.0
     s2 = 0.0
-    o0 = 0.0
-    o1 = 0.0
-    o2 = 0.0
     for r in range(R):
         E = e[r]
-        g = E * E
-        m0 += dw[0, r] * E
-        s0 += dw[3, 2 * r] * g
+        t = b[r] * E
+        m0 += t
+        u = pcw[2 * r] * (E * E)
+        s0 += u
         if moments:
-            m1 += dw[1, r] * E
-            m2 += dw[2, r] * E
-            s1 += dw[4, 2 * r] * g
-            s2 += dw[5, 2 * r] * g
+            d = x - r * h
+            t *= d
+            m1 += t
+            m2 += t * d
+            u *= d
+            s1 += u
+            s2 += u * d
         if r < R - 1:
-            g = E * e[r + 1]
-            o0 += dw[3, 2 * r + 1] * g
+            u = pcw[2 * r + 1] * (E * e[r + 1])
+            s0 += u
             if moments:
-                o1 += dw[4, 2 * r + 1] * g
-                o2 += dw[5, 2 * r + 1] * g
-    s0 += o0
-    s1 += o1
-    s2 += o2
-    if moments:
-        # sum c E (xc - u)^j from sum c E u^j: j = 1, 2
-        m2 = xc * xc * m0 - 2.0 * xc * m1 + m2
-        m1 = xc * m0 - m1
-        s2 = xc * xc * s0 - 2.0 * xc * s1 + s2
-        s1 = xc * s0 - s1
+                d = x - (r + 0.5) * h
+                u *= d
+                s1 += u
+                s2 += u * d
     return m0, m1, m2, s0, s1, s2
 
 
@@ -593,7 +583,10 @@ def meanvar_fwd(
     activation is broad (``v > ratio2 lambda^2``) or where its rounding-error bound
     ``err_scale (1 + tr[PA-terms] + mean^2)`` is at most ``rtol`` times its value (``how = 0``);
     otherwise Gauss-Hermite with that row's node tier (``how = t + 1``), the exponentials of all
-    its nodes' Gaussian sums evaluated together (:func:`node_exponentials`)."""
+    its nodes' Gaussian sums evaluated together (:func:`node_exponentials`). Deterministic
+    activations (``v = 0``) take the one-node rule by :func:`deterministic_row` (``how = 1``, as
+    the first tier's one node) in units with ``h^2 / (4 lambda^2) <= DETERMINISTIC_MAX_SHIFT``.
+    A row whose activation ``(mu, v)`` equals the previous row's of its unit copies its outputs."""
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
@@ -609,14 +602,8 @@ def meanvar_fwd(
         nz = unit_row(noise, n)
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         _, _, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, _ = node_buffers(Q, R)
-        shift = h * h / (4.0 * l2)
-        det_unit = with_var and shift <= DETERMINISTIC_MAX_SHIFT
-        c_odd = math.exp(shift) if det_unit else 0.0
-        evals = np.empty(R)
-        dw = np.empty((6, K))
-        if det_unit:
-            deterministic_weights(b, pc, c_odd, h, R, dw)
-        mid = 0.5 * (R - 1) * h
+        det_unit, _, pcw = deterministic_setup(pc, h, l2, K, with_var)
+        dete = np.empty(R)
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once;
@@ -641,9 +628,9 @@ def meanvar_fwd(
                 x = m - x0
                 if det_unit and vv == 0.0:
                     # deterministic: the one-node rule, 1 - alpha^T C alpha at the activation
-                    # (no cancellation), from the mean's exponentials (deterministic_row)
+                    # (no |beta|^2-sized terms to cancel), from the mean's exponentials
                     mn, _, _, qd, _, _ = deterministic_row(
-                        x - mid, R, j1[r], ex, r, nb, dw, evals, False
+                        x, h, R, j1[r], ex, r, nb, b, pcw, dete, False
                     )
                     mean[s, n] = mn
                     pr = 1.0 - qd
@@ -708,6 +695,12 @@ def meanvar_bwd(
     mu, v, V, lam, beta, P, PC, zs, ws, offs, mean, pre, how, gmean, gvar, with_var,
     dmu, dv, dlam, dbeta, dP, dPC,
 ):  # fmt: skip
+    """Gradients of :func:`meanvar_fwd`'s means and variances (``gmean``, ``gvar``) w.r.t. the
+    activations (``dmu``, ``dv``), the lengthscales, ``beta`` and the midpoint weights ``P``,
+    ``PC`` (accumulated per unit), each row by the path its forward took (``how``; deterministic
+    rows by :func:`deterministic_row`, with ``d var / dv = m'(mu)^2 + s''(mu) / 2`` at ``v = 0``).
+    A run of equal deterministic rows is evaluated once and its parameter gradient accumulated
+    once with the run's summed coefficients (:func:`deterministic_accumulate`)."""
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
@@ -725,20 +718,14 @@ def meanvar_bwd(
         acc_l2 = 0.0
         mvals, args, ex, tbuf, ebuf, j1, d1, j2, d2 = row_buffers(Q)
         m1vals, m2vals, _, aj, ad, bj, bd, nargs, nex, ntbuf, nebuf, evals = node_buffers(Q, R)
-        shift = h * h / (4.0 * l2)
-        det_unit = with_var and shift <= DETERMINISTIC_MAX_SHIFT
-        c_odd = math.exp(shift) if det_unit else 0.0
+        det_unit, c_odd, pcw = deterministic_setup(pc, h, l2, K, with_var)
         il2 = 1.0 / l2
-        dw = np.empty((6, K))
         acc_q = np.zeros(K)  # the deterministic rows' gradient of PC, odd entries over c_odd
-        dete = np.empty(R)  # the last deterministic row's Gaussians, their pending coefficients
-        have = False
+        dete = np.empty(R)  # the last deterministic row's Gaussians
+        have = False  # dete holds a row's Gaussians, pending with the coefficients below
         pend_b = 0.0
         pend_q = 0.0
-        m0 = m1 = m2 = q0 = q1 = q2 = 0.0
-        if det_unit:
-            deterministic_weights(b, pc, c_odd, h, R, dw)
-        mid = 0.5 * (R - 1) * h
+        dm0 = dm1 = dm2 = dq0 = dq1 = dq2 = 0.0  # that row's sums and moments
         for s_lo in range(0, S, BLOCK):
             nb = min(BLOCK, S - s_lo)
             # the block's exponentials (anchors and progression ratios of both sums) at once;
@@ -764,19 +751,19 @@ def meanvar_bwd(
                         # as a CNN's background, share one evaluation and one accumulation)
                         if have:
                             deterministic_accumulate(R, dete, acc_b, pend_b, acc_q, pend_q)
-                        m0, m1, m2, q0, q1, q2 = deterministic_row(
-                            x - mid, R, j1[r], ex, r, nb, dw, dete, True
+                        dm0, dm1, dm2, dq0, dq1, dq2 = deterministic_row(
+                            x, h, R, j1[r], ex, r, nb, b, pcw, dete, True
                         )
                         have = True
                         pend_b = 0.0
                         pend_q = 0.0
                     pend_b += gm
                     pend_q -= G
-                    dmu[s, n] = il2 * (2.0 * G * q1 - gm * m1)
-                    dv[s, n] = gm * il2 * (0.5 * m2 * il2 - 0.5 * m0) + G * il2 * (
-                        m1 * m1 * il2 + q0 - 2.0 * q2 * il2
+                    dmu[s, n] = il2 * (2.0 * G * dq1 - gm * dm1)
+                    dv[s, n] = gm * il2 * (0.5 * dm2 * il2 - 0.5 * dm0) + G * il2 * (
+                        dm1 * dm1 * il2 + dq0 - 2.0 * dq2 * il2
                     )
-                    acc_l2 += (0.5 * gm * m2 - G * q2) * il2 * il2
+                    acc_l2 += (0.5 * gm * dm2 - G * dq2) * il2 * il2
                     continue
                 G = 0.0
                 tier = -1
@@ -805,6 +792,8 @@ def meanvar_bwd(
                         mbar = 0.0
                         da_sum = 0.0
                         dz_sum = 0.0
+                        q0 = 0.0
+                        q2 = 0.0
                         nq = hi - lo
                         node_exponentials(
                             x, sd, zs, lo, hi, h, R, K, l2, aj, ad, bj, bd, nargs, nex, ntbuf,
@@ -820,7 +809,7 @@ def meanvar_bwd(
                             mi, m1, m2 = gsum_pre(
                                 xi, h, R, aj[c], ad[c], nex, c, nq, b, b, e_i, 1.0, True, False
                             )
-                            _, q1, q2 = gsum_pre(
+                            q0, q1, q2 = gsum_pre(
                                 xi, 0.5 * h, K, bj[c], bd[c], nex, 4 * nq + c, nq, pc, pc, acc_pc,
                                 -G * ws[i], True, False,
                             )  # fmt: skip
@@ -850,6 +839,11 @@ def meanvar_bwd(
                         gmu += G * da_sum
                         if sd > 0.0:
                             gv += G * dz_sum / (2.0 * sd)
+                        elif hi - lo == 1:
+                            # v = 0 (a unit without deterministic_row): the slope
+                            # m'(x)^2 + s''(x) / 2 that the node's sqrt(v) does not carry
+                            mp = m1vals[lo] / l2
+                            gv += G * (mp * mp + (q0 - 2.0 * q2 / l2) / l2)
                     else:
                         c2 = l2 + 2.0 * vv
                         a2 = math.sqrt(l2 / c2)

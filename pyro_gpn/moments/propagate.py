@@ -385,9 +385,7 @@ def _narrow_regime(
             bound = closed_form_error_scale(inducing_points.shape[-1], mean.dtype) * (
                 magnitude + out_mean.square()
             )
-            # deterministic activations always take their one node (the conditional variance
-            # 1 - alpha^T C alpha, no cancellation: the fused kernels' deterministic rows)
-            quadrature = narrow & (~(bound <= CLOSED_FORM_RTOL * out_var) | (var == 0))
+            quadrature = narrow & ~(bound <= CLOSED_FORM_RTOL * out_var)
     if not bool(quadrature.any()):
         return out_var
     return node_variance_rows(

@@ -220,7 +220,7 @@ def _deterministic_variance_slope(
     with torch.no_grad():
         d1 = -diff / ls2[:, None, None]
         alpha1 = alpha * d1  # d alpha / da
-        alpha2 = alpha * (d1.square() - 1 / ls2[:, None, None])  # d^2 alpha / da^2
+        alpha2 = alpha1 * d1 - alpha / ls2[:, None, None]  # d^2 alpha / da^2 (0 where alpha is)
         m1 = (alpha1 @ beta.unsqueeze(-1)).squeeze(-1)
         if variance_cholesky is not None:
             chol = variance_cholesky.expand(num_units, -1, -1)[unit]
@@ -233,7 +233,8 @@ def _deterministic_variance_slope(
             half_q2 = ((alpha1 @ reduction) * alpha1).sum(-1).squeeze(-1) + (
                 (alpha @ reduction) * alpha2
             ).sum(-1).squeeze(-1)
-        return m1.squeeze(-1).square() - half_q2
+        slope = m1.squeeze(-1).square() - half_q2
+        return torch.where(torch.isfinite(slope), slope, 0)  # an infinite activation: none
 
 
 def _node_values(

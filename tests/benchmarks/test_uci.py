@@ -131,3 +131,54 @@ def test_timing_reports_every_model_side_by_side_and_keeps_one_thread():
     assert "ratio_dgp_over_gpn_vi" not in row and "ratio_mlp_over_gpn_point" not in row
     assert row["torch_threads_end"] == threads == torch.get_num_threads()
     assert os.getloadavg()[0] >= 0
+
+
+def test_student_t_predictive_matches_scipy():
+    """The deep GP's Student-t predictive (``student_t_predictive``): with a vanishing latent
+    variance it is the t itself (scipy), with two latent Gaussians the equal mixture of their
+    t-convolutions (scipy's t density integrated against each Gaussian by quadrature)."""
+    from scipy import integrate
+
+    from benchmarks.uci import student_t_predictive
+
+    y = torch.tensor([-30.0, -2.5, 0.1, 1.0, 8.0], dtype=torch.float64)
+    mean_f = torch.tensor([[0.3] * 5], dtype=torch.float64)
+    mean, var, w = student_t_predictive(mean_f, torch.full_like(mean_f, 1e-14), 0.49, 4.0)
+    got = metrics_of(mean, var, y, 1.0, w)["log_lik"]
+    want = stats.t.logpdf(y.numpy(), 4.0, 0.3, 0.7).mean()
+    assert got == pytest.approx(want, abs=1e-6)
+
+    mean_f = torch.tensor([[0.3] * 5, [-1.0] * 5], dtype=torch.float64)
+    var_f = torch.tensor([[0.2] * 5, [1.5] * 5], dtype=torch.float64)
+    mean, var, w = student_t_predictive(mean_f, var_f, 0.25, 4.0)
+    assert mean.shape == var.shape and w.shape == (mean.shape[0],)
+    dens = []
+    for t in y.tolist():
+        d = 0.0
+        for m, v in ((0.3, 0.2), (-1.0, 1.5)):
+            f = lambda u, m=m, v=v, t=t: (  # noqa: E731
+                stats.t.pdf(t, 4.0, u, 0.5) * stats.norm.pdf(u, m, np.sqrt(v))
+            )
+            d += 0.5 * integrate.quad(f, m - 12 * np.sqrt(v), m + 12 * np.sqrt(v), limit=200)[0]
+        dens.append(d)
+    got = metrics_of(mean, var, y, 1.0, w)["log_lik"]
+    assert got == pytest.approx(np.log(dens).mean(), abs=1e-6)
+
+
+def test_deep_gp_with_student_t_noise_fits_and_scores():
+    """``fit_dgp(df=4)`` (the ``dgp_t4`` column): a short fit keeps the degrees of freedom at 4
+    and gives a finite predictive mixture whose weights sum to 1."""
+    from benchmarks.uci import DATA_DIR, fit_dgp
+    from pyro_gpn.data.uci_regression import load_uci_regression
+
+    try:
+        data = load_uci_regression("boston", DATA_DIR, split=0, download=False)
+    except (FileNotFoundError, OSError, RuntimeError) as err:
+        pytest.skip(f"UCI data not found under {DATA_DIR}: {err}")
+    fit = fit_dgp(data, 0, steps=30, eval_every=10, inducing=16, df=4.0)
+    mean, var, w = fit["predict"](data.x_test)
+    assert torch.isfinite(mean).all() and torch.isfinite(var).all() and (var > 0).all()
+    assert float(w.sum()) == pytest.approx(1.0)
+    score = metrics_of(mean, var, data.y_test, float(data.y_std), w)
+    assert np.isfinite(score["log_lik"]) and 0 <= score["coverage90"] <= 1
+    assert fit["noise_std"] > 0

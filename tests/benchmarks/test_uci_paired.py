@@ -75,3 +75,17 @@ def test_aggregate_writes_strict_json(tmp_path):
     entry = result["benchmark_test"]["dgp"]["boston"]
     assert entry["noise_std"] is None and entry["log_lik"]["n"] == 2
     json.dumps(result, allow_nan=False)
+
+
+def test_validation_rows_are_read_with_rows_val(tmp_path):
+    """``rows="val"`` compares the validation rows (where choices are made), not the test rows."""
+    for split, (val_a, val_b) in enumerate([(-1.0, -2.0), (-1.5, -1.0)]):
+        for model, val in (("a", val_a), ("b", val_b)):
+            test = {"log_lik": 0.0, "coverage90": 0.9, "rmse": 1.0}
+            valm = {"log_lik": val, "coverage90": 0.8, "rmse": 1.0}
+            cell = {"model": model, "set": "wine", "split": split, "test": test, "val": valm}
+            (tmp_path / f"{model}__wine__{split:02d}.json").write_text(json.dumps(cell))
+    row = paired_table(tmp_path, ["a", "b"], {}, rows="val").splitlines()[2].split(" | ")
+    assert row[1:6] == ["2", "-1.25 ± 0.25", "-1.50 ± 0.50", "0.25 ± 0.75 (1/2)", "0.80"]
+    test_row = paired_table(tmp_path, ["a", "b"], {}).splitlines()[2].split(" | ")
+    assert test_row[4] == "0.00 ± 0.00 (0/2)"

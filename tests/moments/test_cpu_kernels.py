@@ -311,18 +311,12 @@ def test_one_thread_never_starts_numbas_thread_pool():
 # ---------------------------------------------------------------------------------------------
 # deterministic activations (v = 0): the kernels' one-progression rows (deterministic_row)
 # ---------------------------------------------------------------------------------------------
-def _deterministic_variance(mu, V, lam, C):
-    """``1 - alpha(mu)^T C alpha(mu)`` directly (an [S, N, R] product: no midpoint expansion,
-    no progression), the noise-free output variance of deterministic activations."""
-    alpha = torch.exp(-0.5 * (mu.unsqueeze(-1) - V) ** 2 / lam.square().unsqueeze(-1))
-    return 1 - torch.einsum("snr,nrt,snt->sn", alpha, C.expand(mu.shape[1], -1, -1), alpha)
-
-
 @pytest.mark.parametrize(
     "regime",
     [
         {},
         {"mu_scale": 40.0},  # far outside the inducing range
+        {"mu_scale": 30.0, "lengthscale": 5.0},  # far outside, Gaussians not underflowed
         {"lengthscale": 0.05},  # short: lambda / h = 0.16
         # ill-conditioned K + S: the closed form 1 - tr[(C - beta beta^T) Omega] - m^2 cancels
         # terms of size |beta|^2; the one-node rule does not
@@ -330,34 +324,48 @@ def _deterministic_variance(mu, V, lam, C):
         {"lengthscale": 5.0, "target_var": 1e-6},
     ],
 )
-def test_deterministic_rows_match_the_direct_conditional_variance(regime):
+def test_deterministic_rows_match_the_exact_conditional_variance(regime):
+    """Against ``1 - alpha^T C alpha`` for the given ``C`` in extended precision (NumPy's long
+    double, alpha from the same inputs): within the bound the layers rely on for the explicit
+    ``C`` (``EXPLICIT_C_ERROR_FACTOR * eps * tr C``, ``quadrature.explicit_c_rows``)."""
+    from pyro_gpn.moments.quadrature import EXPLICIT_C_ERROR_FACTOR
+
     mu, _, V, U, Svar, lam, noise = make(37, 5, 14, seed=11, **regime)
     v = torch.zeros_like(mu)
     kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam, 1e-9)
-    mean, var = cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise)
-    want = _deterministic_variance(mu, V, lam, kappa).clamp_min(0) + noise
-    alpha = torch.exp(-0.5 * (mu.unsqueeze(-1) - V) ** 2 / lam.square().unsqueeze(-1))
-    # rounding of alpha^T C alpha: eps times the magnitude of its terms
-    magnitude = torch.einsum("snr,nrt,snt->sn", alpha, kappa.abs(), alpha) + 1
-    assert ((var - want).abs() / magnitude).max() < 1e-12
-    # the mean: a linear form in beta, to rounding of its terms (|beta| ~ 1e7 when ill-posed)
-    terms = alpha * beta
-    # (exponents of size ~400 far outside the range or at short lengthscales: 1e-13 relative)
-    assert ((mean - terms.sum(-1)).abs() / (terms.abs().sum(-1) + 1e-300)).max() < 1e-11
+    mean, var = cpu_response_meanvar(mu, v, V, lam, beta, kappa, None)
+    ld = np.longdouble
+    mu_, V_, lam_ = (t.detach().numpy().astype(ld) for t in (mu, V, lam))
+    alpha = np.exp(-0.5 * (mu_[..., None] - V_) ** 2 / lam_[:, None] ** 2)  # [S, N, R]
+    C = kappa.detach().numpy().astype(ld)
+    want_var = 1 - np.einsum("snr,nrt,snt->sn", alpha, C, alpha)
+    eps = np.finfo(np.float64).eps
+    # plus 32 eps: the rounding of 1 - q and of exponents up to ~400 (short lengthscales)
+    bound = EXPLICIT_C_ERROR_FACTOR * eps * np.trace(C, axis1=1, axis2=2) + 32 * eps
+    err = np.abs(var.detach().numpy().astype(ld) - want_var)
+    assert (err <= bound).all(), float((err / bound).max())
+    # the mean: a linear form in beta, to rounding of its terms (|beta| ~ 1e7 when ill-posed;
+    # exponents of size ~400 far outside the range or at short lengthscales: 1e-13 relative)
+    terms = alpha * beta.detach().numpy().astype(ld)[None]
+    rel = np.abs(mean.detach().numpy() - terms.sum(-1)) / (np.abs(terms).sum(-1) + 1e-300)
+    assert rel.max() < 1e-11
 
 
 def test_deterministic_rows_match_reference_values_and_gradients():
     """Values and every gradient against the reference path (whose deterministic rows take the
     one-node rule too), on a unit set with lengthscales on both sides of the kernels' fallback
     (``h^2 / (4 lambda^2) > 300``: ``lambda < h / 35`` takes the general rows)."""
-    leaves = make(29, 4, 14, seed=21)
-    with torch.no_grad():
-        leaves[1].zero_()  # v = 0
-        leaves[5][0] = 0.006  # h = 4 / 13: h^2 / (4 lambda^2) = 657, the fallback
-    out_f, g_f = run(leaves, True, jitter=1e-9)
-    out_r, g_r = run(leaves, False, jitter=1e-9)
-    assert_close_all(out_f, out_r, rtol=1e-11, atol=1e-13, what="outputs")
-    assert_close_all(g_f, g_r, rtol=1e-9, atol=1e-11, what="grads")
+    # far outside the range at a long lengthscale the reference's closed form (kept where its
+    # error bound allows: 1e-6) and the kernels' one node differ by more than rounding
+    for regime, tol in (({}, 1.0), ({"mu_scale": 30.0, "lengthscale": 5.0}, 100.0)):
+        leaves = make(29, 4, 14, seed=21, **regime)
+        with torch.no_grad():
+            leaves[1].zero_()  # v = 0
+            leaves[5][0] = 0.006  # h = 4 / 13: h^2 / (4 lambda^2) = 657, the fallback
+        out_f, g_f = run(leaves, True, jitter=1e-9)
+        out_r, g_r = run(leaves, False, jitter=1e-9)
+        assert_close_all(out_f, out_r, rtol=1e-11 * tol, atol=1e-13 * tol, what="outputs")
+        assert_close_all(g_f, g_r, rtol=1e-9 * tol, atol=1e-11 * tol, what="grads")
 
 
 def test_deterministic_variance_slope_against_autograd():
@@ -406,14 +414,27 @@ def test_deterministic_rows_gradcheck_and_float32():
     assert m32.dtype == v32.dtype == torch.float32
     torch.testing.assert_close(v32.double(), v64.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m32.double(), m64.detach(), rtol=1e-5, atol=1e-6)
+    leaves64 = [t.detach().clone().requires_grad_() for t in (mu, lam, beta, kappa)]
+    leaves32 = [t.detach().float().requires_grad_() for t in leaves64]
+    grads = []
+    for ls in (leaves64, leaves32):
+        z = torch.zeros_like(ls[0])
+        m, v = cpu_response_meanvar(ls[0], z, V, ls[1], ls[2], ls[3], noise.detach())
+        (m.sum() + (v * v).sum()).backward()
+        grads.append([t.grad for t in ls])
+    for g64, g32 in zip(*grads, strict=True):
+        assert g32.dtype == torch.float32
+        torch.testing.assert_close(g32.double(), g64, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_runs_of_equal_activations_match_reference(deterministic):
+@pytest.mark.parametrize("pattern", ["deterministic", "random", "gap", "alternate"])
+def test_runs_of_equal_activations_match_reference(pattern):
     """Consecutive equal activations (a CNN's background: the kernels evaluate a run once and,
     for deterministic rows, accumulate its gradient once) against the reference, values and
     every gradient; the runs cross the kernels' blocks of 16 rows and alternate with other
-    rows."""
+    rows. ``gap``: a deterministic row, then another mean with a variance and deterministic
+    (the backward may not reuse the first row's Gaussians for the third); ``alternate``: one mean, variances
+    alternating between 0 and not (the forward may not copy across a changed variance)."""
     leaves = make(53, 3, 14, seed=31)
     with torch.no_grad():
         mu, v = leaves[0], leaves[1]
@@ -421,10 +442,19 @@ def test_runs_of_equal_activations_match_reference(deterministic):
             mu[lo:hi] = mu[lo]
             v[lo:hi] = v[lo]
         mu[12, 1] += 0.1  # a run broken in one unit only
-        if deterministic:
+        if pattern == "deterministic":
             v.zero_()
+        elif pattern == "gap":
+            v.zero_()
+            # row 8 deterministic; rows 9, 10 one mean with v = 0.2, then 0: row 10 may not
+            # take row 8's Gaussians
+            v[9] = 0.2
+        elif pattern == "alternate":
+            v[9:30:2] = 0.0  # same mean, v alternating 0.3-ish and 0
     out_f, g_f = run(leaves, True, jitter=1e-9)
     out_r, g_r = run(leaves, False, jitter=1e-9)
     assert_close_all(out_f, out_r, rtol=1e-11, atol=1e-13, what="outputs")
     assert_close_all(g_f, g_r, rtol=1e-9, atol=1e-11, what="grads")
     assert (out_f[0][1:5] == out_f[0][0]).all()
+    if pattern == "alternate":
+        assert (out_f[1][9:29:2] != out_f[1][10:30:2]).all()
