@@ -433,8 +433,9 @@ def test_runs_of_equal_activations_match_reference(pattern):
     for deterministic rows, accumulate its gradient once) against the reference, values and
     every gradient; the runs cross the kernels' blocks of 16 rows and alternate with other
     rows. ``gap``: a deterministic row, then another mean with a variance and deterministic
-    (the backward may not reuse the first row's Gaussians for the third); ``alternate``: one mean, variances
-    alternating between 0 and not (the forward may not copy across a changed variance)."""
+    (the backward may not reuse the first row's Gaussians for the third); ``alternate``: one
+    mean, variances alternating between 0 and not (the forward may not copy across a changed
+    variance)."""
     leaves = make(53, 3, 14, seed=31)
     with torch.no_grad():
         mu, v = leaves[0], leaves[1]
