@@ -11,7 +11,9 @@ splits won) and the 90 % interval coverages: a markdown table. Usage::
 
 ``--chosen``: the first model stands for each set's chosen Bayesian GPN column
 (``benchmarks.uci.CHOSEN``, chosen on validation rows; with ``--ensembles`` its five-network
-mixture where adopted, ``benchmarks.uci.ENSEMBLES``), ``--long`` entries on top.
+mixture where adopted, ``benchmarks.uci.ENSEMBLES``), ``--long`` entries on top. Without it, a
+first model ``bgpn`` stands for ``bgpn_long`` on naval. A model named ``dgp_chosen`` is each
+set's chosen deep GP column (``benchmarks.uci.DGP_CHOSEN``).
 """
 
 from __future__ import annotations
@@ -44,19 +46,24 @@ def _mean_se(values: list[float]) -> str:
 
 
 def paired_table(
-    runs: Path, models: list[str], substitute: dict[str, str], rows: str = "test"
+    runs: Path,
+    models: list[str],
+    substitute: dict[str, str],
+    rows: str = "test",
+    columns: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """The markdown table (module docstring) of the ``rows`` (``"test"``; ``"val"``: the
     validation rows, where choices are made); ``substitute`` maps a set to the cell name that
-    stands for ``models[0]`` there (e.g. naval's ``bgpn_long``)."""
+    stands for ``models[0]`` there (e.g. naval's ``bgpn_long``), ``columns`` a model name to
+    such a map of its own (e.g. ``dgp_chosen``)."""
+    columns = {**(columns or {}), models[0]: substitute}
     first, others = models[0], models[1:]
     head = ["set", "splits", *models]
     head += [f"{first} − {m} (won)" for m in others]
     head += [f"cov. 90 % {m}" for m in models]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name in SETS:
-        cells = {m: _cells(runs, m, name, rows) for m in models}
-        cells[first] = _cells(runs, substitute.get(name, first), name, rows)
+        cells = {m: _cells(runs, columns.get(m, {}).get(name, m), name, rows) for m in models}
         splits = sorted(set.intersection(*(set(c) for c in cells.values())))
         if not splits:
             continue
@@ -82,6 +89,15 @@ def chosen_columns(ensembles: bool = False) -> dict[str, str]:
     return columns(ensembles)
 
 
+def dgp_chosen_columns() -> dict[str, str]:
+    """:func:`benchmarks.uci.dgp_chosen_columns` (imported on use, as :func:`chosen_columns`)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.uci import dgp_chosen_columns as columns
+
+    return columns()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["bgpn", "clt", "ensemble", "mcdrop"])
@@ -102,9 +118,13 @@ def main(argv: list[str] | None = None) -> None:
         help="val: the validation rows' metrics (for choosing between columns)",
     )
     args = parser.parse_args(argv)
-    substitute = chosen_columns(args.ensembles) if args.chosen else {"naval": "bgpn_long"}
+    if args.chosen:
+        substitute = chosen_columns(args.ensembles)
+    else:
+        substitute = {"naval": "bgpn_long"} if args.models[0] == "bgpn" else {}
     substitute.update(item.split("=", 1) for item in args.long or [])
-    print(paired_table(Path(args.runs), args.models, substitute, args.rows))
+    columns = {"dgp_chosen": dgp_chosen_columns()} if "dgp_chosen" in args.models else None
+    print(paired_table(Path(args.runs), args.models, substitute, args.rows, columns))
 
 
 if __name__ == "__main__":

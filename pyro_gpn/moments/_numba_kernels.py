@@ -420,7 +420,7 @@ def block_exponentials(
 
 #: Largest ``h^2 / (4 lambda^2)`` for which deterministic rows take :func:`deterministic_row`:
 #: its odd midpoint Gaussians are ``c E_r E_{r+1}`` with ``c = exp(h^2 / (4 lambda^2))``, kept
-#: below ``e^300`` (a lengthscale under 1/35 of the spacing falls back to the general rows).
+#: below ``e^300`` (a lengthscale under 1/34.6 of the spacing falls back to the general rows).
 DETERMINISTIC_MAX_SHIFT = 300.0
 
 

@@ -30,7 +30,7 @@ of ``|beta|^2``-sized terms, whatever the conditioning), and its midpoint Gaussi
 of the mean's, ``G_{2r} = E_r^2`` and ``G_{2r+1} = e^{h^2 / (4 lambda^2)} E_r E_{r+1}``: one
 progression (three exponentials) serves the row, forward and backward, with the exact
 ``d var / dv = m'(mu)^2 + s''(mu) / 2`` at ``v = 0`` (``s`` the conditional variance). Units with
-``lambda < h / 35`` (where that factor would pass ``e^300``) take the general rows. (The
+``lambda < h / 34.6`` (where that factor would pass ``e^300``) take the general rows. (The
 reference path keeps the closed form at ``v = 0`` where its error bound allows, as for every
 narrow row: the two agree to that bound, ``CLOSED_FORM_RTOL``.)
 

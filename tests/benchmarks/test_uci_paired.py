@@ -77,6 +77,26 @@ def test_aggregate_writes_strict_json(tmp_path):
     json.dumps(result, allow_nan=False)
 
 
+def test_chosen_deep_gp_column_and_no_naval_substitute_for_other_first_models(tmp_path, capsys):
+    """``dgp_chosen`` reads each set's chosen deep GP column (``DGP_CHOSEN``: the t on wine), and
+    naval's ``bgpn_long`` stands in only for a first model ``bgpn``."""
+    from benchmarks.uci import DGP_CHOSEN
+    from benchmarks.uci_paired import main
+
+    assert DGP_CHOSEN["wine"] == "dgp_t4"
+    _cell(tmp_path, "a", "wine", 0, -1.0)
+    _cell(tmp_path, "dgp", "wine", 0, -5.0)
+    _cell(tmp_path, "dgp_t4", "wine", 0, -2.0)
+    row = paired_table(tmp_path, ["a", "dgp_chosen"], {}, columns={"dgp_chosen": DGP_CHOSEN})
+    assert row.splitlines()[2].split(" | ")[1:5] == ["1", "-1.00", "-2.00", "1.00 (1/1)"]
+    _cell(tmp_path, "x", "naval", 0, 1.0)
+    _cell(tmp_path, "bgpn_long", "naval", 0, 9.0)
+    _cell(tmp_path, "y", "naval", 0, 0.0)
+    main(["--models", "x", "y", "--runs", str(tmp_path)])
+    naval = [line for line in capsys.readouterr().out.splitlines() if "naval" in line]
+    assert naval[0].split(" | ")[2:4] == ["1.00", "0.00"]
+
+
 def test_validation_rows_are_read_with_rows_val(tmp_path):
     """``rows="val"`` compares the validation rows (where choices are made), not the test rows."""
     for split, (val_a, val_b) in enumerate([(-1.0, -2.0), (-1.5, -1.0)]):

@@ -354,7 +354,7 @@ def test_deterministic_rows_match_the_exact_conditional_variance(regime):
 def test_deterministic_rows_match_reference_values_and_gradients():
     """Values and every gradient against the reference path (whose deterministic rows take the
     one-node rule too), on a unit set with lengthscales on both sides of the kernels' fallback
-    (``h^2 / (4 lambda^2) > 300``: ``lambda < h / 35`` takes the general rows)."""
+    (``h^2 / (4 lambda^2) > 300``: ``lambda < h / 34.6`` takes the general rows)."""
     # far outside the range at a long lengthscale the reference's closed form (kept where its
     # error bound allows: 1e-6) and the kernels' one node differ by more than rounding
     for regime, tol in (({}, 1.0), ({"mu_scale": 30.0, "lengthscale": 5.0}, 100.0)):
