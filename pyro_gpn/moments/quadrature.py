@@ -178,6 +178,7 @@ def node_variance_rows(
         alpha = (diff.square() * (-0.5 / ls2[unit])[:, None, None]).exp()
         values = (alpha @ beta[unit].unsqueeze(-1)).squeeze(-1)
         centred = values - (values @ w).unsqueeze(-1)
+        chol = inner = reduction = solved = None
         if variance_cholesky is not None:
             chol = variance_cholesky.expand(num_units, -1, -1)[unit]
             solved = torch.linalg.solve_triangular(chol, alpha.mT, upper=False)  # [P, R, G]
@@ -193,9 +194,8 @@ def node_variance_rows(
         if GH_TIERS[t][1] == 1:  # deterministic rows: one node, whose sqrt(v) has no slope
             v_sel = var.reshape(-1)[sel]
             slope = _deterministic_variance_slope(
-                diff, alpha, ls2[unit], beta[unit], unit, variance_reduction, variance_cholesky,
-                variance_inner, num_units,
-            )  # fmt: skip
+                diff, alpha, ls2[unit], beta[unit], reduction, chol, inner, solved
+            )
             value = value + torch.where(v_sel == 0, v_sel * slope, 0)
         flat = flat.index_put((sel,), value)
     return flat.reshape(out_var.shape)
@@ -206,30 +206,29 @@ def _deterministic_variance_slope(
     alpha: Tensor,
     ls2: Tensor,
     beta: Tensor,
-    unit: Tensor,
-    variance_reduction: Tensor,
-    variance_cholesky: Tensor | None,
-    variance_inner: Tensor | None,
-    num_units: int,
+    reduction: Tensor | None,
+    chol: Tensor | None,
+    inner: Tensor | None,
+    solved: Tensor | None,
 ) -> Tensor:
     r"""``d Var / dv`` at ``v = 0`` of the rows of one node (``diff = a - V`` ``[P, 1, R]``,
-    ``alpha = k(a, V)``): ``m'(a)^2 + s''(a) / 2`` (``Var[m(a)]`` and ``E[s(a)]`` to first order
-    in ``v``), with the mean function ``m = alpha^T beta`` and the conditional variance
-    ``s = 1 - alpha^T C alpha`` (in ``C``'s form given). Not differentiated (it multiplies
-    ``v = 0``)."""
+    ``alpha = k(a, V)``, the rows' ``ls2 [P]`` and ``beta [P, R]``): ``m'(a)^2 + s''(a) / 2``
+    (``Var[m(a)]`` and ``E[s(a)]`` to first order in ``v``), with the mean function
+    ``m = alpha^T beta`` and the conditional variance ``s = 1 - alpha^T C alpha``, ``C`` in the
+    rows' form of :func:`node_variance_rows`: ``reduction [P, R, R]``, or ``chol`` (with
+    ``inner``) and ``solved = chol^-1 alpha^T``. Not differentiated (it multiplies ``v = 0``)."""
     with torch.no_grad():
         d1 = -diff / ls2[:, None, None]
         alpha1 = alpha * d1  # d alpha / da
         alpha2 = alpha1 * d1 - alpha / ls2[:, None, None]  # d^2 alpha / da^2 (0 where alpha is)
         m1 = (alpha1 @ beta.unsqueeze(-1)).squeeze(-1)
-        if variance_cholesky is not None:
-            chol = variance_cholesky.expand(num_units, -1, -1)[unit]
-            stacked = torch.cat([alpha, alpha1, alpha2], dim=-2).mT  # [P, R, 3]
-            x = torch.linalg.solve_triangular(chol, stacked, upper=False)
-            mx = x if variance_inner is None else variance_inner.expand(num_units, -1, -1)[unit] @ x
+        if chol is not None:
+            derivatives = torch.cat([alpha1, alpha2], dim=-2).mT  # [P, R, 2]
+            x12 = torch.linalg.solve_triangular(chol, derivatives, upper=False)
+            x = torch.cat([solved.detach(), x12], dim=-1)  # [P, R, 3]: alpha and its derivatives
+            mx = x if inner is None else inner @ x
             half_q2 = (x[..., 1] * mx[..., 1]).sum(-1) + (x[..., 0] * mx[..., 2]).sum(-1)
         else:
-            reduction = variance_reduction.expand(num_units, -1, -1)[unit]
             half_q2 = ((alpha1 @ reduction) * alpha1).sum(-1).squeeze(-1) + (
                 (alpha @ reduction) * alpha2
             ).sum(-1).squeeze(-1)
