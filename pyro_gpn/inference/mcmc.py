@@ -107,7 +107,7 @@ __all__ = [
     "run_nuts",
 ]
 
-INITS = ("fit-prior-noise", "fit", "uniform")
+INITS = ("fit-prior-noise", "best-fit-prior-noise", "fit", "uniform")
 """Where :func:`run_nuts` starts its chains (``init=``)."""
 
 METRICS = ("laplace", "laplace-dense", "dense-block", "dense-activations", "dense", "diag")
@@ -165,7 +165,12 @@ def run_nuts(
             maximum-a-posteriori fit of the model (:func:`fit_initial_params`, ``init_steps``
             Adam steps from an independent uniform start) with the noise scales held at their
             prior median (:func:`~pyro_gpn.inference.nuts_setup.noise_prior_medians`), so that
-            the chains start apart, near the posterior's bulk, and not overfitted; ``"fit"``:
+            the chains start apart, near the posterior's bulk, and not overfitted;
+            ``"best-fit-prior-noise"``: the same ``num_chains`` fits, and every chain starts
+            from the one of lowest potential energy, each moved by its own uniform jitter of up
+            to 0.1 in the unconstrained space (``fit_initial_params(..., best=True)``): the
+            chains explore one region and r-hat checks that they agree about it, not that the
+            posterior has no other (``docs/results/nuts.md``, session of 2026-11-28); ``"fit"``:
             the same fit with the noise fitted too -- a MAP over the latent activations that
             shrinks the noise far below the data's and starts NUTS where the potential is ~30x
             more curved (``docs/results/nuts.md``: step sizes of 4e-4, 1023 leapfrog steps per
@@ -177,7 +182,7 @@ def run_nuts(
             draws are returned in the whitened coordinates (``Za{L}_train``) with the
             whitened twin of the model as ``NUTSResult.model``; with ``init="uniform"`` and no
             anchor that parametrisation is the whitened one.
-        init_steps: Adam steps of each chain's fit (``init="fit-prior-noise"`` or ``"fit"``).
+        init_steps: Adam steps of each fit (every ``init`` but ``"uniform"``).
         metric: the mass matrix. ``"dense-block"`` (default): adapted, dense for the per-unit
             parameters (weights, noise scales, lengthscales), which are strongly correlated
             (a unit's weight scale trades off against the next layer's weights and the noise),
@@ -190,8 +195,9 @@ def run_nuts(
             ``"dense-block"`` for models without collapsed activations;
             ``"dense"``: adapted, dense for everything; ``"diag"``: adapted, diagonal (Pyro's
             default); ``"laplace"`` (needs a fitted start): dense and fixed to the inverse
-            Hessian of the potential at each chain's fitted start
-            (:func:`laplace_inverse_mass`), only the step size adapted; ``"laplace-dense"``:
+            Hessian of the potential at each chain's start (its fit; with
+            ``init="best-fit-prior-noise"`` the best fit jittered: its curvatures are clamped
+            below, :func:`laplace_inverse_mass`), only the step size adapted; ``"laplace-dense"``:
             starts from that matrix and adapts a dense one in warm-up.
         shrink_dense: adapt dense mass-matrix blocks shrunk towards their diagonal
             (:class:`~pyro_gpn.inference.nuts_kernel.ShrunkBlockMassMatrix`); ``False``: Pyro's
@@ -265,8 +271,9 @@ def run_nuts(
     kernel_kwargs: dict = {}
     if init_strategy is not None:
         kernel_kwargs["init_strategy"] = init_strategy
-    elif init in ("fit", "fit-prior-noise"):
-        hold = noise_prior_medians(model, x_train) if init == "fit-prior-noise" else None
+    elif init in ("fit", "fit-prior-noise", "best-fit-prior-noise"):
+        held = init in ("fit-prior-noise", "best-fit-prior-noise")
+        hold = noise_prior_medians(model, x_train) if held else None
         initial_params = fit_initial_params(
             model,
             x_train,
@@ -277,6 +284,7 @@ def run_nuts(
             seed=seed,
             jit_compile=jit_compile,
             hold=hold,
+            best=init == "best-fit-prior-noise",
         )
     chain_models = None
     if (

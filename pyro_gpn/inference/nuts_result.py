@@ -49,7 +49,7 @@ class NUTSResult:
         joint: whether the test rows were sampled by the chain (see the module docstring).
         wall_time_s: seconds spent in ``MCMC.run`` (warm-up and sampling, all chains).
         init_time_s: seconds spent finding the chains' starting points (the fits of
-            ``init="fit-prior-noise"`` / ``"fit"``).
+            every ``init`` but ``"uniform"``).
         sample_stats: per chain, the per-transition statistics recorded after warm-up
             (``energy``, ``lp``, ``n_steps``, ``tree_depth``, ``step_size``,
             ``acceptance_rate``).

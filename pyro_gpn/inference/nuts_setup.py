@@ -63,6 +63,8 @@ def fit_initial_params(
     seed: int = 0,
     jit_compile: bool = True,
     hold: dict[str, Tensor] | None = None,
+    best: bool = False,
+    spread: float = 0.1,
 ) -> dict[str, Tensor]:
     """Starting points for the chains: one maximum-a-posteriori fit of the model per chain.
 
@@ -75,17 +77,33 @@ def fit_initial_params(
     apart -- in different symmetric copies of the posterior (unit permutations, sign flips) and,
     where the fits disagree, in different local modes, which r-hat then reports.
 
+    With ``best=True`` the ``num_chains`` fits are made the same way, and every chain starts at
+    the one of lowest potential energy (the held sites at their held values, so the fits
+    compare), each moved by its own uniform jitter in ``(-spread, spread)`` on every free
+    coordinate: all chains explore the region the best fit found. The jitter is a fixed width in
+    the unconstrained space, not scaled to the posterior, so the starts are not over-dispersed
+    in every direction, and r-hat then says whether the chains agree about that region, not
+    whether the posterior has others (``docs/results/nuts.md``, session of 2026-11-28: on the
+    synthetic ``[1, 4, 1]`` network independent fits start the chains at different noise levels,
+    which they do not leave within 500 draws; started together, they agree).
+
     Args:
         model, x_train, y_train, x_test: as for :func:`run_nuts` (``x_test`` only when the test
             rows are sampled by the chain, ``joint=True``).
         num_chains: number of independent fits.
         steps, lr: Adam steps and learning rate of each fit.
         radius: half-width of the uniform starts.
-        seed: seeds the starts.
+        seed: seeds the starts (and, with ``best=True``, the jitter).
         jit_compile: JIT-compile the potential energy.
         hold: ``{site: unconstrained value}`` held fixed during the fits (not optimised), e.g.
             :func:`noise_prior_medians`: a fit with the noise held at its prior median cannot
             overfit by shrinking the noise (``docs/results/nuts.md``).
+        best: start every chain from the best of the fits (above) instead of its own.
+        spread: half-width of the uniform jitter of each chain's start with ``best=True``
+            (unconstrained units; the held sites are not moved).
+
+    Raises:
+        FloatingPointError: with ``best=True``, no fit reached a finite potential energy.
 
     Returns:
         ``{site: [num_chains, *site_shape]}`` in the unconstrained space, for ``MCMC``'s
@@ -95,6 +113,14 @@ def fit_initial_params(
 
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    if not isinstance(best, bool):
+        raise ValueError(f"best must be True or False, got {best!r}")
+    if (
+        isinstance(spread, bool)
+        or not isinstance(spread, (int, float))
+        or not (math.isfinite(spread) and spread >= 0)
+    ):
+        raise ValueError(f"spread must be a non-negative finite number, got {spread!r}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
@@ -110,6 +136,7 @@ def fit_initial_params(
         raise ValueError(f"hold names sites the model does not sample: {unknown}")
     gen = torch.Generator().manual_seed(seed)
     starts: dict[str, list[Tensor]] = {k: [] for k in init}
+    energies: list[float] = []
     for _ in range(num_chains):
         params = {
             k: (torch.rand(v.shape, generator=gen, dtype=v.dtype) * 2 - 1) * radius
@@ -119,8 +146,8 @@ def fit_initial_params(
             k: hold[k].to(v.dtype).expand(v.shape).clone() if k in hold else v.requires_grad_()
             for k, v in params.items()
         }
-        best = {k: v.detach().clone() for k, v in params.items()}
-        best_energy = math.inf
+        fitted = {k: v.detach().clone() for k, v in params.items()}
+        fitted_energy = math.inf
         free = [v for k, v in params.items() if k not in hold]
         optim = torch.optim.Adam(free, lr=lr) if free else None
         for _ in range(steps if optim is not None else 0):
@@ -128,14 +155,31 @@ def fit_initial_params(
             energy = potential_fn(params)
             if not torch.isfinite(energy):
                 break
-            if float(energy.detach()) < best_energy:
-                best_energy = float(energy.detach())
-                best = {k: v.detach().clone() for k, v in params.items()}
+            if float(energy.detach()) < fitted_energy:
+                fitted_energy = float(energy.detach())
+                fitted = {k: v.detach().clone() for k, v in params.items()}
             energy.backward()
             optim.step()
-        for k, v in best.items():
+        for k, v in fitted.items():
             starts[k].append(v)
-    return {k: torch.stack(v) for k, v in starts.items()}
+        if best and not math.isfinite(fitted_energy):  # no step taken: the start's energy
+            with torch.no_grad():
+                fitted_energy = float(potential_fn(fitted))
+        energies.append(fitted_energy if math.isfinite(fitted_energy) else math.inf)
+    out = {k: torch.stack(v) for k, v in starts.items()}
+    if not best:
+        return out
+    pick = min(range(num_chains), key=energies.__getitem__)
+    if not math.isfinite(energies[pick]):
+        raise FloatingPointError(
+            "fit_initial_params(best=True): no fit reached a finite potential energy"
+        )
+    return {
+        k: v
+        if k in hold
+        else v[pick] + (torch.rand(v.shape, generator=gen, dtype=v.dtype) * 2 - 1) * spread
+        for k, v in out.items()
+    }
 
 
 def laplace_inverse_mass(

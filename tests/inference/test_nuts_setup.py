@@ -60,6 +60,85 @@ def test_fit_holds_the_held_sites_and_moves_the_rest():
         fit_initial_params(model, x, y, num_chains=1, steps=1, hold={"sigma9": held["sigma1"]})
 
 
+def test_best_fit_starts_every_chain_near_the_lowest_energy_fit():
+    """``best=True``: the same fits as ``best=False`` (same seed), every chain started within
+    ``spread`` of the one of lowest potential energy (computed here independently), the held
+    sites at their held values, the chains' starts apart from each other."""
+    from pyro.infer.mcmc.util import initialize_model
+
+    x, y = _synthetic(30)
+    model = SampledTargetsGPN([1, 2, 1], num_inducing=6)
+    held = noise_prior_medians(model, x)
+    kwargs = dict(num_chains=3, steps=40, seed=5, hold=held)
+    fits = fit_initial_params(model, x, y, **kwargs)
+    starts = fit_initial_params(model, x, y, best=True, spread=0.05, **kwargs)
+    _, potential_fn, _, _ = initialize_model(model.model, (x, y, None))
+    with torch.no_grad():
+        energies = [float(potential_fn({k: v[c] for k, v in fits.items()})) for c in range(3)]
+    assert len({round(e, 6) for e in energies}) == 3  # the fits differ: the choice matters
+    pick = min(range(3), key=energies.__getitem__)
+    for name, value in starts.items():
+        assert value.shape == fits[name].shape
+        if name in held:
+            torch.testing.assert_close(value, held[name].expand_as(value), rtol=0, atol=0)
+            continue
+        offset = value - fits[name][pick]
+        assert offset.abs().max() <= 0.05
+        assert offset.abs().max() > 0.01  # jittered ...
+        assert not torch.equal(value[0], value[1])  # ... each chain on its own
+    again = fit_initial_params(model, x, y, best=True, spread=0.05, **kwargs)
+    for name, value in starts.items():  # the jitter is seeded too
+        torch.testing.assert_close(again[name], value, rtol=0, atol=0)
+    for bad in (-0.1, math.inf, math.nan, True, "0.1"):
+        with pytest.raises(ValueError, match="spread"):
+            fit_initial_params(model, x, y, num_chains=1, steps=1, best=True, spread=bad)
+    with pytest.raises(ValueError, match="best"):
+        fit_initial_params(model, x, y, num_chains=1, steps=1, best="yes")
+
+
+def test_best_fit_raises_when_no_fit_is_finite(monkeypatch):
+    import pyro.infer.mcmc.util as mcmc_util
+
+    real = mcmc_util.initialize_model
+
+    def nan_potential(*args, **kwargs):
+        init, potential_fn, transforms, trace = real(*args, **kwargs)
+        return init, lambda params: potential_fn(params) * math.nan, transforms, trace
+
+    monkeypatch.setattr(mcmc_util, "initialize_model", nan_potential)
+    x, y = _synthetic(10)
+    model = SampledTargetsGPN([1, 1], num_inducing=4)
+    starts = fit_initial_params(model, x, y, num_chains=2, steps=3)  # the default: no choice
+    assert set(starts) == {"W1", "z1", "sigma1"}
+    with pytest.raises(FloatingPointError, match="finite"):
+        fit_initial_params(model, x, y, num_chains=2, steps=3, best=True)
+
+
+@pytest.mark.parametrize("init", ["best-fit-prior-noise", "fit-prior-noise", "fit"])
+def test_run_nuts_passes_the_start_options_to_the_fits(init, monkeypatch):
+    import pyro_gpn.inference.mcmc as mcmc
+
+    seen = {}
+    real = mcmc.fit_initial_params
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mcmc, "fit_initial_params", recording)
+    x, y = _synthetic(20)
+    result = run_nuts(
+        SampledTargetsGPN([1, 1], num_inducing=5), x, y, x[:4], num_samples=5, warmup_steps=5,
+        num_chains=2, init=init, init_steps=10, check_convergence=False,
+    )  # fmt: skip
+    assert seen["best"] is (init == "best-fit-prior-noise")
+    assert (seen["hold"] is None) is (init == "fit")
+    if seen["hold"] is not None:
+        assert set(seen["hold"]) == {"sigma1"}
+    assert result.y_test.shape[:2] == (10, 4)
+    assert torch.isfinite(result.y_test).all()
+
+
 def test_potential_hessian_matches_finite_differences_of_the_gradient():
     from pyro.infer.mcmc.util import initialize_model
 
