@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu_checks.sh OUTDIR
 #
 # 1. the CUDA-specific tests: the Triton kernels compiled for the device (not interpreted), the
-#    backend dispatch on CUDA, the trainer and the validation on a machine that has CUDA;
+#    backend dispatch on CUDA, the conv / recurrent stacks, the trainer and fit_svi on CUDA
+#    against the CPU (tests/test_cuda.py), the NCCL collectives of the distributed plumbing, and
+#    the validation on a machine that has CUDA;
 # 2. benchmarks/gpu_speed.py (one layer and a training step, float32 and float64 algebra);
 # 3. the CI test selection on a machine with CUDA (tests that behave differently there).
 # Packages the machine lacks travel as wheels in .whl/ (pyro-ppl, pyro-api, arviz and the
@@ -28,10 +30,12 @@ nproc | tee -a "$out/env.txt"
 echo "== 1. CUDA tests"
 timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/moments/test_fused.py tests/moments/test_backend.py tests/test_validation.py \
-    tests/layers/test_respond.py \
+    tests/layers/test_respond.py tests/test_cuda.py \
     tests/inference/test_trainer.py 2>&1 | tee "$out/tests_cuda.log" | tail -25
 timeout 90 python3 -m pytest -q -p no:cacheprovider -m slow -k compile_for_gpu \
     tests/moments/test_fused.py 2>&1 | tail -5
+timeout 90 python3 -m pytest -q -p no:cacheprovider -k nccl \
+    tests/inference/test_distributed.py 2>&1 | tee "$out/tests_nccl.log" | tail -5
 
 echo "== 2. gpu_speed"
 timeout "${GPU_SPEED_S:-200}" python3 benchmarks/gpu_speed.py --skip-compile --warmup 2 \

@@ -178,3 +178,34 @@ def test_bad_arguments():
         init_distributed("tpu")
     with pytest.raises(ValueError, match="backend"):
         init_distributed("cpu", backend="mpi")
+
+
+def _nccl_worker(rank: int, port: int, out: str) -> None:
+    """One NCCL rank: the plumbing's collectives on CUDA tensors (a group of one process: NCCL
+    refuses two ranks on one GPU, and the lent machines have one)."""
+    from pyro_gpn.inference.distributed import all_reduce_gradients, broadcast_parameters
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    ctx = DistContext(0, 1, 0, torch.device("cuda", 0), torch.distributed.get_backend())
+    weight = torch.tensor([1.0, -2.0], device="cuda", requires_grad=True)
+    loss = (weight**2).sum()
+    loss.backward()
+    total = all_reduce_gradients([weight], 0.25, loss.detach(), ctx)
+    broadcast_parameters([weight], ctx)
+    metrics = reduce_metrics({"rmse": 2.0, "loss": 1.0}, 5, ctx)
+    torch.save((ctx.backend, total.cpu(), weight.grad.cpu(), metrics), out)
+    torch.distributed.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nccl_collectives_on_cuda(tmp_path):
+    out = str(tmp_path / "nccl.pt")
+    mp.spawn(_nccl_worker, args=(_free_port(), out), nprocs=1, join=True)
+    backend, total, grad, metrics = torch.load(out, weights_only=False)
+    assert backend == "nccl"
+    assert float(total) == pytest.approx(0.25 * 5.0)
+    assert torch.equal(grad, torch.tensor([0.5, -1.0]))
+    assert metrics == pytest.approx({"rmse": 2.0, "loss": 1.0})
