@@ -125,8 +125,6 @@ def _variants(mode: str, dt: str, be: str, baseline: str | None) -> list[str]:
     run), and of the baseline revision where it has them."""
     if be == "cpu" and dt == "f32" and mode != "mean":
         return []  # float32 algebra: the layer's Cholesky factors need the reference path
-    if be == "triton" and dt == "f64":
-        return []  # the Triton kernels compute in float32
     out = [f"{mode}-{dt}-{be}"]
     # the baseline's kernels; for cov its reference path (before Mehler's series, the only one
     # that had the cross term)

@@ -44,6 +44,7 @@ from .._validation import (
     check_shape,
 )
 from ..moments.gaussian import Moments
+from ..moments.precision import DEFAULT_COMPUTE_DTYPE
 from ..moments.propagate import MODES, Mode, is_equidistant
 from ..pyro_module import GPNModule
 
@@ -158,7 +159,7 @@ class GPNLayerBase(GPNModule):
         noise_std_init: float = 0.1,
         output_noise: bool = True,
         response: Response | type[Response] | None = None,
-        compute_dtype: torch.dtype | None = torch.float64,
+        compute_dtype: torch.dtype | None = DEFAULT_COMPUTE_DTYPE,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         **response_options,

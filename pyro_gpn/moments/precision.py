@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["DEFAULT_COMPUTE_DTYPE", "FLOAT32_MIN_TARGET_VARIANCE"]
 
-#: The compute dtype the layers should default to.
+#: The compute dtype of the layers' GP algebra by default (``GPNLayerBase(compute_dtype=...)``).
 DEFAULT_COMPUTE_DTYPE: torch.dtype = torch.float64
 
 #: Smallest target variance ``S`` at which float32 met 1e-4 relative for every lengthscale of the

@@ -137,3 +137,27 @@ def test_float32_layer_variance_uses_the_cholesky_factor():
         x = Moments(torch.tensor([[mu]], dtype=f32), var=torch.tensor([[v]], dtype=f32))
         out = layer.propagate(x, mode="meanvar")
         assert abs(out.var.item() - ref_var) < 1e-4 * ref_var + 4 * torch.finfo(f32).eps
+
+
+def test_every_layer_defaults_to_the_policy_dtype():
+    """Every GPN layer computes its GP algebra in the policy's dtype
+    (:data:`pyro_gpn.moments.DEFAULT_COMPUTE_DTYPE`, ``docs/results/accuracy.md``) unless told
+    otherwise: fails if a layer class sets a default of its own."""
+    from pyro_gpn.layers import (
+        GPNConv2d,
+        GPNRecurrent,
+        VariationalGPNConv2d,
+        VariationalGPNRecurrent,
+    )
+    from pyro_gpn.moments import DEFAULT_COMPUTE_DTYPE
+
+    layers = [
+        GPNLayer(2, 3),
+        VariationalGPNLayer(2, 3),
+        GPNConv2d(1, 2, 3, (4, 4)),
+        VariationalGPNConv2d(1, 2, 3, (4, 4)),
+        GPNRecurrent(2, 3),
+        VariationalGPNRecurrent(2, 3),
+    ]
+    for layer in layers:
+        assert layer.compute_dtype == DEFAULT_COMPUTE_DTYPE, type(layer).__name__
