@@ -399,6 +399,7 @@ def run_meanvar(dtypes, quick: bool = False) -> list[dict]:
                 m, var = subject_meanvar(algebra, unit, mu_r, v_r, dtype)
                 row[f"{algebra}_mean_err"] = _err(m, ref_mean, abs(ref_mean) + math.sqrt(ref_var))
                 row[f"{algebra}_var_err"] = _err(var, ref_var, ref_var)
+                row[f"{algebra}_finite"] = math.isfinite(m) and math.isfinite(var)
             rows.append(row)
     return rows
 
@@ -436,6 +437,7 @@ def run_cov(dtypes, quick: bool = False) -> list[dict]:
             for algebra in ALGEBRAS:
                 value = subject_cov(algebra, units, mu_r, cov, dtype)
                 row[f"{algebra}_cov_err"] = _err(value, ref, math.sqrt(var_n * var_m))
+                row[f"{algebra}_finite"] = math.isfinite(value)
             row["mehler"] = mehler_serves(units, mu_r, cov, dtype)
             rows.append(row)
     return rows

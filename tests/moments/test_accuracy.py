@@ -16,6 +16,7 @@ import torch
 from torch.autograd import gradcheck
 
 from benchmarks.accuracy_grid import (
+    SPACING,
     Unit,
     mpmath_closed_form,
     quad_meanvar,
@@ -373,6 +374,24 @@ def test_safe_cholesky_rescues_a_rounding_indefinite_matrix_and_names_the_proble
 
 
 # ----------------------------------------------------------------------------- the dense grid
+def test_quick_grid_in_both_dtypes():
+    """The quick grid of ``benchmarks/accuracy_grid.py`` (576 meanvar and 148 cov cases:
+    lengthscales 0.05-5, target variances 0.1-1e-6, activations deterministic to broad, means to
+    6, correlations to +-0.999), in CI: no NaN or inf anywhere in either dtype; float64 accurate
+    to 1e-6 against long-double quadrature everywhere; float32 to 1e-4 where the dtype policy
+    says it can be (``S >= 0.1``, or ``S >= 0.01`` up to 1.3 inducing spacings:
+    ``docs/results/accuracy.md``)."""
+    meanvar = run_meanvar(["float64", "float32"], quick=True)
+    cov = run_cov(["float64", "float32"], quick=True)
+    assert all(r["new_finite"] for r in meanvar + cov)
+    for r in meanvar:
+        if r["dtype"] == "float64":
+            assert r["new_mean_err"] < 1e-6 and r["new_var_err"] < 1e-6, r
+        elif r["S"] >= 0.1 or (r["S"] >= 0.01 and r["lengthscale"] / SPACING <= 1.31):
+            assert r["new_mean_err"] < 1e-4 and r["new_var_err"] < 1e-4, r
+    assert all(r["new_cov_err"] < 1e-6 for r in cov if r["dtype"] == "float64")
+
+
 @pytest.mark.slow
 def test_dense_grid_float64():
     """The whole grid of ``docs/results/accuracy.md`` (2,400 meanvar and 1,730 cov cases): float64
