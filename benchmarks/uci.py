@@ -973,7 +973,7 @@ def fit_dgp(
         "predict": predict_seeded,
         "fit_s": step_s,
         "epochs": n_steps / per_epoch,
-        "noise_std": float(model.likelihood.noise.sqrt()),
+        "noise_std": float(model.likelihood.noise.detach().sqrt()),
     }
 
 
@@ -1133,8 +1133,22 @@ def published_table(out: Path, model: str = "bgpn") -> str:
     return "\n".join(lines)
 
 
+def machine() -> dict:
+    """The machine a cell ran on (recorded in every cell since 2026-11-28)."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def aggregate(out: Path, diag: Path | None = None) -> dict:
-    """Means and standard errors per (model, set) and per (variant, set) of the diagnosis."""
+    """Means and standard errors per (model, set) and per (variant, set) of the diagnosis, with
+    the time per fit (wall and process-CPU seconds per cell, seconds per epoch), the commands
+    and the machine."""
 
     def stats(vals):
         v = np.asarray(vals, dtype=float)
@@ -1156,13 +1170,36 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
                     },
                     "splits": sorted(c["split"] for c in cs),
                     "noise_std": stats([c["noise_std"] for c in cs if "noise_std" in c]),
+                    **{
+                        t: stats([c[t] for c in cs if t in c])
+                        for t in ("cell_s", "cell_cpu_s", "s_per_epoch")
+                    },
+                    "load_avg_1m_end": stats(
+                        [c["load_avg_1m_end"] for c in cs if "load_avg_1m_end" in c]
+                    ),
                 }
                 for name, cs in sets.items()
             }
             for k, sets in by.items()
         }
 
-    result = {"benchmark_test": group(load_cells(out), "model", "test")}
+    result = {
+        "commands": {
+            "cells": "python benchmarks/uci.py --sets SET... --splits SPLIT... --models MODEL... "
+            "(or pyro-gpn uci ...; every new cell records its own command line under 'command')",
+            "this file": "python benchmarks/uci.py --summary --json docs/results/uci.json",
+        },
+        "machine": {
+            "cells": "a 2-core x86_64 CPU VM shared with other jobs, torch on one thread per "
+            "process (OMP_NUM_THREADS=1); each cell records its load average at the end "
+            "('load_avg_1m_end') and, since 2026-11-28, the machine ('machine')",
+            "aggregated_on": machine(),
+        },
+        "times": "cell_s / cell_cpu_s: wall / process-CPU seconds of a whole cell (fit, "
+        "validation and scoring); s_per_epoch: fit seconds per epoch of the training rows; each "
+        "as mean, se and n over the cells that record it (cell_cpu_s since the second session)",
+        "benchmark_test": group(load_cells(out), "model", "test"),
+    }
     if diag is not None and diag.exists():
         result["diagnosis_validation"] = group(load_cells(diag), "variant", "val")
     result["published"] = {
@@ -1219,6 +1256,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         flush=True,
     )
     chosen = chosen_columns()
+    command = " ".join(
+        [prog or "python benchmarks/uci.py", *(argv if argv is not None else sys.argv[1:])]
+    )
     for split in a.splits:
         for name in a.sets:
             if name == "protein" and split >= 5:
@@ -1234,6 +1274,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 )
                 cell = run_cell(model, name, split, a.seed)
                 cell["load_avg_1m_end"] = os.getloadavg()[0]
+                cell["machine"] = machine()
+                cell["command"] = command
                 _atomic_json(path, cell)
                 t = cell["test"]
                 print(

@@ -199,3 +199,66 @@ def test_deep_gp_with_student_t_noise_fits_and_scores():
     score = metrics_of(mean, var, data.y_test, float(data.y_std), w)
     assert np.isfinite(score["log_lik"]) and 0 <= score["coverage90"] <= 1
     assert fit["noise_std"] > 0
+
+
+def _small_yacht(rows: int = 64):
+    """Split 0 of yacht (shipped with the package) with its first ``rows`` training rows."""
+    import dataclasses
+
+    from pyro_gpn.data.uci_regression import load_uci_regression
+
+    data = load_uci_regression("yacht", split=0, download=False)
+    return dataclasses.replace(data, x_train=data.x_train[:rows], y_train=data.y_train[:rows])
+
+
+@pytest.mark.parametrize("runner", ["clt", "mcdrop", "ensemble", "dgp"])
+def test_peer_models_fit_and_score(runner):
+    """Each peer model of the benchmark (the central-limit GPN, MC dropout, the deep ensemble and
+    GPyTorch's deep GP with its default Gaussian noise) fits on a small set and gives a finite
+    predictive whose metrics are finite, with the fields a cell records."""
+    from benchmarks import uci
+
+    data = _small_yacht()
+    fits = {
+        "clt": lambda: uci.fit_clt(data, 0),
+        "mcdrop": lambda: uci.fit_mcdrop(data, 0, rates=(0.01, 0.1)),
+        "ensemble": lambda: uci.fit_ensemble(data, 0, members=2),
+        "dgp": lambda: uci.fit_dgp(data, 0, steps=20, eval_every=10, inducing=8),
+    }
+    fit = fits[runner]()
+    assert fit["fit_s"] > 0 and fit["epochs"] > 0
+    mean, var, *weights = fit["predict"](data.x_test)
+    assert mean.shape[-1] == data.x_test.shape[0] and mean.shape == var.shape
+    assert torch.isfinite(mean).all() and (var > 0).all()
+    score = uci._score(fit["predict"], data.x_test, data.y_test, float(data.y_std))
+    assert np.isfinite(score["log_lik"]) and np.isfinite(score["rmse"])
+    assert 0 <= score["coverage90"] <= 1
+    if runner == "mcdrop":  # the rate chosen on the validation rows' log-likelihood
+        assert fit["dropout"] == max(fit["val_ll_by_rate"], key=fit["val_ll_by_rate"].get)
+    if runner == "ensemble":  # an equal mixture of the members' Gaussians
+        assert mean.shape[0] == 2
+
+
+def test_aggregate_records_times_commands_and_machine(tmp_path):
+    """``uci.json`` (``aggregate``) carries the time per fit of every (model, set) -- wall and
+    CPU seconds per cell, seconds per epoch, as mean and standard error over the cells that
+    record them --, the commands and the machine."""
+    import json
+
+    from benchmarks.uci import aggregate
+
+    for split, (wall, cpu) in enumerate(((10.0, 9.0), (14.0, 11.0))):
+        cell = {
+            "model": "bgpn", "set": "yacht", "split": split, "noise_std": 0.1,
+            "test": {"log_lik": 1.0, "rmse": 0.5, "coverage90": 0.9},
+            "cell_s": wall, "cell_cpu_s": cpu, "s_per_epoch": 0.01 * (split + 1),
+            "load_avg_1m_end": 1.0,
+        }  # fmt: skip
+        (tmp_path / f"bgpn__yacht__{split:02d}.json").write_text(json.dumps(cell))
+    result = aggregate(tmp_path)
+    row = result["benchmark_test"]["bgpn"]["yacht"]
+    assert row["cell_s"] == {"mean": 12.0, "se": pytest.approx(2.0), "n": 2}
+    assert row["cell_cpu_s"]["mean"] == 10.0 and row["s_per_epoch"]["n"] == 2
+    assert "benchmarks/uci.py" in result["commands"]["cells"]
+    assert result["machine"]["aggregated_on"]["cpus"] >= 1
+    json.dumps(result)  # serialisable as written
