@@ -103,6 +103,15 @@ def temperature_facts(model, data) -> dict:
     }
 
 
+def overrides(config: dict) -> dict:
+    """The settings of ``config`` that differ from the library's recommendations
+    (:data:`pyro_gpn.recommended.VGPN`; the batch size: its rule for large data)."""
+    from pyro_gpn.recommended import VGPN
+
+    defaults = {**VGPN.as_dict(), "batch_size": VGPN.large_batch_size}
+    return {k: v for k, v in config.items() if defaults.get(k, object()) != v}
+
+
 def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
     """Train one Bayesian GPN on ``name`` with ``seed`` and return its record."""
     from pyro_gpn.data import load_dataset
@@ -149,7 +158,10 @@ def run_cell(name: str, seed: int, config: dict, tag: str = "bgpn") -> dict:
         "seed": seed,
         "sizes": sizes,
         "layer_sizes": "x".join(map(str, sizes)),
-        "model": "VariationalGPN(head='softmax'), library defaults",
+        # the library's defaults (pyro_gpn.recommended.VGPN) but for the settings that differ
+        # (cells before 2026-11-28 said "library defaults" whatever their settings)
+        "model": "VariationalGPN(head='softmax'), the library's defaults but for: "
+        + (", ".join(f"{k}={v}" for k, v in sorted(overrides(config).items())) or "none"),
         **{f"{s}_{k}": v for s, m in parts.items() for k, v in m.items()},
         **calibration,
         "num_steps": fit.num_steps,

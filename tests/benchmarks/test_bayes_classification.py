@@ -130,6 +130,9 @@ def test_a_tiny_run_records_the_weight_prior_scale_and_builds_the_layers_with_it
     cell = json.loads((tmp_path / "tiny__connect4__seed0.json").read_text())
     expected = "empirical" if scale == "empirical" else 10.0
     assert cell["config"]["weight_prior_scale"] == expected
+    # the record names what differs from the library's defaults, not "library defaults"
+    assert f"weight_prior_scale={expected}" in cell["model"] and "num_steps=4" in cell["model"]
+    assert "lr=" not in cell["model"]  # the default rate is not an override
     assert cell["sizes"] == [4, 30, 15, 3] and cell["num_steps"] == 4
     assert 0.0 <= cell["test_error"] <= 1.0 and np.isfinite(cell["test_nll"])
     (model,) = built
