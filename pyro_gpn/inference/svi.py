@@ -28,14 +28,30 @@ processes: every rank draws the same global batch of ``batch_size`` indices and 
 loss on its share (still with ``num_data = S``), and the gradients, weighted by each rank's
 share, are summed across ranks before the optimiser step, so the ``K`` processes take the steps
 of one (:mod:`pyro_gpn.inference.distributed`, which says why this is not DDP).
+
+**Checkpoints.** With ``out_dir``, every ``checkpoint_every`` steps and at the end the loop
+writes ``out_dir/svi_checkpoint.pt`` (:data:`~pyro_gpn.inference.checkpoint.SVI_CHECKPOINT_NAME`,
+atomically, with a SHA-256 checksum beside it; rank 0 alone under ``torchrun``): the parameters
+the loss trained, by their Pyro names (``pyro.param`` sites of the param store and the
+``PyroModule`` parameters alike, as the unconstrained tensors the optimiser updates), the
+optimiser's state, the step, the random number generator states and the loss history.
+``resume=True`` continues from it: the parameters are created by evaluating the loss once on a
+batch (its gradients are discarded), overwritten in place with the saved values, the optimiser
+and the generators are restored, and the loop goes on from the saved step, so that the finished
+run equals an uninterrupted one (every rank of a data-parallel run reads rank 0's file).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pyro
 import pyro.optim
@@ -48,6 +64,14 @@ from torch import Tensor
 
 from .. import settings
 from .._validation import check_finite
+from ..io import RunLock, ensure_can_write
+from .checkpoint import (
+    SVI_CHECKPOINT_NAME,
+    load_svi_checkpoint,
+    rng_state,
+    save_svi_checkpoint,
+    set_rng_state,
+)
 from .distributed import (
     DistContext,
     all_reduce_gradients,
@@ -58,7 +82,9 @@ from .distributed import (
     shard_weight,
 )
 
-__all__ = ["LOSSES", "SVIResult", "fit_svi"]
+__all__ = ["LOSSES", "SVI_CHECKPOINT_NAME", "SVIResult", "fit_svi"]
+
+logger = logging.getLogger(__name__)
 
 LOSSES = ("trace", "trace_meanfield")
 
@@ -73,8 +99,9 @@ class SVIResult:
 
     Attributes:
         losses: the loss of every step (Pyro's estimate of the negative ELBO for the full data
-            set, as returned by the loss; divide by ``num_data`` for a per-sample value).
-        wall_time: seconds spent in the loop.
+            set, as returned by the loss; divide by ``num_data`` for a per-sample value); a
+            resumed run's history starts with the checkpoint's.
+        wall_time: seconds spent in the loop (a resumed run's includes the checkpoint's).
         num_data: ``S``, the number of training samples.
         svi: the :class:`~pyro.infer.SVI` object (its optimiser keeps the Adam moments, so
             ``svi.step(x, y)`` continues the run).
@@ -168,11 +195,12 @@ def _loss_and_grads(svi: SVI, step: int, *args, **kwargs) -> tuple[Tensor, dict[
 
 def _checked_step(
     svi: SVI, step: int, *args, ctx: DistContext | None = None, weight: float = 1.0, **kwargs
-) -> float:
+) -> tuple[float, dict[str, Tensor]]:
     """:meth:`pyro.infer.SVI.step`, refusing to update the parameters with non-finite values.
 
     One device synchronisation: the loss and the all-finite flag of every gradient are read
-    back together; the offending parameters are looked up only on failure. Under ``torchrun``
+    back together; the offending parameters are looked up only on failure. Returns the loss
+    and the trained (unconstrained) parameters by name. Under ``torchrun``
     (``ctx``), the gradients and the loss, weighted by this rank's share ``weight`` of the global
     batch, are summed over the ranks first (and at the first step every rank starts from rank
     0's freshly created parameters).
@@ -209,7 +237,51 @@ def _checked_step(
         )
     svi.optim(params)
     zero_grads(params)
-    return loss
+    return loss, named
+
+
+def _check_checkpoint_args(out_dir, resume, checkpoint_every) -> Path | None:
+    """The checkpoint arguments of :func:`fit_svi`, checked (``ValueError`` naming one)."""
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise ValueError(f"out_dir must be a path or None, got {type(out_dir).__name__}")
+    if not isinstance(resume, bool):
+        raise ValueError(f"resume must be a bool, got {resume!r}")
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir (the folder of the checkpoint)")
+    if (
+        not isinstance(checkpoint_every, int)
+        or isinstance(checkpoint_every, bool)
+        or checkpoint_every < 1
+    ):
+        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    return None if out_dir is None else Path(out_dir)
+
+
+def _restore(
+    svi: SVI, checkpoint: dict[str, Any], path: Path, *args, **kwargs
+) -> dict[str, Tensor]:
+    """Create the trained parameters by evaluating the loss once on ``args`` (the gradients are
+    discarded), overwrite them in place with the checkpoint's values, and hand the optimiser its
+    state (consumed when it first meets each parameter). Returns the parameters by name."""
+    with settings.validation(False):
+        _, named = _loss_and_grads(svi, 1, *args, **kwargs)
+    zero_grads(set(named.values()))
+    saved = checkpoint["params"]
+    if set(saved) != set(named):
+        raise ValueError(
+            f"{path} holds the parameters {sorted(saved)}, but the loss trains {sorted(named)}: "
+            "resume with the model and guide that wrote it (or resume=False to start afresh)"
+        )
+    with torch.no_grad():
+        for name, value in named.items():
+            if value.shape != saved[name].shape:
+                raise ValueError(
+                    f"{path} holds {name} of shape {tuple(saved[name].shape)}, the model's is "
+                    f"{tuple(value.shape)}: resume with the model that wrote it"
+                )
+            value.copy_(saved[name])
+    svi.optim.set_state(checkpoint["optim"])
+    return named
 
 
 def fit_svi(
@@ -230,6 +302,9 @@ def fit_svi(
     lr_decay: float = 1.0,
     clear_param_store: bool = True,
     model_kwargs: dict | None = None,
+    out_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 100,
 ) -> SVIResult:
     """Fit ``model`` / ``guide`` to ``(x, y)`` by stochastic variational inference.
 
@@ -267,16 +342,34 @@ def fit_svi(
             plain ``pyro.param`` sites.
         model_kwargs: extra keyword arguments for the model and the guide (besides
             ``num_data``, which the loop passes).
+        out_dir: folder for ``svi_checkpoint.pt`` (created if missing; the module docstring
+            says what it holds), written every ``checkpoint_every`` steps and at the end (also
+            when the callback stops the loop); ``None``: nothing is written, as the
+            :class:`~pyro_gpn.inference.TrainConfig`'s ``out_dir``.
+        resume: continue from ``out_dir/svi_checkpoint.pt`` if it exists (else start afresh),
+            up to ``num_steps`` steps in all (a checkpoint at or past ``num_steps`` only restores
+            the parameters). The model, guide, loss and data must be those of the run that wrote
+            it; other settings than ``num_steps``, ``progress`` and ``callback`` changed in
+            between break the equality with an uninterrupted run (a warning names them). With
+            ``lr_decay`` the decay per step is part of the optimiser's state: that of the first
+            run's ``num_steps``.
+        checkpoint_every: steps between checkpoints (with ``out_dir``).
 
     Returns:
         :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
 
     Raises:
-        ValueError: for invalid arguments.
-        FloatingPointError: when a loss or a gradient is not finite (no update is applied).
+        ValueError: for invalid arguments (naming the argument), or a checkpoint whose
+            parameters are not those the loss trains.
+        FloatingPointError: when a loss or a gradient is not finite (no update is applied; the
+            last checkpoint is left intact).
+        pyro_gpn.io.CorruptFileError: ``resume=True`` and the checkpoint is damaged (checked
+            against its checksum), naming the file.
+        pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
     """
     if not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
+    run_dir = _check_checkpoint_args(out_dir, resume, checkpoint_every)
     if not isinstance(x, Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor with the samples along its first dimension")
     num_data = x.shape[0]
@@ -300,6 +393,74 @@ def fit_svi(
         )
     elbo = _make_loss(loss, num_particles)
     optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
+    run_settings = {
+        "loss": loss if isinstance(loss, str) else type(loss).__name__,
+        "lr": lr,
+        "batch_size": batch_size,
+        "num_particles": num_particles,
+        "seed": seed,
+        "clip_norm": clip_norm,
+        "lr_decay": lr_decay,
+        "optim": None if optim is None else type(optim).__name__,
+        "num_data": num_data,
+    }
+    with _checkpoint_folder(run_dir, ctx):
+        checkpoint = load_svi_checkpoint(run_dir, run_settings) if resume else None
+        return _loop(
+            svi_args=(model, guide, elbo, optimizer),
+            data=(x, y, slice_size, kwargs),
+            num_steps=num_steps,
+            seed=seed,
+            ctx=ctx,
+            clear_param_store=clear_param_store,
+            progress=progress,
+            callback=callback,
+            run_dir=run_dir,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+            run_settings=run_settings,
+        )
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(run_dir: Path | None, ctx: DistContext):
+    """Rank 0 checks (creates) and locks ``run_dir`` for the loop; under ``torchrun`` every
+    rank waits for that on entry, and on a normal exit for rank 0's last checkpoint (so that a
+    rank that resumes next reads the finished file)."""
+    if run_dir is None:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if ctx.is_main:
+            ensure_can_write(run_dir, overwrite=True, marker=SVI_CHECKPOINT_NAME)
+            if not RunLock.is_held(run_dir):
+                stack.enter_context(RunLock(run_dir))
+        if ctx.distributed:
+            torch.distributed.barrier()
+        yield
+        if ctx.distributed:
+            torch.distributed.barrier()
+
+
+def _loop(
+    *,
+    svi_args: tuple,
+    data: tuple,
+    num_steps: int,
+    seed: int | None,
+    ctx: DistContext,
+    clear_param_store: bool,
+    progress: bool,
+    callback: Callback | None,
+    run_dir: Path | None,
+    checkpoint: dict[str, Any] | None,
+    checkpoint_every: int,
+    run_settings: dict[str, Any],
+) -> SVIResult:
+    """:func:`fit_svi`'s loop on checked arguments (``out_dir`` locked and writable)."""
+    model, guide, elbo, optimizer = svi_args
+    x, y, slice_size, kwargs = data
+    num_data = x.shape[0]
     if clear_param_store:
         pyro.clear_param_store()
     seed = broadcast_seed(seed, ctx)  # every rank draws the same global batches
@@ -307,15 +468,40 @@ def fit_svi(
         pyro.set_rng_seed(seed)
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
+    start_step, named, done_before = 0, {}, 0.0
+    if checkpoint is not None:
+        path = run_dir / SVI_CHECKPOINT_NAME
+        first = torch.arange(min(slice_size or num_data, num_data), device=x.device)
+        named = _restore(svi, checkpoint, path, x[first], None if y is None else y[first], **kwargs)
+        set_rng_state(checkpoint["rng"], None)
+        start_step = checkpoint["step"]
+        result.losses = list(checkpoint["losses"])
+        done_before = checkpoint["wall_time"]
+        logger.info("resuming from step %d of %s", start_step, path)
+
+    def save(step: int) -> None:
+        if run_dir is None or not ctx.is_main or not named:
+            return
+        save_svi_checkpoint(
+            run_dir,
+            params=named,
+            optim_state=svi.optim.get_state(),
+            rng=rng_state(None, x.device),
+            step=step,
+            losses=result.losses,
+            wall_time=done_before + time.perf_counter() - start,
+            settings=run_settings,
+        )
 
     bar = None
     if progress and ctx.is_main:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=num_steps, desc="SVI", leave=False)
+        bar = tqdm(total=num_steps, initial=min(start_step, num_steps), desc="SVI", leave=False)
     start = time.perf_counter()
+    step = start_step
     try:
-        for step in range(1, num_steps + 1):
+        for step in range(start_step + 1, num_steps + 1):
             batch_x, batch_y, weight = x, y, 1.0
             if slice_size is not None or ctx.distributed:
                 index = torch.arange(num_data, device=x.device)
@@ -325,7 +511,9 @@ def fit_svi(
                 weight = shard_weight(local.numel(), index.numel())
                 batch_x, batch_y = x[local], None if y is None else y[local]
             with settings.validation(False):  # the data were checked on entry
-                value = _checked_step(svi, step, batch_x, batch_y, ctx=ctx, weight=weight, **kwargs)
+                value, named = _checked_step(
+                    svi, step, batch_x, batch_y, ctx=ctx, weight=weight, **kwargs
+                )
             result.losses.append(value)
             if bar is not None:
                 bar.update()
@@ -334,8 +522,12 @@ def fit_svi(
             if callback is not None and callback(step, value):
                 result.stopped_early = True
                 break
+            if step % checkpoint_every == 0 and step != num_steps:
+                save(step)
+        if step > start_step:
+            save(step)
     finally:
-        result.wall_time = time.perf_counter() - start
+        result.wall_time = done_before + time.perf_counter() - start
         if bar is not None:
             bar.close()
     return result

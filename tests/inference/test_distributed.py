@@ -1,6 +1,6 @@
 """Data-parallel training: `Trainer` and `fit_svi`, unchanged, on two CPU processes (gloo) take
-the same steps as one process with the same global batch; checkpoints written by rank 0 resume;
-the plumbing's reductions are exact."""
+the same steps as one process with the same global batch; checkpoints written by rank 0 resume
+(both loops); the plumbing's reductions are exact."""
 
 import math
 import os
@@ -56,7 +56,7 @@ def _train(kind: str, epochs: int = EPOCHS, out_dir=None, resume: bool = False):
     return model.state_dict(), result.history
 
 
-def _svi():
+def _svi(num_steps: int = SVI_STEPS, **kwargs):
     pyro.clear_param_store()
     torch.manual_seed(0)
     x, y = _data()
@@ -68,11 +68,12 @@ def _svi():
         x.double(),
         target,
         loss=ClosedFormELBO(vgpn),
-        num_steps=SVI_STEPS,
+        num_steps=num_steps,
         batch_size=16,
         lr=1e-2,
         seed=3,
         progress=False,
+        **kwargs,
     )
     return {k: v.detach().clone() for k, v in vgpn.state_dict().items()}, fit.losses
 
@@ -88,6 +89,9 @@ def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
     torch.set_num_threads(1)
     if job == "svi":
         result = _svi()
+    elif job == "svi_resume":
+        _svi(SVI_STEPS // 2, out_dir=out + ".svi", checkpoint_every=10)
+        result = _svi(out_dir=out + ".svi", checkpoint_every=10, resume=True)
     elif job == "resume":
         _train("dense", epochs=2, out_dir=out + ".run")
         torch.distributed.barrier()
@@ -155,6 +159,20 @@ def test_distributed_resume_continues_the_run(tmp_path):
         assert [row["epoch"] for row in rank_history] == [1, 2, 3, 4]
         assert _max_difference(rank_state, state) <= 1e-5
     assert (tmp_path / "state.run" / "checkpoint.pt").exists()
+
+
+def test_distributed_fit_svi_resume_continues_the_run(tmp_path):
+    """Two processes run half of the closed-form fit_svi into a folder (rank 0 writes the
+    checkpoint; fit_svi returns on every rank once it is written), then two fresh calls resume
+    to the end from it: the losses and parameters of one process's uninterrupted run."""
+    ranks = _spawn("svi_resume", tmp_path)
+    state, losses = _svi()
+    for rank_state, rank_losses in ranks:
+        assert len(rank_losses) == SVI_STEPS
+        assert _max_difference(rank_state, state) <= 1e-5
+        assert rank_losses == pytest.approx(losses, rel=1e-6)
+    saved = torch.load(tmp_path / "state.svi" / "svi_checkpoint.pt", weights_only=True)
+    assert saved["step"] == SVI_STEPS
 
 
 def test_single_process_plumbing_is_the_identity():

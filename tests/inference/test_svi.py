@@ -287,3 +287,149 @@ class TestErrors:
         # the contract: every model takes num_data (fit_svi inspects nothing)
         with pytest.raises(TypeError, match="num_data"):
             fit_svi(plain, lambda x, y: None, x, y, batch_size=5, progress=False)
+
+
+DT = torch.float64
+
+
+def _store_model(x, y, num_data=None):
+    """Plain ``pyro.param`` sites (the param store), one with a random initial value."""
+    shift = pyro.param("shift", lambda: torch.randn((), dtype=DT))
+    loc = pyro.sample("loc", dist.Normal(torch.tensor(0.0, dtype=DT), 10.0))
+    with pyro.plate("data", num_data or x.shape[0], subsample=torch.arange(x.shape[0])):
+        pyro.sample("y", dist.Normal(loc + shift * x, 0.5), obs=y)
+
+
+def _store_guide(x, y, num_data=None):
+    q_loc = pyro.param("q_loc", torch.tensor(0.0, dtype=DT))
+    q_scale = pyro.param("q_scale", torch.tensor(1.0, dtype=DT), constraint=constraints.positive)
+    pyro.sample("loc", dist.Normal(q_loc, q_scale))
+
+
+def _fit(kind, num_steps, seed=0, **kwargs):
+    """A float64 run that exercises every piece of state: Monte Carlo ELBO draws, random
+    mini-batches and a randomly initialised parameter (``"store"``: ``pyro.param`` sites,
+    ClippedAdam), or a variational GPN's parameters in its ``PyroModule`` with the closed-form
+    ELBO (``"vgpn"``, Adam). Returns the trained parameters and the fit."""
+    from pyro_gpn.inference.closed_form import ClosedFormELBO
+    from pyro_gpn.models.variational import VariationalGPN
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 1, dtype=DT, generator=g)
+    y = torch.sin(2 * x) + 0.1 * torch.randn(40, 1, dtype=DT, generator=g)
+    torch.manual_seed(seed)  # a resumed run starts from other initial values
+    if kind == "store":
+        model, guide = _store_model, _store_guide
+        args = {"loss": "trace", "num_particles": 2, "clip_norm": 5.0}
+        x, y = x[:, 0], y[:, 0]
+    else:
+        vgpn = VariationalGPN([1, 3, 1], num_data=40, dtype=DT)
+        model, guide, args = vgpn.model, vgpn.guide, {"loss": ClosedFormELBO(vgpn)}
+    fit = fit_svi(
+        model,
+        guide,
+        x,
+        y,
+        num_steps=num_steps,
+        lr=0.05,
+        batch_size=10,
+        seed=3,
+        progress=False,
+        **args,
+        **kwargs,
+    )
+    if kind == "store":
+        params = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    else:
+        params = {k: v.detach().clone() for k, v in vgpn.state_dict().items()}
+    return params, fit
+
+
+def _assert_same_run(a, b):
+    (params_a, fit_a), (params_b, fit_b) = a, b
+    assert params_a.keys() == params_b.keys()
+    for name, value in params_a.items():
+        torch.testing.assert_close(params_b[name], value, rtol=0, atol=1e-10, msg=name)
+    assert len(fit_a.losses) == len(fit_b.losses)
+    assert fit_b.losses == pytest.approx(fit_a.losses, rel=0, abs=1e-10)
+
+
+class TestCheckpoints:
+    @pytest.mark.parametrize("kind", ["store", "vgpn"])
+    def test_resume_equals_uninterrupted_run(self, tmp_path, kind):
+        """N steps straight against N/2, then a resumption to N from another initialisation
+        and scrambled generators: the same parameters and losses (float64, 1e-10); resuming
+        the finished run again only restores its parameters."""
+        straight = _fit(kind, 20)
+        _fit(kind, 10, out_dir=tmp_path)
+        resumed = _fit(kind, 20, seed=99, out_dir=tmp_path, resume=True)
+        _assert_same_run(straight, resumed)
+        one_step = _fit(kind, 1)[0]
+        assert any(not torch.allclose(v, straight[0][k]) for k, v in one_step.items())
+        again = _fit(kind, 20, seed=7, out_dir=tmp_path, resume=True)
+        _assert_same_run(straight, again)
+
+    def test_periodic_checkpoint_survives_a_crash(self, tmp_path):
+        """``checkpoint_every=3`` and a crash (an exception in the callback) at step 7: the
+        checkpoint holds step 6 (the crash wrote nothing), verified by its checksum; resuming
+        to 12 steps equals an uninterrupted run, the learning-rate decay (optimiser state)
+        included."""
+        from pyro_gpn.io import load_torch
+
+        def crash(step, loss):
+            if step == 7:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            _fit("store", 12, out_dir=tmp_path, checkpoint_every=3, callback=crash, lr_decay=0.5)
+        saved = load_torch(tmp_path / "svi_checkpoint.pt")
+        assert saved["step"] == 6 and len(saved["losses"]) == 6
+        assert sorted(saved["params"]) == ["q_loc", "q_scale", "shift"]
+        resumed = _fit(
+            "store", 12, seed=5, out_dir=tmp_path, checkpoint_every=3, resume=True, lr_decay=0.5
+        )
+        _assert_same_run(_fit("store", 12, lr_decay=0.5), resumed)
+        assert load_torch(tmp_path / "svi_checkpoint.pt")["step"] == 12
+
+    def test_resume_without_checkpoint_starts_afresh(self, tmp_path):
+        _assert_same_run(_fit("store", 4), _fit("store", 4, out_dir=tmp_path, resume=True))
+        assert (tmp_path / "svi_checkpoint.pt").exists()
+
+    @pytest.mark.parametrize("damage", ["flip", "truncate", "checksum"])
+    def test_damaged_checkpoint_names_the_file(self, tmp_path, damage):
+        from pyro_gpn.io import CorruptFileError, checksum_path
+
+        _fit("store", 3, out_dir=tmp_path)
+        path = tmp_path / "svi_checkpoint.pt"
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+        elif damage == "truncate":
+            path.write_bytes(bytes(data[: len(data) // 2]))
+        else:
+            checksum_path(path).unlink()
+        with pytest.raises(CorruptFileError, match=r"svi_checkpoint\.pt.*resume=False"):
+            _fit("store", 6, out_dir=tmp_path, resume=True)
+
+    def test_checkpoint_of_another_model_is_refused(self, tmp_path):
+        _fit("store", 2, out_dir=tmp_path)
+        with pytest.raises(ValueError, match=r"svi_checkpoint\.pt holds the parameters"):
+            _fit("vgpn", 4, out_dir=tmp_path, resume=True)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "name"),
+        [
+            ({"resume": True}, "resume=True needs out_dir"),
+            ({"resume": "yes", "out_dir": "x"}, "resume must be a bool"),
+            ({"checkpoint_every": 0}, "checkpoint_every"),
+            ({"checkpoint_every": 2.5}, "checkpoint_every"),
+            ({"checkpoint_every": True}, "checkpoint_every"),
+            ({"out_dir": 3}, "out_dir"),
+        ],
+    )
+    def test_bad_checkpoint_arguments_name_the_argument(self, kwargs, name):
+        x, y = _data(10)
+        m = Gaussian()
+        with pytest.raises(ValueError, match=name):
+            fit_svi(m.model, m.guide, x, y, num_steps=1, progress=False, **kwargs)

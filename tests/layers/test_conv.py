@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.autograd import gradcheck
+from torch.func import functional_call
 
 from pyro_gpn import GPNSequential, Moments
 from pyro_gpn.layers import (
@@ -17,6 +18,7 @@ from pyro_gpn.layers import (
     MomentLinear,
     VariationalGPNConv2d,
 )
+from tests.gradients import assert_gradcheck, gradcheck_parameters
 from tests.mc import assert_mc_mean, assert_mc_variance
 
 DT = torch.float64
@@ -183,6 +185,60 @@ def test_gradcheck_float64():
         return out.mean, out.var
 
     assert gradcheck(outputs, (mean, var, weight))
+
+
+@pytest.mark.parametrize("cls", [GPNConv2d, VariationalGPNConv2d])
+def test_gradcheck_gp_parameters_float64(cls):
+    """Every parameter of the layer -- the kernel, the lengthscales, the output noise, and the
+    response's targets and target variances (``GPNConv2d``) or ``q(U)``'s mean and Cholesky
+    factor with the KL term (``VariationalGPNConv2d``) -- for Gaussian input images (float64,
+    finite differences; the fused CPU kernels' hand-written backward included)."""
+    layer = _conv(cls, 1, 2, 3, (3, 3), padding=1, num_inducing=4)
+    with torch.no_grad():  # a non-default q(U) (a unit prior scale would be a special point)
+        for p in layer.response.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    inputs, _ = _gaussian_input(2, 9)
+    names = {n for n, _ in layer.named_parameters()}
+    expected = {"weight", "lengthscales_unconstrained", "noise_std_unconstrained"}
+    assert expected < names and len(names) == 5
+    gradcheck_parameters(layer, inputs)
+
+
+def test_gradcheck_avgpool_float64():
+    """MomentAvgPool2d's means and variances with respect to the input means and variances
+    (overlapping windows: each pixel reaches several outputs)."""
+    pool = MomentAvgPool2d((2, 3), stride=1, input_shape=(2, 3, 4))
+    inputs, _ = _gaussian_input(2, 24)
+    mean = inputs.mean.clone().requires_grad_()
+    var = inputs.var.clone().requires_grad_()
+
+    def outputs(m, v):
+        out = pool.propagate(Moments(m, var=v, validate=False))
+        return out.mean, out.var
+
+    assert_gradcheck(outputs, (mean, var))
+
+
+@pytest.mark.parametrize("mode", ["meanvar", "cov"])
+def test_gradcheck_linear_float64(mode):
+    """MomentLinear's output moments (variances; the covariance in ``"cov"`` mode) with
+    respect to the input means and variances, the weight and the bias."""
+    torch.manual_seed(0)
+    lin = MomentLinear(4, 3, dtype=DT)
+    with torch.no_grad():
+        lin.bias.normal_()
+    inputs, _ = _gaussian_input(2, 4)
+    mean = inputs.mean.clone().requires_grad_()
+    var = inputs.var.clone().requires_grad_()
+    weight = lin.weight.detach().clone().requires_grad_()
+    bias = lin.bias.detach().clone().requires_grad_()
+
+    def outputs(m, v, w, b):
+        moments = Moments(m, var=v, validate=False)
+        out = functional_call(lin, {"weight": w, "bias": b}, (moments, mode))
+        return out.mean, out.var if mode == "meanvar" else out.cov
+
+    assert_gradcheck(outputs, (mean, var, weight, bias))
 
 
 def test_variational_kl_and_closed_form_elbo():

@@ -8,6 +8,7 @@ from torch.autograd import gradcheck
 from pyro_gpn import GPNSequential, Moments
 from pyro_gpn.layers import GPNRecurrent, MomentLinear, VariationalGPNRecurrent
 from pyro_gpn.layers.recurrent import add_independent
+from tests.gradients import assert_gradcheck, gradcheck_parameters
 from tests.mc import assert_mc_mean, assert_mc_variance
 
 DT = torch.float64
@@ -123,6 +124,46 @@ def test_gradcheck_float64():
         return out.mean, out.var
 
     assert gradcheck(outputs, (mean, var, u))
+
+
+def _sequence_moments(samples=2, features=6, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(samples, features, dtype=DT, generator=g)
+    var = torch.rand(samples, features, dtype=DT, generator=g) * 0.3 + 0.05
+    return Moments(mean, var=var)
+
+
+@pytest.mark.parametrize("cls", [GPNRecurrent, VariationalGPNRecurrent])
+def test_gradcheck_gp_parameters_float64(cls):
+    """Every parameter -- ``W``, ``U``, the lengthscales, the output noise, and the targets and
+    target variances (``GPNRecurrent``) or ``q(U)``'s mean and Cholesky factor with the KL
+    term (``VariationalGPNRecurrent``) -- through three time steps of Gaussian inputs (float64,
+    finite differences; the state fed back makes every parameter enter every step)."""
+    layer = _rnn(cls, num_inducing=4)
+    with torch.no_grad():  # a non-default q(U) (a unit prior scale would be a special point)
+        for p in layer.response.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    names = {n for n, _ in layer.named_parameters()}
+    assert {"recurrent_weight", "lengthscales_unconstrained", "noise_std_unconstrained"} < names
+    gradcheck_parameters(layer, _sequence_moments())
+
+
+@pytest.mark.parametrize("cls", [GPNRecurrent, VariationalGPNRecurrent])
+def test_gradcheck_cov_mode_float64(cls):
+    """``"cov"`` mode (the state's covariance over units carried through time): the output
+    mean and covariance with respect to the input moments and to every parameter."""
+    layer = _rnn(cls, num_inducing=4)
+    inputs = _sequence_moments()
+    mean = inputs.mean.clone().requires_grad_()
+    var = inputs.var.clone().requires_grad_()
+
+    def outputs(m, v):
+        out = layer.propagate(Moments(m, var=v, validate=False), "cov")
+        return out.mean, out.cov
+
+    assert layer.propagate(inputs, "cov").cov.shape == (2, 3, 3)
+    assert_gradcheck(outputs, (mean, var))
+    gradcheck_parameters(layer, inputs, mode="cov")
 
 
 @pytest.mark.parametrize(("batch", "steps"), [(1, 1), (1, 5), (3, 1)])
