@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         nuts_samples=args.nuts_samples,
         nuts_warmup=args.nuts_warmup,
         nuts_sizes=(),
+        sampled_u_sizes=(),
         nuts_max_rows=400,
     )
     start = time.perf_counter()

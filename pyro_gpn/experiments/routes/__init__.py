@@ -10,6 +10,12 @@ route               what runs
                     :func:`~pyro_gpn.inference.run_nuts` (exact inference; skipped, with the
                     reason, when train + prediction rows exceed ``budget.nuts_max_rows``;
                     ``budget.nuts_subsample`` draws a random subset of the training rows)
+``sampled-u``       :class:`~pyro_gpn.models.SampledTargetsGPN` sampled by ``run_nuts``: NUTS
+                    over the variational model's targets ``U`` (with their GP prior), weights
+                    and noise, the activations integrated in closed form (central limit); its
+                    posterior's dimension does not grow with the rows, so it runs on all of them
+                    (widths ``budget.sampled_u_sizes``, ``budget.sampled_u_inducing`` targets
+                    per unit, the NUTS budget of ``nuts``)
 ``parametric-svi``  :class:`~pyro_gpn.models.ParametricGPN` (sampled, reparameterised outputs,
                     the paper's expected log-likelihood) trained by
                     :func:`~pyro_gpn.inference.fit_svi` with ``Trace_ELBO``
@@ -33,20 +39,22 @@ route trains on the training split alone, for a fixed budget of steps (:class:`R
   (:meth:`GPNNet.forward <pyro_gpn.GPNNet.forward>`,
   which :class:`~pyro_gpn.models.VariationalGPN` inherits); the two ``vgpn`` routes are evaluated
   identically, so they differ only in the objective they were trained with). For the sampling
-  routes (``nuts``, ``parametric-svi``) it is the **moment-matched Gaussian** of the predictive
-  draws (noise included): their sample mean and variance. Mixtures over draws are not used,
-  because ``NUTS`` and ``ParametricGPN.predict`` return draws of the noisy outputs, not
-  per-draw Gaussians;
+  routes (``nuts``, ``sampled-u``, ``parametric-svi``) it is the **moment-matched Gaussian** of
+  the predictive draws (noise included): their sample mean and variance. Mixtures over draws are
+  not used, because ``NUTS`` and ``ParametricGPN.predict`` return draws of the noisy outputs, not
+  per-draw Gaussians (``sampled-u`` has them, and is summarised like ``nuts`` all the same, so
+  that the two NUTS routes compare on equal terms);
 * ``coverage90``: the fraction of test targets inside the central 90 % predictive interval:
   ``m +- 1.645 sqrt(v)`` for the Gaussian routes, the empirical 5 % and 95 % quantiles of the
   draws for the sampling routes (the same intervals are drawn in
   :func:`~pyro_gpn.plotting.plot_comparison`);
 * ``wall_s``: seconds of training (NUTS: warm-up and sampling; the periodic evaluations that
   record the learning curves of the ``vgpn`` routes are excluded);
-* NUTS only: ``max_rhat`` (rank-normalised split r-hat), ``min_ess`` (bulk ESS) and the number of
-  divergent transitions. r-hat and ESS are taken over the *identified* quantities, the noise
-  scales ``sigma{l}`` and the posterior-predictive test outputs; weights are left out because
-  their sign and the order of hidden units are not identified (``pyro_gpn.diagnostics``).
+* NUTS routes only: ``max_rhat`` (rank-normalised split r-hat), ``min_ess`` (bulk ESS) and the
+  number of divergent transitions. r-hat and ESS are taken over the *identified* quantities, the
+  noise scales ``sigma{l}`` (``sampled-u``: the output layer's) and the posterior-predictive test
+  outputs; weights and targets are left out because their sign and the order of hidden units are
+  not identified (``pyro_gpn.diagnostics``).
 
 **Learning curves and time to a target.** The ``vgpn`` routes record the test log-likelihood
 every ``budget.eval_every`` steps against their training wall time (:attr:`RouteResult.curve`);

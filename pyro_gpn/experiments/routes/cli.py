@@ -42,10 +42,10 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> None:
         "compare",
         help="fit one regression set with every inference route and compare them",
         description=(
-            "Fit a regression data set with NUTS (non-parametric GPN), SVI (parametric GPN), the "
-            "central-limit GPN and the variational GPN (Trace_ELBO and closed-form ELBO); write "
-            "a markdown table of test RMSE, log-likelihood, 90 % coverage and wall time (and "
-            "NUTS diagnostics) and a plot."
+            "Fit a regression data set with NUTS (non-parametric GPN and sampled-U GPN), SVI "
+            "(parametric GPN), the central-limit GPN and the variational GPN (Trace_ELBO and "
+            "closed-form ELBO); write a markdown table of test RMSE, log-likelihood, 90 % "
+            "coverage and wall time (and NUTS diagnostics), their az.compare ranking and a plot."
         ),
         formatter_class=HelpFormatter,
     )
@@ -61,9 +61,9 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sizes", type=positive_int, nargs="*", default=[4], help="hidden widths")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of every route")
     group = parser.add_argument_group("route budget (RouteBudget)")
-    # NUTS samples a single GPN layer unless --nuts-sizes is given (RouteBudget's None would
-    # give it the common --sizes)
-    add_options(group, RouteBudget, defaults={"nuts_sizes": ()})
+    # the NUTS routes sample a single GPN layer unless --nuts-sizes / --sampled-u-sizes is given
+    # (RouteBudget's None would give them the common --sizes)
+    add_options(group, RouteBudget, defaults={"nuts_sizes": (), "sampled_u_sizes": ()})
     parser.add_argument("--grid-size", type=int, default=200, help="plot grid points (1-D data)")
     parser.add_argument("--out", default="pyro-gpn-compare", help="output folder")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")

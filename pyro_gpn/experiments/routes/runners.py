@@ -109,7 +109,6 @@ def _fresh(ctx: _Context) -> None:
 
 
 def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
-    from ...diagnostics import max_rhat, min_ess
     from ...inference.mcmc import run_nuts
     from ...models.nonparametric import NonParametricGPN
 
@@ -139,9 +138,17 @@ def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
         max_tree_depth=budget.nuts_max_tree_depth,
         seed=ctx.seed,
     )
+    sigmas = [f"sigma{l}" for l in range(1, model.num_layers + 1)]
+    return _nuts_outcome(nuts, sigmas, budget, out)
+
+
+def _nuts_outcome(nuts, sigmas: list[str], budget: RouteBudget, out: RouteResult) -> _Predictive:
+    """A NUTS route's wall time, r-hat and bulk ESS over the noise scales ``sigmas`` and the
+    predictive test outputs, divergences and settings; its predictive from the draws."""
+    from ...diagnostics import max_rhat, min_ess
+
     out.wall_s = nuts.wall_time_s
     idata = nuts.to_arviz()
-    sigmas = [f"sigma{l}" for l in range(1, model.num_layers + 1)]
     out.max_rhat = max(
         max_rhat(idata, sigmas), max_rhat(idata, ["y_test"], group="posterior_predictive")
     )
@@ -150,12 +157,36 @@ def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
     )
     out.num_divergences = nuts.num_divergences
     out.details.update(
-        sizes=model.sizes,
+        sizes=nuts.model.sizes,
         chains=budget.nuts_chains,
         warmup=budget.nuts_warmup,
         samples=budget.nuts_samples,
     )
     return _Predictive.from_draws(nuts.y_test, "draws: moment-matched Gaussian, quantile interval")
+
+
+def _run_sampled_u(ctx: _Context, out: RouteResult) -> _Predictive:
+    from ...inference.mcmc import run_nuts
+    from ...models.sampled_targets import SampledTargetsGPN
+
+    budget, data = ctx.budget, ctx.data
+    model = SampledTargetsGPN(
+        ctx.full_sizes(budget.sampled_u_sizes), num_inducing=budget.sampled_u_inducing
+    )
+    nuts = run_nuts(
+        model,
+        data.x_train.double(),
+        data.y_train.double(),
+        ctx.x_eval.double(),
+        num_samples=budget.nuts_samples,
+        warmup_steps=budget.nuts_warmup,
+        num_chains=budget.nuts_chains,
+        max_tree_depth=budget.nuts_max_tree_depth,
+        seed=ctx.seed,
+    )
+    out.details["num_inducing"] = model.num_inducing
+    # the output noise: a hidden unit's is not identified (unit permutations)
+    return _nuts_outcome(nuts, [f"sigma{model.num_layers}"], budget, out)
 
 
 def _run_parametric(ctx: _Context, out: RouteResult) -> _Predictive:
@@ -275,6 +306,7 @@ class _Skip(Exception):
 
 _RUNNERS: dict[str, _Runner] = {
     "nuts": _run_nuts,
+    "sampled-u": _run_sampled_u,
     "parametric-svi": _run_parametric,
     "clt": _run_clt,
     "vgpn-trace": _vgpn_route("trace"),
@@ -298,7 +330,8 @@ def compare_routes(
         data: a regression data set with one target (standardised, with ``y_std``).
         routes: any of :data:`ROUTES`, in the order to run and report.
         sizes: hidden widths shared by all routes (``[]``: a single GPN layer);
-            ``budget.nuts_sizes`` may give NUTS its own.
+            ``budget.nuts_sizes`` and ``budget.sampled_u_sizes`` may give the NUTS routes their
+            own.
         seed: seeds every route's initialisation, mini-batches, sampler and NUTS subsample.
         budget: steps, samples and learning rates (:class:`RouteBudget`; default settings).
         grid_size: points of the plot grid for 1-D inputs (predicted by every route, and

@@ -17,9 +17,10 @@ from ..options import nonnegative_int, option, positive_float, positive_int
 
 __all__ = ["ROUTES", "ROUTE_LABELS", "RouteBudget", "check_sizes"]
 
-ROUTES = ("nuts", "parametric-svi", "clt", "vgpn-trace", "vgpn-closed")
+ROUTES = ("nuts", "sampled-u", "parametric-svi", "clt", "vgpn-trace", "vgpn-closed")
 ROUTE_LABELS = {
     "nuts": "NUTS, non-parametric GPN",
+    "sampled-u": "NUTS, sampled-U GPN",
     "parametric-svi": "SVI, parametric GPN",
     "clt": "ML, central-limit GPN",
     "vgpn-trace": "VI, Trace_ELBO",
@@ -36,6 +37,7 @@ _POSITIVE = (
     "nuts_chains",
     "nuts_max_tree_depth",
     "nuts_max_rows",
+    "sampled_u_inducing",
 )
 _NONNEGATIVE = ("eval_every", "nuts_warmup", "clt_patience")
 
@@ -87,13 +89,24 @@ class RouteBudget:
         clt_batch_size: mini-batch size of the CLT route.
         clt_patience: evaluations without improvement before the CLT learning rate drops.
         nuts_samples, nuts_warmup, nuts_chains: NUTS draws kept per chain, warm-up steps per
-            chain and chains.
-        nuts_max_tree_depth: NUTS tree-depth limit.
+            chain and chains (both NUTS routes, ``nuts`` and ``sampled-u``).
+        nuts_max_tree_depth: NUTS tree-depth limit (both NUTS routes).
         nuts_max_rows: NUTS is skipped when its training rows plus prediction rows (test and,
             for 1-D data, the plot grid) exceed this.
         nuts_subsample: if set, NUTS sees a random subset of this many training rows (seeded).
         nuts_sizes: hidden widths of the non-parametric GPN (``None``: the common ``sizes``);
             every hidden unit adds one latent dimension per row.
+        sampled_u_sizes: hidden widths of the ``sampled-u`` route's
+            :class:`~pyro_gpn.models.SampledTargetsGPN` (``None``: the common ``sizes``). Its
+            posterior has ``sum_l N_l (R + M_l + 1)`` dimensions whatever the rows. Without a
+            hidden layer its chains met r-hat 1.01 on 1,000 rows of power and kin8nm in minutes;
+            with one they took 0.5-2.8 s per warm-up iteration there (``docs/results/nuts.md``),
+            hence the command line's default of none.
+        sampled_u_inducing: inducing points ``R`` per unit of the ``sampled-u`` route (>= 2). On
+            the synthetic problem (54 rows, ``[1, 1]``, 2 x (200 + 200), seed 0, shared 2-core
+            CPU) 8 took 37-42 s, max r-hat 1.027-1.033, test log-lik 0.654; the model's default
+            10 took 80-122 s (42 leapfrog steps per draw against 13), r-hat 1.022-1.024, 0.608;
+            6 did not mix (r-hat 1.38).
     """
 
     svi_steps: int = _int("optimiser steps of the three SVI routes", 2000)
@@ -151,6 +164,15 @@ class RouteBudget:
             nargs="*",
         ),
     )
+    sampled_u_sizes: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "hidden widths of the sampled-U GPN sampled by NUTS (none given: a single GPN layer)",
+            type=positive_int,
+            nargs="*",
+        ),
+    )
+    sampled_u_inducing: int = _int("sampled-U route: inducing points per unit (>= 2)", 8)
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:
@@ -179,8 +201,13 @@ class RouteBudget:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if self.nuts_sizes is not None:
-            self.nuts_sizes = check_sizes("nuts_sizes", self.nuts_sizes)
+        if self.sampled_u_inducing < 2:
+            raise ValueError(
+                f"sampled_u_inducing must be at least 2, got {self.sampled_u_inducing}"
+            )
+        for name in ("nuts_sizes", "sampled_u_sizes"):
+            if getattr(self, name) is not None:
+                setattr(self, name, check_sizes(name, getattr(self, name)))
 
 
 def check_sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:

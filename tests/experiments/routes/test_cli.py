@@ -23,11 +23,15 @@ def _parser() -> argparse.ArgumentParser:
 def test_every_budget_field_is_an_option_with_its_default():
     args = _parser().parse_args(["compare"])
     budget = from_args(RouteBudget, args)
-    # the command line's only departure: NUTS samples a single GPN layer unless told otherwise
-    assert asdict(budget) == {**asdict(RouteBudget()), "nuts_sizes": ()}
-    args = _parser().parse_args(["compare", "--vgpn-no-whiten", "--nuts-sizes", "2", "3"])
+    # the command line's only departure: the NUTS routes sample a single GPN layer unless told
+    # otherwise
+    assert asdict(budget) == {**asdict(RouteBudget()), "nuts_sizes": (), "sampled_u_sizes": ()}
+    args = _parser().parse_args(
+        ["compare", "--vgpn-no-whiten", "--nuts-sizes", "2", "3", "--sampled-u-sizes", "4"]
+    )
     budget = from_args(RouteBudget, args)
     assert budget.vgpn_whiten is False and budget.nuts_sizes == (2, 3)
+    assert budget.sampled_u_sizes == (4,)
 
 
 @pytest.mark.parametrize("argv", [["--svi-steps", "0"], ["--clt-lr", "-1"], ["--sizes", "x"]])

@@ -46,9 +46,13 @@ def test_every_route_runs_and_reports_finite_metrics(tiny_result):
         assert 0.0 <= r.coverage90 <= 1.0
         assert r.grid_mean.shape == r.grid_lower.shape == (10,)
         assert (r.grid_lower <= r.grid_upper).all()
-    nuts = tiny_result["nuts"]
-    assert math.isfinite(nuts.max_rhat) and math.isfinite(nuts.min_ess)
-    assert nuts.num_divergences >= 0
+    for route in ("nuts", "sampled-u"):
+        nuts = tiny_result[route]
+        assert math.isfinite(nuts.max_rhat) and math.isfinite(nuts.min_ess), route
+        assert nuts.num_divergences >= 0
+        assert nuts.details["sizes"] == [1, 1]  # sizes=(): a single GPN layer
+        assert (nuts.details["chains"], nuts.details["samples"]) == (2, 6)
+    assert tiny_result["sampled-u"].details["num_inducing"] == TINY.sampled_u_inducing
     assert tiny_result["clt"].max_rhat is None
     for route in ("vgpn-trace", "vgpn-closed"):
         steps = [step for step, _, _ in tiny_result[route].curve]
@@ -79,12 +83,33 @@ def test_elpd_comparison_ranks_routes_by_their_pointwise_test_densities(tiny_res
 
 
 def test_nuts_is_skipped_with_the_reason_when_data_is_too_large(tiny_data):
+    """The non-parametric GPN's row limit does not apply to the sampled-U route, whose cost is
+    linear in the rows: it runs on the same data, all training rows included."""
     budget = RouteBudget(**{**TINY.__dict__, "nuts_max_rows": 15})
-    result = compare_routes(tiny_data, routes=("nuts", "clt"), budget=budget, grid_size=10)
+    result = compare_routes(
+        tiny_data, routes=("nuts", "sampled-u", "clt"), budget=budget, grid_size=10
+    )
     nuts = result["nuts"]
     assert nuts.skipped is not None and "nuts_max_rows=15" in nuts.skipped
     assert math.isnan(nuts.rmse) and result["clt"].skipped is None
+    sampled = result["sampled-u"]
+    assert sampled.skipped is None and math.isfinite(sampled.rmse)
+    assert sampled.num_train == tiny_data.x_train.shape[0]
     assert "skipped: " in result.to_markdown()
+
+
+def test_sampled_u_route_samples_the_budgets_network(tiny_data):
+    """``sampled_u_sizes`` and ``sampled_u_inducing`` set the SampledTargetsGPN that NUTS samples
+    (not the common ``sizes``), and its draws make the predictive and the pointwise test log
+    densities that ``az.compare`` ranks."""
+    budget = RouteBudget(**{**TINY.__dict__, "sampled_u_sizes": (2,), "sampled_u_inducing": 4})
+    result = compare_routes(
+        tiny_data, routes=("sampled-u", "clt"), sizes=(3,), budget=budget, grid_size=10
+    )
+    sampled = result["sampled-u"]
+    assert sampled.details["sizes"] == [1, 2, 1] and sampled.details["num_inducing"] == 4
+    assert sampled.predictive.startswith("draws") and sampled.pointwise_log_lik.shape == (6,)
+    assert set(result.elpd_comparison().index) == {"sampled-u", "clt"}
 
 
 def test_bad_arguments(tiny_data):

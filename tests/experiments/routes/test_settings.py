@@ -10,6 +10,7 @@ from pyro_gpn.experiments.routes import ROUTE_LABELS, ROUTES, RouteBudget
 def test_every_route_has_a_label_and_the_budget_keeps_tuples():
     assert set(ROUTE_LABELS) == set(ROUTES)
     assert RouteBudget(nuts_sizes=[2, 3]).nuts_sizes == (2, 3)
+    assert RouteBudget(sampled_u_sizes=[4]).sampled_u_sizes == (4,)
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,8 @@ def test_every_route_has_a_label_and_the_budget_keeps_tuples():
         ({"targets_init": "zero"}, "targets_init"),  # the parametric GPN has no zero init
         ({"svi_batch_size": 0}, "svi_batch_size"),
         ({"nuts_sizes": (2, 0)}, "nuts_sizes"),
+        ({"sampled_u_sizes": (0,)}, "sampled_u_sizes"),
+        ({"sampled_u_inducing": 1}, "sampled_u_inducing"),  # SampledTargetsGPN needs >= 2
     ],
 )
 def test_bad_budgets_name_the_field(kwargs, name):
