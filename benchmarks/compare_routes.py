@@ -81,7 +81,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--clt-epochs", type=int, default=300)
     parser.add_argument("--nuts-samples", type=int, default=100)
     parser.add_argument("--nuts-warmup", type=int, default=100)
-    parser.add_argument("--nuts-subsample", type=int, default=60, help="yacht rows for NUTS")
+    parser.add_argument(
+        "--nuts-subsample", type=int, default=60, help="yacht rows for both NUTS routes"
+    )
     parser.add_argument("--grid-size", type=int, default=100)
     parser.add_argument(
         "--svi-batch-size", type=int, default=None, help="mini-batch of the SVI routes"
@@ -188,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         f"- seeds {args.seeds} (initialisation, mini-batches, samplers, NUTS subsample); the "
         "data are fixed (synthetic data seed 0, yacht split 0 with validation hold-out seed 0)",
         f"- hidden widths of the gradient-trained routes: {args.sizes}, i.e. GPN layers "
-        f"`[M, {', '.join(map(str, args.sizes))}, 1]`; **NUTS samples a single-layer "
-        "non-parametric GPN `[M, 1]`** (a GP with the projected kernel `k_w`): with a hidden "
-        "layer every training row adds latent dimensions and NUTS takes minutes per 100 "
-        "iterations here (see the last section)",
+        f"`[M, {', '.join(map(str, args.sizes))}, 1]`; **the `nuts` route samples a "
+        "single-layer non-parametric GPN `[M, 1]`** (a GP with the projected kernel `k_w`): with "
+        "a hidden layer every training row adds latent dimensions and NUTS takes minutes per "
+        "100 iterations here (see the last section); **the `sampled-u` route samples a "
+        "single-layer `SampledTargetsGPN` `[M, 1]`** (its targets `U` and weights; a posterior "
+        "of fixed dimension); both see the same rows (on yacht the `nuts_subsample`)",
         f"- budget: `{asdict(budget)}`; for yacht `nuts_subsample={args.nuts_subsample}` and "
         f"`svi_steps={args.yacht_svi_steps}` (the variational routes were still improving "
         "after 1500 steps in a first run)",

@@ -42,22 +42,25 @@ def assert_mcmc_mean(
 
     The standard errors are ArviZ's ``mcse(method="mean")``, from each element's effective sample
     size across the chains, not from the number of draws (which would overstate the precision of
-    autocorrelated draws). ``min_ess``: the bulk ESS every element must reach, so that the
-    tolerance cannot widen unnoticed when the chains mix worse. Returns ``|error| / mcse``.
+    autocorrelated draws). ``min_ess``: the ESS of the mean (the one the mcse uses) every element
+    must reach, so that the tolerance cannot widen unnoticed when the chains mix worse. Returns
+    ``|error| / mcse``.
     """
     import arviz as az
 
     values = draws.detach().cpu().double().numpy()
     dataset = az.convert_to_dataset(values.reshape(*values.shape[:2], -1))
     mcse = torch.as_tensor(az.mcse(dataset, method="mean")["x"].values)
-    ess = torch.as_tensor(az.ess(dataset, method="bulk")["x"].values)
+    ess = torch.as_tensor(az.ess(dataset, method="mean")["x"].values)
     err = (draws.double().mean((0, 1)).reshape(-1) - expected.double().reshape(-1)).abs()
     z = err / mcse
     label = f"{name}: " if name else ""
-    assert bool((ess >= min_ess).all()), f"{label}bulk ESS {ess.min().item():.0f} < {min_ess}"
+    assert bool((ess >= min_ess).all()), (
+        f"{label}ESS of the mean {ess.min().item():.0f} < {min_ess}"
+    )
     assert not bool((z > n_se).any()), (
         f"{label}MCMC disagreement: max |err| / mcse = {z.max().item():.2f} "
-        f"(max |err| {err.max().item():.3g}, bulk ESS >= {ess.min().item():.0f})"
+        f"(max |err| {err.max().item():.3g}, ESS of the mean >= {ess.min().item():.0f})"
     )
     return z.reshape(draws.shape[2:])
 

@@ -65,6 +65,11 @@ def positive_int(text: str) -> int:
     return _number(text, int, "a positive integer", lambda v: v >= 1)
 
 
+def int_at_least_two(text: str) -> int:
+    """argparse type: an integer ``>= 2``."""
+    return _number(text, int, "an integer of at least 2", lambda v: v >= 2)
+
+
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer ``>= 0``."""
     return _number(text, int, "a non-negative integer", lambda v: v >= 0)

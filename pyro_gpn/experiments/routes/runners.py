@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyro
@@ -28,6 +29,9 @@ from ...metrics import (
 from ...moments.gaussian import Moments
 from .results import ComparisonResult, RouteResult, one_line
 from .settings import ROUTES, RouteBudget, check_sizes
+
+if TYPE_CHECKING:
+    from ...inference.nuts_result import NUTSResult
 
 __all__ = ["Z90", "compare_routes"]
 
@@ -108,16 +112,36 @@ def _fresh(ctx: _Context) -> None:
     pyro.set_rng_seed(ctx.seed)
 
 
-def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
-    from ...inference.mcmc import run_nuts
-    from ...models.nonparametric import NonParametricGPN
-
+def _nuts_rows(ctx: _Context, out: RouteResult) -> tuple[Tensor, Tensor]:
+    """The training rows both NUTS routes sample with: all, or the seeded ``nuts_subsample``."""
     budget, data = ctx.budget, ctx.data
     x, y = data.x_train, data.y_train
     if budget.nuts_subsample is not None and budget.nuts_subsample < x.shape[0]:
         rows = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(ctx.seed))
         rows = rows[: budget.nuts_subsample]
         x, y = x[rows], y[rows]
+    out.num_train = x.shape[0]
+    return x, y
+
+
+def _nuts_kwargs(ctx: _Context) -> dict:
+    """The sampler settings both NUTS routes pass to :func:`~pyro_gpn.inference.run_nuts`."""
+    budget = ctx.budget
+    return {
+        "num_samples": budget.nuts_samples,
+        "warmup_steps": budget.nuts_warmup,
+        "num_chains": budget.nuts_chains,
+        "max_tree_depth": budget.nuts_max_tree_depth,
+        "seed": ctx.seed,
+    }
+
+
+def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
+    from ...inference.mcmc import run_nuts
+    from ...models.nonparametric import NonParametricGPN
+
+    budget = ctx.budget
+    x, y = _nuts_rows(ctx, out)
     total = x.shape[0] + ctx.x_eval.shape[0]
     if total > budget.nuts_max_rows:
         raise _Skip(
@@ -125,24 +149,15 @@ def _run_nuts(ctx: _Context, out: RouteResult) -> _Predictive:
             f"nuts_max_rows={budget.nuts_max_rows} (O(S^3) per unit and gradient step); "
             "set nuts_subsample"
         )
-    out.num_train = x.shape[0]
     model = NonParametricGPN(ctx.full_sizes(budget.nuts_sizes), max_samples=total)
-    nuts = run_nuts(
-        model,
-        x.double(),
-        y.double(),
-        ctx.x_eval.double(),
-        num_samples=budget.nuts_samples,
-        warmup_steps=budget.nuts_warmup,
-        num_chains=budget.nuts_chains,
-        max_tree_depth=budget.nuts_max_tree_depth,
-        seed=ctx.seed,
-    )
+    nuts = run_nuts(model, x.double(), y.double(), ctx.x_eval.double(), **_nuts_kwargs(ctx))
     sigmas = [f"sigma{l}" for l in range(1, model.num_layers + 1)]
     return _nuts_outcome(nuts, sigmas, budget, out)
 
 
-def _nuts_outcome(nuts, sigmas: list[str], budget: RouteBudget, out: RouteResult) -> _Predictive:
+def _nuts_outcome(
+    nuts: NUTSResult, sigmas: list[str], budget: RouteBudget, out: RouteResult
+) -> _Predictive:
     """A NUTS route's wall time, r-hat and bulk ESS over the noise scales ``sigmas`` and the
     predictive test outputs, divergences and settings; its predictive from the draws."""
     from ...diagnostics import max_rhat, min_ess
@@ -169,21 +184,12 @@ def _run_sampled_u(ctx: _Context, out: RouteResult) -> _Predictive:
     from ...inference.mcmc import run_nuts
     from ...models.sampled_targets import SampledTargetsGPN
 
-    budget, data = ctx.budget, ctx.data
+    budget = ctx.budget
+    x, y = _nuts_rows(ctx, out)
     model = SampledTargetsGPN(
         ctx.full_sizes(budget.sampled_u_sizes), num_inducing=budget.sampled_u_inducing
     )
-    nuts = run_nuts(
-        model,
-        data.x_train.double(),
-        data.y_train.double(),
-        ctx.x_eval.double(),
-        num_samples=budget.nuts_samples,
-        warmup_steps=budget.nuts_warmup,
-        num_chains=budget.nuts_chains,
-        max_tree_depth=budget.nuts_max_tree_depth,
-        seed=ctx.seed,
-    )
+    nuts = run_nuts(model, x.double(), y.double(), ctx.x_eval.double(), **_nuts_kwargs(ctx))
     out.details["num_inducing"] = model.num_inducing
     # the output noise: a hidden unit's is not identified (unit permutations)
     return _nuts_outcome(nuts, [f"sigma{model.num_layers}"], budget, out)

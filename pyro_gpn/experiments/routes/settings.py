@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ...layers.parametric import TARGET_INITS
 from ...layers.variational import VARIATIONAL_TARGET_INITS as TARGETS_INITS
-from ..options import nonnegative_int, option, positive_float, positive_int
+from ..options import int_at_least_two, nonnegative_int, option, positive_float, positive_int
 
 __all__ = ["ROUTES", "ROUTE_LABELS", "RouteBudget", "check_sizes"]
 
@@ -91,9 +91,11 @@ class RouteBudget:
         nuts_samples, nuts_warmup, nuts_chains: NUTS draws kept per chain, warm-up steps per
             chain and chains (both NUTS routes, ``nuts`` and ``sampled-u``).
         nuts_max_tree_depth: NUTS tree-depth limit (both NUTS routes).
-        nuts_max_rows: NUTS is skipped when its training rows plus prediction rows (test and,
-            for 1-D data, the plot grid) exceed this.
-        nuts_subsample: if set, NUTS sees a random subset of this many training rows (seeded).
+        nuts_max_rows: the ``nuts`` route (the non-parametric GPN, ``O(S^3)``) is skipped when
+            its training rows plus prediction rows (test and, for 1-D data, the plot grid)
+            exceed this; the ``sampled-u`` route has no such limit.
+        nuts_subsample: if set, both NUTS routes (``nuts`` and ``sampled-u``) see the same
+            random subset of this many training rows (seeded).
         nuts_sizes: hidden widths of the non-parametric GPN (``None``: the common ``sizes``);
             every hidden unit adds one latent dimension per row.
         sampled_u_sizes: hidden widths of the ``sampled-u`` route's
@@ -172,7 +174,10 @@ class RouteBudget:
             nargs="*",
         ),
     )
-    sampled_u_inducing: int = _int("sampled-U route: inducing points per unit (>= 2)", 8)
+    sampled_u_inducing: int = field(
+        default=8,
+        metadata=option("sampled-U route: inducing points per unit (>= 2)", type=int_at_least_two),
+    )
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:

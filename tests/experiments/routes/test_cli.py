@@ -34,7 +34,10 @@ def test_every_budget_field_is_an_option_with_its_default():
     assert budget.sampled_u_sizes == (4,)
 
 
-@pytest.mark.parametrize("argv", [["--svi-steps", "0"], ["--clt-lr", "-1"], ["--sizes", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--svi-steps", "0"], ["--clt-lr", "-1"], ["--sizes", "x"], ["--sampled-u-inducing", "1"]],
+)
 def test_bad_budget_options_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _parser().parse_args(["compare", *argv])

@@ -98,6 +98,14 @@ def test_nuts_is_skipped_with_the_reason_when_data_is_too_large(tiny_data):
     assert "skipped: " in result.to_markdown()
 
 
+def test_both_nuts_routes_see_the_same_subsample(tiny_data):
+    """``nuts_subsample`` bounds both NUTS routes' rows (the ``compare`` budget), the same
+    seeded rows for each."""
+    budget = RouteBudget(**{**TINY.__dict__, "nuts_subsample": 7})
+    result = compare_routes(tiny_data, routes=("nuts", "sampled-u"), budget=budget, grid_size=10)
+    assert result["nuts"].num_train == result["sampled-u"].num_train == 7
+
+
 def test_sampled_u_route_samples_the_budgets_network(tiny_data):
     """``sampled_u_sizes`` and ``sampled_u_inducing`` set the SampledTargetsGPN that NUTS samples
     (not the common ``sizes``), and its draws make the predictive and the pointwise test log
