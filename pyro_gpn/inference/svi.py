@@ -38,12 +38,16 @@ optimiser's state, the step, the random number generator states and the loss his
 ``resume=True`` continues from it: the parameters are created by evaluating the loss once on a
 batch (its gradients are discarded), overwritten in place with the saved values, the optimiser
 and the generators are restored, and the loop goes on from the saved step, so that the finished
-run equals an uninterrupted one (every rank of a data-parallel run reads rank 0's file).
+run equals an uninterrupted one. Under ``torchrun`` rank 0 alone checks, locks, reads and writes
+``out_dir`` (its errors raise on every rank, :func:`~pyro_gpn.inference.distributed.on_main_rank`)
+and sends the checkpoint to the other ranks, whose own ``out_dir`` is never touched: it need not
+be on a shared file system. The checkpoint keeps every rank's random state (each rank draws the
+Monte Carlo samples of its own share of the batch); the global batches come from a generator of
+their own, seeded alike on every rank, so that the ranks' shares of a step never overlap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -64,11 +68,12 @@ from torch import Tensor
 
 from .. import settings
 from .._validation import check_finite
-from ..io import RunLock, ensure_can_write
 from .checkpoint import (
     SVI_CHECKPOINT_NAME,
+    gather_rng_state,
     load_svi_checkpoint,
-    rng_state,
+    locked_out_dir,
+    own_rng_state,
     save_svi_checkpoint,
     set_rng_state,
 )
@@ -78,6 +83,7 @@ from .distributed import (
     broadcast_parameters,
     broadcast_seed,
     current_context,
+    on_main_rank,
     shard,
     shard_weight,
 )
@@ -365,7 +371,8 @@ def fit_svi(
             last checkpoint is left intact).
         pyro_gpn.io.CorruptFileError: ``resume=True`` and the checkpoint is damaged (checked
             against its checksum), naming the file.
-        pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
+        pyro_gpn.io.RunInUseError: another live process trains into ``out_dir`` (under
+            ``torchrun``: into rank 0's; raised on every rank).
     """
     if not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
@@ -404,8 +411,10 @@ def fit_svi(
         "optim": None if optim is None else type(optim).__name__,
         "num_data": num_data,
     }
-    with _checkpoint_folder(run_dir, ctx):
-        checkpoint = load_svi_checkpoint(run_dir, run_settings) if resume else None
+    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME):
+        checkpoint = None
+        if resume:  # rank 0 reads and verifies it, and sends it to every rank
+            checkpoint = on_main_rank(lambda: load_svi_checkpoint(run_dir, run_settings), ctx)
         return _loop(
             svi_args=(model, guide, elbo, optimizer),
             data=(x, y, slice_size, kwargs),
@@ -420,26 +429,6 @@ def fit_svi(
             checkpoint_every=checkpoint_every,
             run_settings=run_settings,
         )
-
-
-@contextlib.contextmanager
-def _checkpoint_folder(run_dir: Path | None, ctx: DistContext):
-    """Rank 0 checks (creates) and locks ``run_dir`` for the loop; under ``torchrun`` every
-    rank waits for that on entry, and on a normal exit for rank 0's last checkpoint (so that a
-    rank that resumes next reads the finished file)."""
-    if run_dir is None:
-        yield
-        return
-    with contextlib.ExitStack() as stack:
-        if ctx.is_main:
-            ensure_can_write(run_dir, overwrite=True, marker=SVI_CHECKPOINT_NAME)
-            if not RunLock.is_held(run_dir):
-                stack.enter_context(RunLock(run_dir))
-        if ctx.distributed:
-            torch.distributed.barrier()
-        yield
-        if ctx.distributed:
-            torch.distributed.barrier()
 
 
 def _loop(
@@ -466,6 +455,12 @@ def _loop(
     seed = broadcast_seed(seed, ctx)  # every rank draws the same global batches
     if seed is not None:
         pyro.set_rng_seed(seed)
+    # Under torchrun the global batches come from a generator of their own, seeded alike on
+    # every rank: the global generator also draws each rank's Monte Carlo samples, as many as
+    # the rank's share of the batch, and shares of unequal size would put the ranks out of step.
+    batches = None
+    if ctx.distributed:
+        batches = torch.Generator(device=x.device).manual_seed(seed)
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
     start_step, named, done_before = 0, {}, 0.0
@@ -473,24 +468,29 @@ def _loop(
         path = run_dir / SVI_CHECKPOINT_NAME
         first = torch.arange(min(slice_size or num_data, num_data), device=x.device)
         named = _restore(svi, checkpoint, path, x[first], None if y is None else y[first], **kwargs)
-        set_rng_state(checkpoint["rng"], None)
+        set_rng_state(own_rng_state(checkpoint["rng"], ctx), batches, ctx.device)
         start_step = checkpoint["step"]
         result.losses = list(checkpoint["losses"])
         done_before = checkpoint["wall_time"]
         logger.info("resuming from step %d of %s", start_step, path)
 
     def save(step: int) -> None:
-        if run_dir is None or not ctx.is_main or not named:
+        if run_dir is None or not named:
             return
-        save_svi_checkpoint(
-            run_dir,
-            params=named,
-            optim_state=svi.optim.get_state(),
-            rng=rng_state(None, x.device),
-            step=step,
-            losses=result.losses,
-            wall_time=done_before + time.perf_counter() - start,
-            settings=run_settings,
+        rng = gather_rng_state(batches, ctx)  # every rank's (a collective)
+        wall_time = done_before + time.perf_counter() - start
+        on_main_rank(  # a failed write raises on every rank
+            lambda: save_svi_checkpoint(
+                run_dir,
+                params=named,
+                optim_state=svi.optim.get_state(),
+                rng=rng,
+                step=step,
+                losses=result.losses,
+                wall_time=wall_time,
+                settings=run_settings,
+            ),
+            ctx,
         )
 
     bar = None
@@ -506,7 +506,8 @@ def _loop(
             if slice_size is not None or ctx.distributed:
                 index = torch.arange(num_data, device=x.device)
                 if slice_size is not None:
-                    index = torch.randperm(num_data, device=x.device)[:slice_size]
+                    perm = torch.randperm(num_data, device=x.device, generator=batches)
+                    index = perm[:slice_size]
                 local = shard(index, ctx)
                 weight = shard_weight(local.numel(), index.numel())
                 batch_x, batch_y = x[local], None if y is None else y[local]
