@@ -25,7 +25,7 @@ import io
 import json
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,23 +209,44 @@ def _load_for_resume(path: Path, require_checksum: bool) -> dict[str, Any]:
         ) from error
 
 
-def _warn_changed(saved: dict[str, Any], now: dict[str, Any], resumable: set[str]) -> None:
+def check_resume_settings(
+    path: Path, saved: dict[str, Any], now: dict[str, Any], may_change: Collection[str]
+) -> None:
+    """Refuse to resume from the checkpoint ``path``, written with the settings ``saved``, under
+    other settings ``now``: a resumed run continues the saved one, never a mix of two.
+
+    Every setting of ``now`` that the checkpoint records is compared, except those in
+    ``may_change`` (which cannot change the trajectory: a longer run, the output folder, a seed
+    that the restored generator states replace).
+
+    Raises:
+        ValueError: naming every changed setting with its value now and the checkpoint's.
+    """
     changed = sorted(
-        key for key, value in saved.items() if key not in resumable and now.get(key) != value
+        key for key in now if key in saved and key not in may_change and now[key] != saved[key]
     )
     if changed:
-        logger.warning("resuming with changed settings %s: not a continuation", changed)
+        listed = ", ".join(f"{key}={now[key]!r} (checkpoint: {saved[key]!r})" for key in changed)
+        raise ValueError(
+            f"cannot resume from {path} with other settings than it was written with: {listed}. "
+            "A resumed run continues the saved one: pass the checkpoint's settings, or start "
+            "afresh with resume=False (or another out_dir)"
+        )
 
 
 def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None:
-    """The checkpoint in ``out_dir`` (``None`` if there is none); warns about changed settings."""
+    """The checkpoint in ``out_dir`` (``None`` if there is none), refused if it was written
+    with other settings than ``config`` (:func:`check_resume_settings`; these may change:
+    ``max_epochs``, ``seed``, ``progress``, ``out_dir``, ``device``, ``eval_batch_size``)."""
     path = out_dir / CHECKPOINT_NAME
     if not path.exists():
         logger.info("no checkpoint in %s, starting afresh", out_dir)
         return None
     # checkpoints written before checksums existed load unverified
     checkpoint = _load_for_resume(path, require_checksum=checksum_path(path).exists())
-    _warn_changed(checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES)
+    check_resume_settings(
+        path, checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES
+    )
     return checkpoint
 
 
@@ -256,15 +277,18 @@ def save_svi_checkpoint(
     save_torch(checkpoint, out_dir / SVI_CHECKPOINT_NAME)
 
 
-def load_svi_checkpoint(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+def load_svi_checkpoint(
+    out_dir: Path, settings: dict[str, Any], may_change: Collection[str]
+) -> dict[str, Any] | None:
     """``svi_checkpoint.pt`` in ``out_dir``, verified against its checksum (``None`` if there is
-    none); warns about settings that changed since it was written (``num_steps`` may)."""
+    none), refused if it was written with other ``settings`` than these, except those in
+    ``may_change`` (:func:`check_resume_settings`)."""
     path = out_dir / SVI_CHECKPOINT_NAME
     if not path.exists():
         logger.info("no SVI checkpoint in %s, starting afresh", out_dir)
         return None
     checkpoint = _load_for_resume(path, require_checksum=True)
-    _warn_changed(checkpoint["settings"], settings, set())
+    check_resume_settings(path, checkpoint["settings"], settings, may_change)
     return checkpoint
 
 

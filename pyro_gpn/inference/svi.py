@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -246,7 +247,67 @@ def _checked_step(
     return loss, named
 
 
-def _check_checkpoint_args(out_dir, resume, checkpoint_every) -> Path | None:
+def _stable_repr(value: Any) -> str:
+    """``repr(value)`` without memory addresses (which differ from one process to the next)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _describe_optim(optim: pyro.optim.PyroOptim) -> str:
+    """A custom optimiser's class and settings, e.g. ``"SGD({'lr': 0.1})"`` (``PyroOptim`` is
+    every Pyro optimiser's type; a callable of per-parameter settings shows as its name)."""
+    text = f"{optim.pt_optim_constructor.__name__}({_stable_repr(optim.pt_optim_args)})"
+    scheduler = getattr(optim, "pt_scheduler_constructor", None)
+    if scheduler is not None:
+        text += f" + {scheduler.__name__}({_stable_repr(getattr(optim, 'kwargs', {}))})"
+    if getattr(optim, "pt_clip_args", None):
+        text += f" + clip {_stable_repr(optim.pt_clip_args)}"
+    return text
+
+
+def _run_settings(
+    *,
+    loss: str | ELBO | Callable,
+    elbo: ELBO | Callable,
+    optim: pyro.optim.PyroOptim | None,
+    lr: float,
+    clip_norm: float | None,
+    lr_decay: float,
+    num_steps: int,
+    batch_size: int | None,
+    model_kwargs: dict | None,
+    num_data: int,
+    seed: int | None,
+) -> dict[str, Any]:
+    """The settings of :func:`fit_svi` that a checkpoint records and a resumption compares
+    (:func:`~pyro_gpn.inference.checkpoint.check_resume_settings`), in a comparable form: what
+    the run ignores is ``None`` (``lr`` and ``clip_norm`` beside a custom ``optim``, a
+    ``batch_size`` of all samples), objects are described by their class and settings, and
+    ``model_kwargs`` by its ``repr`` (keys sorted, memory addresses dropped)."""
+    if isinstance(loss, str):
+        loss_text, particles = loss, elbo.num_particles
+    else:
+        particles = None
+        loss_text = type(loss).__name__ if isinstance(loss, ELBO) else _stable_repr(loss)
+        if getattr(loss, "num_particles", None) is not None:
+            loss_text += f"(num_particles={loss.num_particles})"
+    return {
+        "loss": loss_text,
+        "num_particles": particles,
+        "optim": None if optim is None else _describe_optim(optim),
+        "lr": lr if optim is None else None,
+        "clip_norm": clip_norm if optim is None else None,
+        "lr_decay": lr_decay,
+        "num_steps": num_steps,
+        "batch_size": batch_size,
+        "model_kwargs": _stable_repr(dict(sorted((model_kwargs or {}).items()))),
+        "num_data": num_data,
+        "seed": seed,
+    }
+
+
+def _check_checkpoint_args(
+    out_dir: str | os.PathLike | None, resume: bool, checkpoint_every: int
+) -> Path | None:
     """The checkpoint arguments of :func:`fit_svi`, checked (``ValueError`` naming one)."""
     if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
         raise ValueError(f"out_dir must be a path or None, got {type(out_dir).__name__}")
@@ -333,7 +394,8 @@ def fit_svi(
         num_particles: Monte Carlo particles of a loss given by name (default 1; loops over the
             particles, the models need not be vectorised). Configure an ELBO instance directly.
         seed: passed to :func:`pyro.set_rng_seed` before the first step (``None``: leave the
-            random state alone).
+            random state alone). A resumed run restores the generator states of the checkpoint
+            instead, so its ``seed`` need not be the first run's.
         progress: show a ``tqdm`` progress bar with the per-sample loss.
         callback: ``callback(step, loss)`` after every step; returning ``True`` stops the loop.
         optim: a :class:`pyro.optim.PyroOptim` to use instead of ``Adam(lr)``.
@@ -354,19 +416,25 @@ def fit_svi(
             :class:`~pyro_gpn.inference.TrainConfig`'s ``out_dir``.
         resume: continue from ``out_dir/svi_checkpoint.pt`` if it exists (else start afresh),
             up to ``num_steps`` steps in all (a checkpoint at or past ``num_steps`` only restores
-            the parameters). The model, guide, loss and data must be those of the run that wrote
-            it; other settings than ``num_steps``, ``progress`` and ``callback`` changed in
-            between break the equality with an uninterrupted run (a warning names them). With
-            ``lr_decay`` the decay per step is part of the optimiser's state: that of the first
-            run's ``num_steps``.
+            the parameters), so that the finished run equals an uninterrupted one. A resumed run
+            continues the saved one, never a mix of two: the model, guide and data must be those
+            that wrote it, and the settings that shape the trajectory the checkpoint's --
+            ``loss`` (its name, or an ELBO's class and ``num_particles``), ``num_particles``,
+            ``lr``, ``clip_norm``, ``lr_decay``, ``optim`` (its class and settings),
+            ``batch_size``, ``model_kwargs`` (compared by ``repr``), the number of samples, and
+            with ``lr_decay`` also ``num_steps`` (the decay spans them) -- else ``ValueError``
+            names each changed one with both values. ``seed``, ``progress``, ``callback``,
+            ``checkpoint_every`` and ``clear_param_store`` may change (every parameter the loss
+            trains is overwritten with the checkpoint's).
         checkpoint_every: steps between checkpoints (with ``out_dir``).
 
     Returns:
         :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
 
     Raises:
-        ValueError: for invalid arguments (naming the argument), or a checkpoint whose
-            parameters are not those the loss trains.
+        ValueError: for invalid arguments (naming the argument), a checkpoint written with
+            other settings (naming them), or one whose parameters are not those the loss trains
+            (their names or shapes).
         FloatingPointError: when a loss or a gradient is not finite (no update is applied; the
             last checkpoint is left intact).
         pyro_gpn.io.CorruptFileError: ``resume=True`` and the checkpoint is damaged (checked
@@ -400,21 +468,28 @@ def fit_svi(
         )
     elbo = _make_loss(loss, num_particles)
     optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
-    run_settings = {
-        "loss": loss if isinstance(loss, str) else type(loss).__name__,
-        "lr": lr,
-        "batch_size": batch_size,
-        "num_particles": num_particles,
-        "seed": seed,
-        "clip_norm": clip_norm,
-        "lr_decay": lr_decay,
-        "optim": None if optim is None else type(optim).__name__,
-        "num_data": num_data,
-    }
+    run_settings = _run_settings(
+        loss=loss,
+        elbo=elbo,
+        optim=optim,
+        lr=lr,
+        clip_norm=clip_norm,
+        lr_decay=lr_decay,
+        num_steps=num_steps,
+        batch_size=batch_size if slice_size is not None else None,
+        model_kwargs=model_kwargs,
+        num_data=num_data,
+        seed=seed,
+    )
+    # a longer (or shorter) run continues the same trajectory, unless the learning rate decays
+    # over num_steps; the restored generator states replace the seed
+    may_change = {"seed"} if lr_decay != 1.0 else {"seed", "num_steps"}
     with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME):
         checkpoint = None
         if resume:  # rank 0 reads and verifies it, and sends it to every rank
-            checkpoint = on_main_rank(lambda: load_svi_checkpoint(run_dir, run_settings), ctx)
+            checkpoint = on_main_rank(
+                lambda: load_svi_checkpoint(run_dir, run_settings, may_change), ctx
+            )
         return _loop(
             svi_args=(model, guide, elbo, optimizer),
             data=(x, y, slice_size, kwargs),

@@ -150,15 +150,18 @@ class Trainer:
         Args:
             train: ``(x [S, M], y)`` training data; ``y`` is ``[S]`` labels or ``[S, D]``.
             val: validation data in the same format.
-            resume: continue from ``out_dir/checkpoint.pt`` if it exists (else start afresh).
-                Changing hyper-parameters other than ``max_epochs`` (and device, progress or
-                output settings) between the runs breaks the equality with an uninterrupted run.
+            resume: continue from ``out_dir/checkpoint.pt`` if it exists (else start afresh),
+                so that the finished run equals an uninterrupted one. The configuration must be
+                the checkpoint's, except ``max_epochs``, ``seed`` (the restored generator states
+                replace it), ``progress``, ``out_dir``, ``device`` and ``eval_batch_size``;
+                another value of any other field raises ``ValueError`` naming it.
 
         Raises:
             FloatingPointError: when a training or validation loss is not finite (naming the
                 epoch and step); the last checkpoint is left intact.
-            ValueError: for malformed data, non-finite parameters or ``resume=True`` without
-                ``out_dir``.
+            ValueError: for malformed data, non-finite parameters, ``resume=True`` without
+                ``out_dir``, or a checkpoint written with another configuration (naming the
+                fields, their values and the checkpoint's).
             pyro_gpn.io.CorruptFileError: ``resume=True`` and ``checkpoint.pt`` is damaged
                 (checked against its checksum), naming the file.
             pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
