@@ -341,10 +341,11 @@ def _restore(
         )
     with torch.no_grad():
         for name, value in named.items():
-            if value.shape != saved[name].shape:
+            if value.shape != saved[name].shape or value.dtype != saved[name].dtype:
                 raise ValueError(
-                    f"{path} holds {name} of shape {tuple(saved[name].shape)}, the model's is "
-                    f"{tuple(value.shape)}: resume with the model that wrote it"
+                    f"{path} holds {name} of shape {tuple(saved[name].shape)} and dtype "
+                    f"{saved[name].dtype}, the model's is of shape {tuple(value.shape)} and "
+                    f"dtype {value.dtype}: resume with the model that wrote it"
                 )
             value.copy_(saved[name])
     svi.optim.set_state(checkpoint["optim"])
@@ -434,7 +435,7 @@ def fit_svi(
     Raises:
         ValueError: for invalid arguments (naming the argument), a checkpoint written with
             other settings (naming them), or one whose parameters are not those the loss trains
-            (their names or shapes).
+            (their names, shapes or dtypes).
         FloatingPointError: when a loss or a gradient is not finite (no update is applied; the
             last checkpoint is left intact).
         pyro_gpn.io.CorruptFileError: ``resume=True`` and the checkpoint is damaged (checked

@@ -317,6 +317,13 @@ def _noisy_guide(x, y, num_data=None, noise=0.5):
     _store_guide(x, y, num_data)
 
 
+def _single_guide(x, y, num_data=None, noise=0.5):
+    """_noisy_guide's parameters in float32."""
+    q_loc = pyro.param("q_loc", torch.tensor(0.0))
+    q_scale = pyro.param("q_scale", torch.tensor(1.0), constraint=constraints.positive)
+    pyro.sample("loc", dist.Normal(q_loc, q_scale))
+
+
 def _fit(kind, num_steps, init_seed=0, **kwargs):
     """A float64 run that exercises every piece of state: Monte Carlo ELBO draws, random
     mini-batches and a randomly initialised parameter (``"store"``: ``pyro.param`` sites,
@@ -487,6 +494,16 @@ class TestCheckpoints:
         fit_svi(_store_model, _store_guide, x, y, **options)
         with pytest.raises(ValueError, match=r"svi_checkpoint\.pt holds the parameters"):
             fit_svi(_noisy_model, _noisy_guide, x, y, resume=True, **options)
+
+    def test_checkpoint_of_another_dtype_is_refused(self, tmp_path):
+        """float64 parameters are not silently cast into a float32 model's: the error names
+        the parameter and both dtypes."""
+        x, y = (t.double() for t in _data(20))
+        options = {"num_steps": 2, "progress": False, "out_dir": tmp_path}
+        fit_svi(_noisy_model, _noisy_guide, x, y, **options)
+        message = r"holds q_\w+ of .*float64.*, the model's is .*float32"
+        with pytest.raises(ValueError, match=message):
+            fit_svi(_noisy_model, _single_guide, x.float(), y.float(), resume=True, **options)
 
     @pytest.mark.parametrize(
         ("kwargs", "name"),
