@@ -6,7 +6,7 @@ run data-parallel: launched by ``torchrun --nproc_per_node=K`` (which sets ``RAN
 (:func:`init_distributed`: ``gloo`` on CPU, ``NCCL`` on GPU) and split every *global* mini-batch
 of ``batch_size`` samples across the ranks. This module holds the plumbing they share::
 
-    torchrun --nproc_per_node=2 -m pyro_gpn.experiments.distributed_demo --epochs 3
+    torchrun --standalone --nproc_per_node=2 -m pyro_gpn.experiments.distributed_demo --epochs 3
 
 **Why K processes take the same steps as one.** Every rank draws the same global batch (the same
 seeded permutation or random indices; a "distributed sampler" that deals positions
