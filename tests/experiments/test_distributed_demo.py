@@ -89,4 +89,7 @@ def test_a_timeout_kills_the_launcher_and_its_workers():
         _run_group(["bash", "-c", script], dict(os.environ), timeout=1)
     assert time.monotonic() - start < 10
     worker = int(re.search(r"worker=(\d+)", str(failure.value)).group(1))
+    deadline = time.monotonic() + 5  # its pipes close a moment before it is gone
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not _running(worker)
