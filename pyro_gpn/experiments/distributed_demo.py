@@ -1,6 +1,6 @@
 """Data-parallel training demo: the unchanged :class:`~pyro_gpn.inference.Trainer` on ``K``
-processes (``torchrun --nproc_per_node=K -m pyro_gpn.experiments.distributed_demo``); see
-:mod:`pyro_gpn.inference.distributed`."""
+processes (``torchrun --standalone --nproc_per_node=K -m pyro_gpn.experiments.distributed_demo``);
+see :mod:`pyro_gpn.inference.distributed`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from ..network import GPNNet
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``torchrun --nproc_per_node=K -m pyro_gpn.experiments.distributed_demo``: the
-    :class:`~pyro_gpn.inference.Trainer` on a 64-H-10 GPN and scikit-learn's 8x8 digits,
+    """``torchrun --standalone --nproc_per_node=K -m pyro_gpn.experiments.distributed_demo``:
+    the :class:`~pyro_gpn.inference.Trainer` on a 64-H-10 GPN and scikit-learn's 8x8 digits,
     printing the time per epoch on rank 0."""
     parser = argparse.ArgumentParser(description="data-parallel GPN training demo")
     parser.add_argument("--epochs", type=int, default=3)

@@ -18,21 +18,32 @@ checksum beside them (``checkpoint.pt.sha256``) that resuming verifies.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from ..io import CorruptFileError, atomic_write, checksum_path, load_torch, save_torch
+from ..io import (
+    CorruptFileError,
+    RunLock,
+    atomic_write,
+    checksum_path,
+    ensure_can_write,
+    load_torch,
+    save_torch,
+)
+from .distributed import DistContext, on_main_rank
 from .train_config import _RESUMABLE_CHANGES, TrainConfig
 
 __all__ = [
@@ -64,6 +75,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@contextlib.contextmanager
+def locked_out_dir(out_dir: Path | None, ctx: DistContext, marker: str) -> Iterator[None]:
+    """The output folder of a training loop, checked (created) and locked by rank 0 for the
+    loop's duration (``marker``: the loop's checkpoint, for
+    :func:`~pyro_gpn.io.ensure_can_write`; not locked again if this process holds its lock
+    already, as the command line does).
+
+    Under ``torchrun`` every rank waits on entry for rank 0's outcome
+    (:func:`~pyro_gpn.inference.distributed.on_main_rank`): a folder rank 0 cannot use raises
+    rank 0's error (``RunInUseError``, ``NotADirectoryError``, ...) on every rank at once. On a
+    normal exit every rank waits for rank 0's last write. The other ranks never touch their
+    own ``out_dir``: rank 0's folder need not be shared between machines. ``None``: nothing.
+    """
+    if out_dir is None:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+
+        def claim() -> None:
+            ensure_can_write(out_dir, overwrite=True, marker=marker)
+            if not RunLock.is_held(out_dir):
+                stack.enter_context(RunLock(out_dir))
+
+        on_main_rank(claim, ctx)
+        yield
+        if ctx.distributed:
+            dist.barrier()  # rank 0's last checkpoint is written
+
+
 def _write_text(path: Path, write: Callable[[io.StringIO], None]) -> None:
     """Write text through :func:`pyro_gpn.io.atomic_write` (no checksum: these files are for
     people and spreadsheets, the library never reads them back)."""
@@ -74,8 +114,9 @@ def _write_text(path: Path, write: Callable[[io.StringIO], None]) -> None:
 
 
 def rng_state(generator: torch.Generator | None, device: torch.device) -> dict[str, Any]:
-    """The states of torch's, NumPy's, Python's (and CUDA's) generators and ``generator`` (if
-    any)."""
+    """The states of torch's CPU generator, NumPy's and Python's global generators, ``generator``
+    (if any) and, when ``device`` is a CUDA device, that device's generator alone: under
+    ``torchrun`` each process draws on its own GPU (``LOCAL_RANK``), never on the others."""
     name, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
     state = {
         "torch": torch.get_rng_state(),
@@ -85,20 +126,69 @@ def rng_state(generator: torch.Generator | None, device: torch.device) -> dict[s
     if generator is not None:
         state["shuffle"] = generator.get_state()
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any], generator: torch.Generator | None) -> None:
-    """Restore what :func:`rng_state` recorded."""
+def set_rng_state(
+    state: dict[str, Any], generator: torch.Generator | None, device: torch.device
+) -> None:
+    """Restore what :func:`rng_state` recorded; CUDA's state goes to ``device`` alone (a CPU run
+    ignores it). A ``generator`` is restored when ``state`` holds its state."""
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
     random.setstate(state["python"])
-    if generator is not None:
+    if generator is not None and "shuffle" in state:
         generator.set_state(state["shuffle"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or device.type != "cuda":
+        return
+    if isinstance(cuda, (list, tuple)):  # earlier checkpoints: every visible device's state
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= len(cuda):
+            return
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda, device)
+
+
+def gather_rng_state(generator: torch.Generator | None, ctx: DistContext) -> dict[str, Any]:
+    """What a checkpoint stores of the random number generators: :func:`rng_state` of this
+    process, or under ``torchrun`` that of every rank, ``{"ranks": [state of rank 0, ...]}``
+    (gathered to every rank: a collective, which every rank calls).
+
+    Every rank's state is kept because the ranks' states differ: each draws the random numbers
+    of its own share of the batch (Monte Carlo samples of local latents, dropout masks), whose
+    size differs between ranks when the batch does not split evenly, and its own GPU's
+    generator. :func:`own_rng_state` picks a rank's state back out.
+    """
+    state = rng_state(generator, ctx.device)
+    if not ctx.distributed:
+        return state
+    states: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(states, state)
+    return {"ranks": states}
+
+
+def own_rng_state(saved: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
+    """This rank's state in a record of :func:`gather_rng_state`.
+
+    A single process's record is every rank's; a record of another number of processes gives
+    every rank rank 0's state (the ranks must draw the same global batches; the run continues,
+    though not as the uninterrupted run on either number of processes would have).
+    """
+    if "ranks" not in saved:
+        return saved
+    ranks = saved["ranks"]
+    if len(ranks) == ctx.world_size:
+        return ranks[ctx.rank]
+    logger.warning(
+        "the checkpoint holds the random states of %d processes, this run has %d: every rank "
+        "restores rank 0's (a continuation, but not the uninterrupted run's random numbers)",
+        len(ranks),
+        ctx.world_size,
+    )
+    return ranks[0]
 
 
 def save_model(state: dict[str, Tensor], path: Path) -> None:
@@ -119,23 +209,44 @@ def _load_for_resume(path: Path, require_checksum: bool) -> dict[str, Any]:
         ) from error
 
 
-def _warn_changed(saved: dict[str, Any], now: dict[str, Any], resumable: set[str]) -> None:
+def check_resume_settings(
+    path: Path, saved: dict[str, Any], now: dict[str, Any], may_change: Collection[str]
+) -> None:
+    """Refuse to resume from the checkpoint ``path``, written with the settings ``saved``, under
+    other settings ``now``: a resumed run continues the saved one, never a mix of two.
+
+    Every setting of ``now`` that the checkpoint records is compared, except those in
+    ``may_change`` (which cannot change the trajectory: a longer run, the output folder, a seed
+    that the restored generator states replace).
+
+    Raises:
+        ValueError: naming every changed setting with its value now and the checkpoint's.
+    """
     changed = sorted(
-        key for key, value in saved.items() if key not in resumable and now.get(key) != value
+        key for key in now if key in saved and key not in may_change and now[key] != saved[key]
     )
     if changed:
-        logger.warning("resuming with changed settings %s: not a continuation", changed)
+        listed = ", ".join(f"{key}={now[key]!r} (checkpoint: {saved[key]!r})" for key in changed)
+        raise ValueError(
+            f"cannot resume from {path} with other settings than it was written with: {listed}. "
+            "A resumed run continues the saved one: pass the checkpoint's settings, or start "
+            "afresh with resume=False (or another out_dir)"
+        )
 
 
 def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None:
-    """The checkpoint in ``out_dir`` (``None`` if there is none); warns about changed settings."""
+    """The checkpoint in ``out_dir`` (``None`` if there is none), refused if it was written
+    with other settings than ``config`` (:func:`check_resume_settings`; these may change:
+    ``max_epochs``, ``seed``, ``progress``, ``out_dir``, ``device``, ``eval_batch_size``)."""
     path = out_dir / CHECKPOINT_NAME
     if not path.exists():
         logger.info("no checkpoint in %s, starting afresh", out_dir)
         return None
     # checkpoints written before checksums existed load unverified
     checkpoint = _load_for_resume(path, require_checksum=checksum_path(path).exists())
-    _warn_changed(checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES)
+    check_resume_settings(
+        path, checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES
+    )
     return checkpoint
 
 
@@ -166,15 +277,18 @@ def save_svi_checkpoint(
     save_torch(checkpoint, out_dir / SVI_CHECKPOINT_NAME)
 
 
-def load_svi_checkpoint(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+def load_svi_checkpoint(
+    out_dir: Path, settings: dict[str, Any], may_change: Collection[str]
+) -> dict[str, Any] | None:
     """``svi_checkpoint.pt`` in ``out_dir``, verified against its checksum (``None`` if there is
-    none); warns about settings that changed since it was written (``num_steps`` may)."""
+    none), refused if it was written with other ``settings`` than these, except those in
+    ``may_change`` (:func:`check_resume_settings`)."""
     path = out_dir / SVI_CHECKPOINT_NAME
     if not path.exists():
         logger.info("no SVI checkpoint in %s, starting afresh", out_dir)
         return None
     checkpoint = _load_for_resume(path, require_checksum=True)
-    _warn_changed(checkpoint["settings"], settings, set())
+    check_resume_settings(path, checkpoint["settings"], settings, may_change)
     return checkpoint
 
 

@@ -6,7 +6,7 @@ run data-parallel: launched by ``torchrun --nproc_per_node=K`` (which sets ``RAN
 (:func:`init_distributed`: ``gloo`` on CPU, ``NCCL`` on GPU) and split every *global* mini-batch
 of ``batch_size`` samples across the ranks. This module holds the plumbing they share::
 
-    torchrun --nproc_per_node=2 -m pyro_gpn.experiments.distributed_demo --epochs 3
+    torchrun --standalone --nproc_per_node=2 -m pyro_gpn.experiments.distributed_demo --epochs 3
 
 **Why K processes take the same steps as one.** Every rank draws the same global batch (the same
 seeded permutation or random indices; a "distributed sampler" that deals positions
@@ -30,8 +30,11 @@ order of floating-point summation; tested with 2 processes in
 
 Metrics (training loss, validation loss, RMSE, error, log-likelihood) are reduced across ranks
 (:func:`reduce_metrics`) so that every rank sees the global values and takes the same decisions
-(learning-rate schedule, early stopping, non-finite-loss errors); only rank 0 writes checkpoints
-and metrics files, and ``resume=True`` makes every rank continue from them.
+(learning-rate schedule, early stopping, non-finite-loss errors); only rank 0 touches the output
+folder -- it locks it, writes the checkpoints and metrics files, and with ``resume=True`` reads the
+checkpoint and sends it to the other ranks (:func:`on_main_rank`, which also raises rank 0's
+errors on every rank), so that the folder need not be shared between machines. A checkpoint
+keeps every rank's random state (:func:`~pyro_gpn.inference.checkpoint.gather_rng_state`).
 
 Without ``torchrun`` (no ``WORLD_SIZE`` in the environment) nothing here changes a run.
 """
@@ -40,8 +43,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+import pickle
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -53,10 +58,14 @@ __all__ = [
     "broadcast_parameters",
     "current_context",
     "init_distributed",
+    "on_main_rank",
     "reduce_metrics",
     "shard",
     "shard_weight",
 ]
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -217,6 +226,45 @@ def broadcast_seed(seed: int | None, ctx: DistContext) -> int | None:
     value = torch.tensor([int(torch.randint(0, 2**31 - 1, ()))], device=ctx.device)
     dist.broadcast(value, src=0)
     return int(value)
+
+
+def _shareable(error: Exception) -> Exception:
+    """``error`` if it survives pickling (to travel to the other ranks), else a ``RuntimeError``
+    with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"on rank 0: {type(error).__name__}: {error}")
+    return error
+
+
+def on_main_rank(fn: Callable[[], T], ctx: DistContext) -> T:
+    """``fn()`` on rank 0 alone, its outcome shared: every rank returns rank 0's result, or
+    raises the exception rank 0 raised (a collective, which every rank calls; alone: ``fn()``).
+
+    What rank 0 alone does -- check and lock the output folder, read and verify a checkpoint,
+    write one -- can fail there alone; shared, its error reaches every rank at once, instead of
+    leaving the others at their next collective until the process group's timeout (30 minutes
+    by default). The result travels by :func:`torch.distributed.broadcast_object_list`
+    (pickled), so that the other ranks need no file of their own.
+    """
+    if not ctx.distributed:
+        return fn()
+    box: list[Any] = [None]
+    failure: Exception | None = None
+    if ctx.is_main:
+        try:
+            box[0] = (True, fn())
+        except Exception as error:
+            failure = error
+            box[0] = (False, _shareable(error))
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise value
+    return value
 
 
 class DataParallelObjective(nn.Module):

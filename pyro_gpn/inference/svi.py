@@ -38,15 +38,20 @@ optimiser's state, the step, the random number generator states and the loss his
 ``resume=True`` continues from it: the parameters are created by evaluating the loss once on a
 batch (its gradients are discarded), overwritten in place with the saved values, the optimiser
 and the generators are restored, and the loop goes on from the saved step, so that the finished
-run equals an uninterrupted one (every rank of a data-parallel run reads rank 0's file).
+run equals an uninterrupted one. Under ``torchrun`` rank 0 alone checks, locks, reads and writes
+``out_dir`` (its errors raise on every rank, :func:`~pyro_gpn.inference.distributed.on_main_rank`)
+and sends the checkpoint to the other ranks, whose own ``out_dir`` is never touched: it need not
+be on a shared file system. The checkpoint keeps every rank's random state (each rank draws the
+Monte Carlo samples of its own share of the batch); the global batches come from a generator of
+their own, seeded alike on every rank, so that the ranks' shares of a step never overlap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,11 +69,12 @@ from torch import Tensor
 
 from .. import settings
 from .._validation import check_finite
-from ..io import RunLock, ensure_can_write
 from .checkpoint import (
     SVI_CHECKPOINT_NAME,
+    gather_rng_state,
     load_svi_checkpoint,
-    rng_state,
+    locked_out_dir,
+    own_rng_state,
     save_svi_checkpoint,
     set_rng_state,
 )
@@ -78,6 +84,7 @@ from .distributed import (
     broadcast_parameters,
     broadcast_seed,
     current_context,
+    on_main_rank,
     shard,
     shard_weight,
 )
@@ -240,7 +247,67 @@ def _checked_step(
     return loss, named
 
 
-def _check_checkpoint_args(out_dir, resume, checkpoint_every) -> Path | None:
+def _stable_repr(value: Any) -> str:
+    """``repr(value)`` without memory addresses (which differ from one process to the next)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _describe_optim(optim: pyro.optim.PyroOptim) -> str:
+    """A custom optimiser's class and settings, e.g. ``"SGD({'lr': 0.1})"`` (``PyroOptim`` is
+    every Pyro optimiser's type; a callable of per-parameter settings shows as its name)."""
+    text = f"{optim.pt_optim_constructor.__name__}({_stable_repr(optim.pt_optim_args)})"
+    scheduler = getattr(optim, "pt_scheduler_constructor", None)
+    if scheduler is not None:
+        text += f" + {scheduler.__name__}({_stable_repr(getattr(optim, 'kwargs', {}))})"
+    if getattr(optim, "pt_clip_args", None):
+        text += f" + clip {_stable_repr(optim.pt_clip_args)}"
+    return text
+
+
+def _run_settings(
+    *,
+    loss: str | ELBO | Callable,
+    elbo: ELBO | Callable,
+    optim: pyro.optim.PyroOptim | None,
+    lr: float,
+    clip_norm: float | None,
+    lr_decay: float,
+    num_steps: int,
+    batch_size: int | None,
+    model_kwargs: dict | None,
+    num_data: int,
+    seed: int | None,
+) -> dict[str, Any]:
+    """The settings of :func:`fit_svi` that a checkpoint records and a resumption compares
+    (:func:`~pyro_gpn.inference.checkpoint.check_resume_settings`), in a comparable form: what
+    the run ignores is ``None`` (``lr`` and ``clip_norm`` beside a custom ``optim``, a
+    ``batch_size`` of all samples), objects are described by their class and settings, and
+    ``model_kwargs`` by its ``repr`` (keys sorted, memory addresses dropped)."""
+    if isinstance(loss, str):
+        loss_text, particles = loss, elbo.num_particles
+    else:
+        particles = None
+        loss_text = type(loss).__name__ if isinstance(loss, ELBO) else _stable_repr(loss)
+        if getattr(loss, "num_particles", None) is not None:
+            loss_text += f"(num_particles={loss.num_particles})"
+    return {
+        "loss": loss_text,
+        "num_particles": particles,
+        "optim": None if optim is None else _describe_optim(optim),
+        "lr": lr if optim is None else None,
+        "clip_norm": clip_norm if optim is None else None,
+        "lr_decay": lr_decay,
+        "num_steps": num_steps,
+        "batch_size": batch_size,
+        "model_kwargs": _stable_repr(dict(sorted((model_kwargs or {}).items()))),
+        "num_data": num_data,
+        "seed": seed,
+    }
+
+
+def _check_checkpoint_args(
+    out_dir: str | os.PathLike | None, resume: bool, checkpoint_every: int
+) -> Path | None:
     """The checkpoint arguments of :func:`fit_svi`, checked (``ValueError`` naming one)."""
     if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
         raise ValueError(f"out_dir must be a path or None, got {type(out_dir).__name__}")
@@ -274,10 +341,11 @@ def _restore(
         )
     with torch.no_grad():
         for name, value in named.items():
-            if value.shape != saved[name].shape:
+            if value.shape != saved[name].shape or value.dtype != saved[name].dtype:
                 raise ValueError(
-                    f"{path} holds {name} of shape {tuple(saved[name].shape)}, the model's is "
-                    f"{tuple(value.shape)}: resume with the model that wrote it"
+                    f"{path} holds {name} of shape {tuple(saved[name].shape)} and dtype "
+                    f"{saved[name].dtype}, the model's is of shape {tuple(value.shape)} and "
+                    f"dtype {value.dtype}: resume with the model that wrote it"
                 )
             value.copy_(saved[name])
     svi.optim.set_state(checkpoint["optim"])
@@ -327,7 +395,8 @@ def fit_svi(
         num_particles: Monte Carlo particles of a loss given by name (default 1; loops over the
             particles, the models need not be vectorised). Configure an ELBO instance directly.
         seed: passed to :func:`pyro.set_rng_seed` before the first step (``None``: leave the
-            random state alone).
+            random state alone). A resumed run restores the generator states of the checkpoint
+            instead, so its ``seed`` need not be the first run's.
         progress: show a ``tqdm`` progress bar with the per-sample loss.
         callback: ``callback(step, loss)`` after every step; returning ``True`` stops the loop.
         optim: a :class:`pyro.optim.PyroOptim` to use instead of ``Adam(lr)``.
@@ -348,24 +417,31 @@ def fit_svi(
             :class:`~pyro_gpn.inference.TrainConfig`'s ``out_dir``.
         resume: continue from ``out_dir/svi_checkpoint.pt`` if it exists (else start afresh),
             up to ``num_steps`` steps in all (a checkpoint at or past ``num_steps`` only restores
-            the parameters). The model, guide, loss and data must be those of the run that wrote
-            it; other settings than ``num_steps``, ``progress`` and ``callback`` changed in
-            between break the equality with an uninterrupted run (a warning names them). With
-            ``lr_decay`` the decay per step is part of the optimiser's state: that of the first
-            run's ``num_steps``.
+            the parameters), so that the finished run equals an uninterrupted one. A resumed run
+            continues the saved one, never a mix of two: the model, guide and data must be those
+            that wrote it, and the settings that shape the trajectory the checkpoint's --
+            ``loss`` (its name, or an ELBO's class and ``num_particles``), ``num_particles``,
+            ``lr``, ``clip_norm``, ``lr_decay``, ``optim`` (its class and settings),
+            ``batch_size``, ``model_kwargs`` (compared by ``repr``), the number of samples, and
+            with ``lr_decay`` also ``num_steps`` (the decay spans them) -- else ``ValueError``
+            names each changed one with both values. ``seed``, ``progress``, ``callback``,
+            ``checkpoint_every`` and ``clear_param_store`` may change (every parameter the loss
+            trains is overwritten with the checkpoint's).
         checkpoint_every: steps between checkpoints (with ``out_dir``).
 
     Returns:
         :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
 
     Raises:
-        ValueError: for invalid arguments (naming the argument), or a checkpoint whose
-            parameters are not those the loss trains.
+        ValueError: for invalid arguments (naming the argument), a checkpoint written with
+            other settings (naming them), or one whose parameters are not those the loss trains
+            (their names, shapes or dtypes).
         FloatingPointError: when a loss or a gradient is not finite (no update is applied; the
             last checkpoint is left intact).
         pyro_gpn.io.CorruptFileError: ``resume=True`` and the checkpoint is damaged (checked
             against its checksum), naming the file.
-        pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
+        pyro_gpn.io.RunInUseError: another live process trains into ``out_dir`` (under
+            ``torchrun``: into rank 0's; raised on every rank).
     """
     if not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
@@ -393,19 +469,28 @@ def fit_svi(
         )
     elbo = _make_loss(loss, num_particles)
     optimizer = _make_optim(optim, lr, clip_norm, lr_decay, num_steps)
-    run_settings = {
-        "loss": loss if isinstance(loss, str) else type(loss).__name__,
-        "lr": lr,
-        "batch_size": batch_size,
-        "num_particles": num_particles,
-        "seed": seed,
-        "clip_norm": clip_norm,
-        "lr_decay": lr_decay,
-        "optim": None if optim is None else type(optim).__name__,
-        "num_data": num_data,
-    }
-    with _checkpoint_folder(run_dir, ctx):
-        checkpoint = load_svi_checkpoint(run_dir, run_settings) if resume else None
+    run_settings = _run_settings(
+        loss=loss,
+        elbo=elbo,
+        optim=optim,
+        lr=lr,
+        clip_norm=clip_norm,
+        lr_decay=lr_decay,
+        num_steps=num_steps,
+        batch_size=batch_size if slice_size is not None else None,
+        model_kwargs=model_kwargs,
+        num_data=num_data,
+        seed=seed,
+    )
+    # a longer (or shorter) run continues the same trajectory, unless the learning rate decays
+    # over num_steps; the restored generator states replace the seed
+    may_change = {"seed"} if lr_decay != 1.0 else {"seed", "num_steps"}
+    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME):
+        checkpoint = None
+        if resume:  # rank 0 reads and verifies it, and sends it to every rank
+            checkpoint = on_main_rank(
+                lambda: load_svi_checkpoint(run_dir, run_settings, may_change), ctx
+            )
         return _loop(
             svi_args=(model, guide, elbo, optimizer),
             data=(x, y, slice_size, kwargs),
@@ -420,26 +505,6 @@ def fit_svi(
             checkpoint_every=checkpoint_every,
             run_settings=run_settings,
         )
-
-
-@contextlib.contextmanager
-def _checkpoint_folder(run_dir: Path | None, ctx: DistContext):
-    """Rank 0 checks (creates) and locks ``run_dir`` for the loop; under ``torchrun`` every
-    rank waits for that on entry, and on a normal exit for rank 0's last checkpoint (so that a
-    rank that resumes next reads the finished file)."""
-    if run_dir is None:
-        yield
-        return
-    with contextlib.ExitStack() as stack:
-        if ctx.is_main:
-            ensure_can_write(run_dir, overwrite=True, marker=SVI_CHECKPOINT_NAME)
-            if not RunLock.is_held(run_dir):
-                stack.enter_context(RunLock(run_dir))
-        if ctx.distributed:
-            torch.distributed.barrier()
-        yield
-        if ctx.distributed:
-            torch.distributed.barrier()
 
 
 def _loop(
@@ -466,6 +531,12 @@ def _loop(
     seed = broadcast_seed(seed, ctx)  # every rank draws the same global batches
     if seed is not None:
         pyro.set_rng_seed(seed)
+    # Under torchrun the global batches come from a generator of their own, seeded alike on
+    # every rank: the global generator also draws each rank's Monte Carlo samples, as many as
+    # the rank's share of the batch, and shares of unequal size would put the ranks out of step.
+    batches = None
+    if ctx.distributed:
+        batches = torch.Generator(device=x.device).manual_seed(seed)
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
     start_step, named, done_before = 0, {}, 0.0
@@ -473,24 +544,29 @@ def _loop(
         path = run_dir / SVI_CHECKPOINT_NAME
         first = torch.arange(min(slice_size or num_data, num_data), device=x.device)
         named = _restore(svi, checkpoint, path, x[first], None if y is None else y[first], **kwargs)
-        set_rng_state(checkpoint["rng"], None)
+        set_rng_state(own_rng_state(checkpoint["rng"], ctx), batches, ctx.device)
         start_step = checkpoint["step"]
         result.losses = list(checkpoint["losses"])
         done_before = checkpoint["wall_time"]
         logger.info("resuming from step %d of %s", start_step, path)
 
     def save(step: int) -> None:
-        if run_dir is None or not ctx.is_main or not named:
+        if run_dir is None or not named:
             return
-        save_svi_checkpoint(
-            run_dir,
-            params=named,
-            optim_state=svi.optim.get_state(),
-            rng=rng_state(None, x.device),
-            step=step,
-            losses=result.losses,
-            wall_time=done_before + time.perf_counter() - start,
-            settings=run_settings,
+        rng = gather_rng_state(batches, ctx)  # every rank's (a collective)
+        wall_time = done_before + time.perf_counter() - start
+        on_main_rank(  # a failed write raises on every rank
+            lambda: save_svi_checkpoint(
+                run_dir,
+                params=named,
+                optim_state=svi.optim.get_state(),
+                rng=rng,
+                step=step,
+                losses=result.losses,
+                wall_time=wall_time,
+                settings=run_settings,
+            ),
+            ctx,
         )
 
     bar = None
@@ -506,7 +582,8 @@ def _loop(
             if slice_size is not None or ctx.distributed:
                 index = torch.arange(num_data, device=x.device)
                 if slice_size is not None:
-                    index = torch.randperm(num_data, device=x.device)[:slice_size]
+                    perm = torch.randperm(num_data, device=x.device, generator=batches)
+                    index = perm[:slice_size]
                 local = shard(index, ctx)
                 weight = shard_weight(local.numel(), index.numel())
                 batch_x, batch_y = x[local], None if y is None else y[local]

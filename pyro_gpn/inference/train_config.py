@@ -12,7 +12,9 @@ __all__ = ["TrainConfig", "TrainResult"]
 
 _TASKS = ("classification", "regression")
 # fields that may change between a run and its resumption without changing its trajectory
-_RESUMABLE_CHANGES = {"max_epochs", "progress", "out_dir", "device", "eval_batch_size"}
+# (seed: a resumed run restores the generators' states instead of seeding them); a change of
+# any other field refuses to resume (checkpoint.check_resume_settings)
+_RESUMABLE_CHANGES = {"max_epochs", "seed", "progress", "out_dir", "device", "eval_batch_size"}
 
 
 @dataclass
@@ -29,7 +31,8 @@ class TrainConfig:
         min_lr: smallest learning rate (paper: ``1e-6``); a further reduction ends training.
         eval_every: epochs between validation evaluations (the last epoch is always evaluated).
         seed: seeds ``torch``, ``numpy``, ``random`` and the shuffling generator at the start of a
-            fresh run (model initialisation happens before, under the caller's seed).
+            fresh run (model initialisation happens before, under the caller's seed); a resumed
+            run restores the generators' states instead, whatever ``seed`` it is given.
         device: ``"cpu"`` or ``"cuda"`` (or ``"cuda:<index>"``).
         task: ``"classification"`` or ``"regression"`` for the reported metrics; ``None`` infers
             it from the targets (integer: classification, floating: regression).

@@ -24,13 +24,13 @@ epoch left off: the finished run equals an uninterrupted one.
 
 **Data-parallel.** Launched by ``torchrun --nproc_per_node=K``, the same script trains on ``K``
 processes with :class:`~torch.nn.parallel.DistributedDataParallel`: every global mini-batch of
-``batch_size`` is split across the ranks, the metrics are reduced, rank 0 writes the files, and
-the ``K`` processes take the steps of one (:mod:`pyro_gpn.inference.distributed`).
+``batch_size`` is split across the ranks, the metrics are reduced, rank 0 alone writes (and on
+resumption reads) the files, and the ``K`` processes take the steps of one
+(:mod:`pyro_gpn.inference.distributed`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -45,14 +45,15 @@ from tqdm.auto import tqdm
 
 from .. import settings
 from .._validation import check_parameters_finite
-from ..io import RunLock, ensure_can_write
 from .checkpoint import (
     BEST_MODEL_NAME,
     CHECKPOINT_NAME,
     METRICS_CSV_NAME,
     METRICS_JSON_NAME,
+    gather_rng_state,
     load_checkpoint,
-    rng_state,
+    locked_out_dir,
+    own_rng_state,
     save_checkpoint,
     save_model,
     seed_everything,
@@ -63,6 +64,7 @@ from .distributed import (
     DataParallelObjective,
     DistContext,
     current_context,
+    on_main_rank,
     reduce_metrics,
     shard,
     shard_weight,
@@ -148,15 +150,18 @@ class Trainer:
         Args:
             train: ``(x [S, M], y)`` training data; ``y`` is ``[S]`` labels or ``[S, D]``.
             val: validation data in the same format.
-            resume: continue from ``out_dir/checkpoint.pt`` if it exists (else start afresh).
-                Changing hyper-parameters other than ``max_epochs`` (and device, progress or
-                output settings) between the runs breaks the equality with an uninterrupted run.
+            resume: continue from ``out_dir/checkpoint.pt`` if it exists (else start afresh),
+                so that the finished run equals an uninterrupted one. The configuration must be
+                the checkpoint's, except ``max_epochs``, ``seed`` (the restored generator states
+                replace it), ``progress``, ``out_dir``, ``device`` and ``eval_batch_size``;
+                another value of any other field raises ``ValueError`` naming it.
 
         Raises:
             FloatingPointError: when a training or validation loss is not finite (naming the
                 epoch and step); the last checkpoint is left intact.
-            ValueError: for malformed data, non-finite parameters or ``resume=True`` without
-                ``out_dir``.
+            ValueError: for malformed data, non-finite parameters, ``resume=True`` without
+                ``out_dir``, or a checkpoint written with another configuration (naming the
+                fields, their values and the checkpoint's).
             pyro_gpn.io.CorruptFileError: ``resume=True`` and ``checkpoint.pt`` is damaged
                 (checked against its checksum), naming the file.
             pyro_gpn.io.RunInUseError: another live process trains into ``out_dir``.
@@ -177,13 +182,7 @@ class Trainer:
         if resume and self.out_dir is None:
             raise ValueError("resume=True needs config.out_dir")
         check_parameters_finite(self.model, "the model (before training)")
-        with contextlib.ExitStack() as stack:
-            if self.out_dir is not None and self._ctx.is_main:
-                ensure_can_write(self.out_dir, overwrite=True, marker=CHECKPOINT_NAME)
-                if not RunLock.is_held(self.out_dir):
-                    stack.enter_context(RunLock(self.out_dir))
-            if self._ctx.distributed:
-                dist.barrier()  # rank 0 has checked (and locked) out_dir
+        with locked_out_dir(self.out_dir, self._ctx, CHECKPOINT_NAME):
             return self._fit(x_train, y_train, x_val, y_val, task, resume)
 
     def _fit(self, x_train, y_train, x_val, y_val, task: str, resume: bool) -> TrainResult:
@@ -208,7 +207,7 @@ class Trainer:
             model.load_state_dict(checkpoint["model"])
             optimizer.load_state_dict(checkpoint["optimizer"])
             scheduler.load_state_dict(checkpoint["scheduler"])
-            set_rng_state(checkpoint["rng"], generator)
+            set_rng_state(own_rng_state(checkpoint["rng"], self._ctx), generator, self.device)
             best_state = checkpoint["best_state"]
             result = TrainResult(**checkpoint["result"])
             step, elapsed = checkpoint["step"], checkpoint["elapsed"]
@@ -357,29 +356,35 @@ class Trainer:
     def _finish(self, result: TrainResult, best_state: dict[str, Tensor] | None) -> TrainResult:
         if best_state is not None:
             self.model.load_state_dict(best_state)
-            if self.out_dir is not None and self._ctx.is_main:
-                save_model(best_state, self.out_dir / BEST_MODEL_NAME)
+            if self.out_dir is not None:
+                path = self.out_dir / BEST_MODEL_NAME
+                on_main_rank(lambda: save_model(best_state, path), self._ctx)
         return result
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
-        return load_checkpoint(self.out_dir, self.config)
+        """Rank 0 reads and verifies the checkpoint and sends it to every rank (its errors
+        raise on every rank)."""
+        return on_main_rank(lambda: load_checkpoint(self.out_dir, self.config), self._ctx)
 
     def _save(self, model, optimizer, scheduler, generator, best_state, result, step, elapsed):
-        if self.out_dir is None or not self._ctx.is_main:
+        if self.out_dir is None:
             return
-        save_checkpoint(
-            self.out_dir,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            rng=rng_state(generator, self.device),
-            best_state=best_state,
-            result=result,
-            step=step,
-            elapsed=elapsed,
-            config=self.config,
+        rng = gather_rng_state(generator, self._ctx)  # every rank's (a collective)
+        on_main_rank(  # a failed write raises on every rank
+            lambda: save_checkpoint(
+                self.out_dir,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                rng=rng,
+                best_state=best_state,
+                result=result,
+                step=step,
+                elapsed=elapsed,
+                config=self.config,
+            ),
+            self._ctx,
         )
 
     def _write_metrics(self, history: list[dict[str, Any]]) -> None:
-        if self._ctx.is_main:
-            write_metrics(self.out_dir, history)
+        on_main_rank(lambda: write_metrics(self.out_dir, history), self._ctx)

@@ -1,26 +1,37 @@
 """Data-parallel training: `Trainer` and `fit_svi`, unchanged, on two CPU processes (gloo) take
 the same steps as one process with the same global batch; checkpoints written by rank 0 resume
-(both loops); the plumbing's reductions are exact."""
+(both loops), with every rank's random state, also when rank 0 alone has the folder; rank 0's
+errors with the folder reach every rank at once; the plumbing's reductions are exact."""
 
 import math
 import os
-import socket
+import time
+from datetime import timedelta
 
 import pyro
+import pyro.distributions as pdist
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from pyro_gpn import GPNNet, GPNSequential
 from pyro_gpn.inference import ClosedFormELBO, TrainConfig, Trainer, fit_svi
+from pyro_gpn.inference.checkpoint import (
+    gather_rng_state,
+    own_rng_state,
+    rng_state,
+    set_rng_state,
+)
 from pyro_gpn.inference.distributed import (
     DistContext,
     current_context,
     init_distributed,
+    on_main_rank,
     reduce_metrics,
     shard,
     shard_weight,
 )
+from pyro_gpn.io import RunInUseError, RunLock, load_torch
 from pyro_gpn.layers import GPNConv2d, MomentAvgPool2d, MomentFlatten
 from pyro_gpn.models import VariationalGPN
 
@@ -78,24 +89,104 @@ def _svi(num_steps: int = SVI_STEPS, **kwargs):
     return {k: v.detach().clone() for k, v in vgpn.state_dict().items()}, fit.losses
 
 
-def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
+SEEN: list[list[float]] = []  # the inputs of every call of _local_model in this process
+
+
+def _local_model(x, y, num_data=None):
+    """A latent per sample: each rank draws as many random numbers as its share of the batch."""
+    SEEN.append(x.tolist())
+    shift = pyro.param("shift", torch.tensor(0.0, dtype=torch.float64))
+    with pyro.plate("data", num_data, subsample=torch.arange(x.shape[0])):
+        z = pyro.sample("z", pdist.Normal(torch.zeros_like(x), 1.0))
+        pyro.sample("y", pdist.Normal(z + shift, 0.5), obs=y)
+
+
+def _local_guide(x, y, num_data=None):
+    slope = pyro.param("slope", torch.tensor(0.1, dtype=torch.float64))
+    with pyro.plate("data", num_data, subsample=torch.arange(x.shape[0])):
+        pyro.sample("z", pdist.Normal(slope * x, 0.3))
+
+
+def _monte_carlo_svi(num_steps: int, **kwargs):
+    """Trace_ELBO on _local_model: batches of 9 split 5 / 4 between the two ranks."""
+    pyro.clear_param_store()
+    x = torch.arange(40, dtype=torch.float64)
+    fit = fit_svi(
+        _local_model,
+        _local_guide,
+        x,
+        torch.sin(x),
+        num_steps=num_steps,
+        batch_size=9,
+        lr=0.05,
+        seed=3,
+        progress=False,
+        **kwargs,
     )
+    params = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    return params, fit.losses
+
+
+def _claim_locked_folder(out: str) -> list[tuple[str, float]]:
+    """fit_svi and Trainer.fit into a folder another process has locked: each call's error
+    type and seconds."""
+    outcomes = []
+    for run in (
+        lambda: _svi(2, out_dir=out + ".locked"),
+        lambda: _train("dense", epochs=1, out_dir=out + ".locked"),
+    ):
+        start = time.perf_counter()
+        try:
+            run()
+            outcomes.append(("no error", time.perf_counter() - start))
+        except Exception as error:
+            outcomes.append((type(error).__name__, time.perf_counter() - start))
+    return outcomes
+
+
+def _slow_down_checkpoints(seconds: float) -> None:
+    import pyro_gpn.inference.svi as svi_module
+
+    write = svi_module.save_svi_checkpoint
+
+    def slow(*args, **kwargs) -> None:
+        time.sleep(seconds)
+        write(*args, **kwargs)
+
+    svi_module.save_svi_checkpoint = slow
+
+
+def _worker(rank: int, world: int, job: str, out: str, timeout: float) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    # a file rendezvous (no port to race for) and a timeout: a hang fails instead of waiting
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"file://{out}.rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout),
+    )
     if job == "svi":
         result = _svi()
     elif job == "svi_resume":
+        if rank == 0:  # a slow disk: rank 1 must still find the last checkpoint on return
+            _slow_down_checkpoints(0.5)
         _svi(SVI_STEPS // 2, out_dir=out + ".svi", checkpoint_every=10)
-        result = _svi(out_dir=out + ".svi", checkpoint_every=10, resume=True)
-    elif job == "resume":
-        _train("dense", epochs=2, out_dir=out + ".run")
-        torch.distributed.barrier()
-        result = _train("dense", epochs=4, out_dir=out + ".run", resume=True)
+        written = load_torch(f"{out}.svi/svi_checkpoint.pt")["step"]
+        result = (*_svi(out_dir=out + ".svi", checkpoint_every=10, resume=True), written)
+    elif job == "svi_monte_carlo":
+        straight = _monte_carlo_svi(12)
+        seen = list(SEEN)
+        private = f"{out}.mc{rank}"  # rank 1's folder stays empty: rank 0's is not shared
+        _monte_carlo_svi(5, out_dir=private, checkpoint_every=2)
+        torch.manual_seed(100 + rank)  # scrambled: the checkpoint must restore every rank's
+        result = straight, _monte_carlo_svi(12, out_dir=private, resume=True), seen
+    elif job == "resume":  # rank 1's folder stays empty: rank 0's is not shared
+        _train("dense", epochs=2, out_dir=f"{out}.run{rank}")
+        result = _train("dense", epochs=4, out_dir=f"{out}.run{rank}", resume=True)
+    elif job == "locked":
+        result = _claim_locked_folder(out)
     else:
         result = _train(job)
     torch.save(result, f"{out}.{rank}")
@@ -107,15 +198,19 @@ def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _spawn(job: str, tmp_path) -> list:
+def _spawn(job: str, tmp_path, deadline: float = 300.0, timeout: float = 120.0) -> list:
+    """Run ``job`` on 2 processes; fail (killing them) after ``deadline`` seconds, and let a
+    collective wait ``timeout`` seconds at most."""
     out = str(tmp_path / "state")
-    mp.spawn(_worker, args=(2, _free_port(), job, out), nprocs=2, join=True)
+    context = mp.start_processes(
+        _worker, args=(2, job, out, timeout), nprocs=2, join=False, start_method="spawn"
+    )
+    end = time.monotonic() + deadline
+    while not context.join(timeout=max(end - time.monotonic(), 0.1)):
+        if time.monotonic() >= end:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{job!r} on 2 processes did not finish in {deadline:g} s")
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
 
 
@@ -153,26 +248,125 @@ def test_fit_svi_closed_form_two_processes_equal_one(tmp_path):
 
 
 def test_distributed_resume_continues_the_run(tmp_path):
+    """Rank 0 writes the checkpoint into its folder and resumes from it; rank 1, given a folder
+    of its own (another machine, no shared file system), receives it from rank 0."""
     ranks = _spawn("resume", tmp_path)
     state, history = _train("dense", epochs=4)
     for rank_state, rank_history in ranks:
         assert [row["epoch"] for row in rank_history] == [1, 2, 3, 4]
         assert _max_difference(rank_state, state) <= 1e-5
-    assert (tmp_path / "state.run" / "checkpoint.pt").exists()
+    assert (tmp_path / "state.run0" / "checkpoint.pt").exists()
+    assert not (tmp_path / "state.run1").exists()
 
 
 def test_distributed_fit_svi_resume_continues_the_run(tmp_path):
     """Two processes run half of the closed-form fit_svi into a folder (rank 0 writes the
-    checkpoint; fit_svi returns on every rank once it is written), then two fresh calls resume
-    to the end from it: the losses and parameters of one process's uninterrupted run."""
+    checkpoint, slowly; fit_svi returns on every rank once it is written), then two fresh calls
+    resume to the end from it: the losses and parameters of one process's uninterrupted run."""
     ranks = _spawn("svi_resume", tmp_path)
     state, losses = _svi()
-    for rank_state, rank_losses in ranks:
+    for rank_state, rank_losses, written in ranks:
+        assert written == SVI_STEPS // 2
         assert len(rank_losses) == SVI_STEPS
         assert _max_difference(rank_state, state) <= 1e-5
         assert rank_losses == pytest.approx(losses, rel=1e-6)
     saved = torch.load(tmp_path / "state.svi" / "svi_checkpoint.pt", weights_only=True)
     assert saved["step"] == SVI_STEPS
+
+
+def test_distributed_fit_svi_resume_restores_every_rank(tmp_path):
+    """A Monte Carlo ELBO with a latent per sample, on batches that split 5 / 4: the ranks'
+    random states differ. The global batches still agree (the ranks' shares of each step are
+    disjoint), and a resumption from rank 0's checkpoint -- rank 1's own folder stays empty --
+    with scrambled generators repeats the uninterrupted 2-process run exactly, on both ranks."""
+    ranks = _spawn("svi_monte_carlo", tmp_path)
+    (straight_0, resumed_0, seen_0), (straight_1, resumed_1, seen_1) = ranks
+    assert len(seen_0) == len(seen_1) > 12
+    for a, b in zip(seen_0, seen_1, strict=True):
+        assert (len(a), len(b)) == (5, 4) and not set(a) & set(b), (a, b)
+    for (params, losses), (again, resumed_losses) in (
+        (straight_0, resumed_0),
+        (straight_1, resumed_1),
+    ):
+        assert len(resumed_losses) == 12
+        assert resumed_losses == pytest.approx(losses, rel=0, abs=1e-12)
+        assert _max_difference(again, params) <= 1e-12
+    assert straight_0[1] == pytest.approx(straight_1[1], rel=1e-12)  # the global loss
+    assert (tmp_path / "state.mc0" / "svi_checkpoint.pt").exists()
+    assert not (tmp_path / "state.mc1").exists()
+
+
+def test_rank_0s_folder_error_reaches_every_rank_at_once(tmp_path):
+    """Another process holds rank 0's folder: fit_svi and Trainer.fit raise RunInUseError on
+    both ranks within seconds (not rank 0 alone, leaving rank 1 at a barrier until the process
+    group's timeout, here 20 s)."""
+    with RunLock(tmp_path / "state.locked"):
+        ranks = _spawn("locked", tmp_path, deadline=60.0, timeout=20.0)
+    for outcomes in ranks:
+        assert [name for name, _ in outcomes] == ["RunInUseError", "RunInUseError"], outcomes
+        assert all(seconds < 10.0 for _, seconds in outcomes), outcomes
+
+
+def test_on_main_rank_alone_calls_the_function():
+    def busy() -> None:
+        raise RunInUseError("runs/x", 1)
+
+    assert on_main_rank(lambda: 3, DistContext()) == 3
+    with pytest.raises(RunInUseError):
+        on_main_rank(busy, DistContext())
+
+
+def test_random_state_of_the_run_device_alone(monkeypatch):
+    """rng_state records, and set_rng_state restores, the CUDA generator of the given device
+    only (under torchrun each rank's own GPU), never every visible device's."""
+    calls = []
+
+    def every_device(*args):
+        raise AssertionError("every visible device's state")
+
+    def get_state(device="cuda"):
+        calls.append(("get", device))
+        return torch.tensor([7], dtype=torch.uint8)
+
+    def set_state(state, device="cuda"):
+        calls.append(("set", int(state[0]), device))
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", every_device)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", every_device)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", get_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    device = torch.device("cuda", 1)
+    state = rng_state(None, device)
+    assert calls == [("get", device)]
+    set_rng_state(state, None, device)
+    assert calls[-1] == ("set", 7, device)
+    calls.clear()
+    assert "cuda" not in rng_state(None, torch.device("cpu"))
+    set_rng_state(state, None, torch.device("cpu"))  # a CPU run leaves CUDA alone
+    assert calls == []
+
+
+def test_every_rank_restores_its_own_random_state(monkeypatch, caplog):
+    """gather_rng_state keeps every rank's state; own_rng_state gives each rank its own (rank
+    0's when the number of processes changed, a single process's record to every rank)."""
+    rank_0 = {"torch": torch.tensor([0], dtype=torch.uint8)}
+
+    def all_gather_object(out, obj):
+        out[:] = [rank_0, obj]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    ctx = DistContext(rank=1, world_size=2, backend="gloo")
+    generator = torch.Generator().manual_seed(5)
+    saved = gather_rng_state(generator, ctx)
+    mine = rng_state(generator, ctx.device)
+    assert saved["ranks"][0] is rank_0
+    assert torch.equal(own_rng_state(saved, ctx)["torch"], mine["torch"])
+    assert torch.equal(own_rng_state(saved, ctx)["shuffle"], mine["shuffle"])
+    assert own_rng_state(saved, DistContext(rank=0, world_size=2, backend="gloo")) is rank_0
+    assert own_rng_state(saved, DistContext(rank=2, world_size=3, backend="gloo")) is rank_0
+    assert "3" in caplog.text and "rank 0" in caplog.text
+    assert own_rng_state(mine, ctx) is mine
+    assert gather_rng_state(generator, DistContext()).keys() == mine.keys()
 
 
 def test_single_process_plumbing_is_the_identity():
@@ -198,13 +392,14 @@ def test_bad_arguments():
         init_distributed("cpu", backend="mpi")
 
 
-def _nccl_worker(rank: int, port: int, out: str) -> None:
+def _nccl_worker(rank: int, out: str) -> None:
     """One NCCL rank: the plumbing's collectives on CUDA tensors (a group of one process: NCCL
     refuses two ranks on one GPU, and the lent machines have one)."""
     from pyro_gpn.inference.distributed import all_reduce_gradients, broadcast_parameters
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    torch.distributed.init_process_group(
+        "nccl", init_method=f"file://{out}.rendezvous", rank=0, world_size=1
+    )
     ctx = DistContext(0, 1, 0, torch.device("cuda", 0), torch.distributed.get_backend())
     weight = torch.tensor([1.0, -2.0], device="cuda", requires_grad=True)
     loss = (weight**2).sum()
@@ -221,7 +416,7 @@ def _nccl_worker(rank: int, port: int, out: str) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_collectives_on_cuda(tmp_path):
     out = str(tmp_path / "nccl.pt")
-    mp.spawn(_nccl_worker, args=(_free_port(), out), nprocs=1, join=True)
+    mp.spawn(_nccl_worker, args=(out,), nprocs=1, join=True)
     backend, total, grad, metrics = torch.load(out, weights_only=False)
     assert backend == "nccl"
     assert float(total) == pytest.approx(0.25 * 5.0)

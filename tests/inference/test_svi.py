@@ -1,6 +1,7 @@
 """Tests of the SVI loop (pyro_gpn.inference.svi)."""
 
 import math
+import re
 import warnings
 
 import pyro
@@ -306,7 +307,24 @@ def _store_guide(x, y, num_data=None):
     pyro.sample("loc", dist.Normal(q_loc, q_scale))
 
 
-def _fit(kind, num_steps, seed=0, **kwargs):
+def _noisy_model(x, y, num_data=None, noise=0.5):
+    loc = pyro.sample("loc", dist.Normal(torch.tensor(0.0, dtype=DT), 10.0))
+    with pyro.plate("data", num_data or x.shape[0], subsample=torch.arange(x.shape[0])):
+        pyro.sample("y", dist.Normal(loc + x, noise), obs=y)
+
+
+def _noisy_guide(x, y, num_data=None, noise=0.5):
+    _store_guide(x, y, num_data)
+
+
+def _single_guide(x, y, num_data=None, noise=0.5):
+    """_noisy_guide's parameters in float32."""
+    q_loc = pyro.param("q_loc", torch.tensor(0.0))
+    q_scale = pyro.param("q_scale", torch.tensor(1.0), constraint=constraints.positive)
+    pyro.sample("loc", dist.Normal(q_loc, q_scale))
+
+
+def _fit(kind, num_steps, init_seed=0, **kwargs):
     """A float64 run that exercises every piece of state: Monte Carlo ELBO draws, random
     mini-batches and a randomly initialised parameter (``"store"``: ``pyro.param`` sites,
     ClippedAdam), or a variational GPN's parameters in its ``PyroModule`` with the closed-form
@@ -317,7 +335,7 @@ def _fit(kind, num_steps, seed=0, **kwargs):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(40, 1, dtype=DT, generator=g)
     y = torch.sin(2 * x) + 0.1 * torch.randn(40, 1, dtype=DT, generator=g)
-    torch.manual_seed(seed)  # a resumed run starts from other initial values
+    torch.manual_seed(init_seed)  # a resumed run starts from other initial values
     if kind == "store":
         model, guide = _store_model, _store_guide
         args = {"loss": "trace", "num_particles": 2, "clip_norm": 5.0}
@@ -325,19 +343,8 @@ def _fit(kind, num_steps, seed=0, **kwargs):
     else:
         vgpn = VariationalGPN([1, 3, 1], num_data=40, dtype=DT)
         model, guide, args = vgpn.model, vgpn.guide, {"loss": ClosedFormELBO(vgpn)}
-    fit = fit_svi(
-        model,
-        guide,
-        x,
-        y,
-        num_steps=num_steps,
-        lr=0.05,
-        batch_size=10,
-        seed=3,
-        progress=False,
-        **args,
-        **kwargs,
-    )
+    options = {"lr": 0.05, "batch_size": 10, "seed": 3, "progress": False, **args, **kwargs}
+    fit = fit_svi(model, guide, x, y, num_steps=num_steps, **options)
     if kind == "store":
         params = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
     else:
@@ -356,18 +363,20 @@ def _assert_same_run(a, b):
 
 class TestCheckpoints:
     @pytest.mark.parametrize("kind", ["store", "vgpn"])
-    def test_resume_equals_uninterrupted_run(self, tmp_path, kind):
+    def test_resume_equals_uninterrupted_run(self, tmp_path, kind, caplog):
         """N steps straight against N/2, then a resumption to N from another initialisation
         and scrambled generators: the same parameters and losses (float64, 1e-10); resuming
-        the finished run again only restores its parameters."""
+        the finished run again only restores its parameters. A resumption's seed may differ
+        (the restored generators replace it), without a warning."""
         straight = _fit(kind, 20)
         _fit(kind, 10, out_dir=tmp_path)
-        resumed = _fit(kind, 20, seed=99, out_dir=tmp_path, resume=True)
+        resumed = _fit(kind, 20, init_seed=99, out_dir=tmp_path, resume=True)
         _assert_same_run(straight, resumed)
         one_step = _fit(kind, 1)[0]
         assert any(not torch.allclose(v, straight[0][k]) for k, v in one_step.items())
-        again = _fit(kind, 20, seed=7, out_dir=tmp_path, resume=True)
+        again = _fit(kind, 20, init_seed=7, seed=11, out_dir=tmp_path, resume=True)
         _assert_same_run(straight, again)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
     def test_periodic_checkpoint_survives_a_crash(self, tmp_path):
         """``checkpoint_every=3`` and a crash (an exception in the callback) at step 7: the
@@ -386,7 +395,13 @@ class TestCheckpoints:
         assert saved["step"] == 6 and len(saved["losses"]) == 6
         assert sorted(saved["params"]) == ["q_loc", "q_scale", "shift"]
         resumed = _fit(
-            "store", 12, seed=5, out_dir=tmp_path, checkpoint_every=3, resume=True, lr_decay=0.5
+            "store",
+            12,
+            init_seed=5,
+            out_dir=tmp_path,
+            checkpoint_every=3,
+            resume=True,
+            lr_decay=0.5,
         )
         _assert_same_run(_fit("store", 12, lr_decay=0.5), resumed)
         assert load_torch(tmp_path / "svi_checkpoint.pt")["step"] == 12
@@ -412,10 +427,83 @@ class TestCheckpoints:
         with pytest.raises(CorruptFileError, match=r"svi_checkpoint\.pt.*resume=False"):
             _fit("store", 6, out_dir=tmp_path, resume=True)
 
+    @pytest.mark.parametrize(
+        ("changed", "message"),
+        [
+            ({"lr": 0.1}, "lr=0.1 (checkpoint: 0.05)"),
+            ({"batch_size": 20}, "batch_size=20 (checkpoint: 10)"),
+            ({"batch_size": None}, "batch_size=None (checkpoint: 10)"),
+            ({"clip_norm": 1.0}, "clip_norm=1.0 (checkpoint: 5.0)"),
+            ({"lr_decay": 0.5}, "lr_decay=0.5 (checkpoint: 1.0)"),
+            ({"num_particles": 3}, "num_particles=3 (checkpoint: 2)"),
+            ({"loss": "trace_meanfield"}, "loss='trace_meanfield' (checkpoint: 'trace')"),
+            (
+                {"optim": pyro.optim.Adam({"lr": 0.05})},
+                "optim=\"Adam({'lr': 0.05})\" (checkpoint: None)",
+            ),
+        ],
+    )
+    def test_resume_with_other_settings_is_refused(self, tmp_path, changed, message):
+        """A resumed run continues the saved one, never a mix: a setting that shapes the
+        trajectory must be the checkpoint's, else ValueError names it with both values."""
+        _fit("store", 3, out_dir=tmp_path)
+        if "optim" in changed:
+            changed = {**changed, "clip_norm": None}
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _fit("store", 6, out_dir=tmp_path, resume=True, **changed)
+
+    def test_num_steps_of_a_decaying_lr_must_not_change(self, tmp_path):
+        """The decay spans num_steps: with lr_decay a resumption must keep them (without, a
+        longer run continues, test_resume_equals_uninterrupted_run)."""
+        _fit("store", 4, out_dir=tmp_path, lr_decay=0.5)
+        with pytest.raises(ValueError, match=re.escape("num_steps=8 (checkpoint: 4)")):
+            _fit("store", 8, out_dir=tmp_path, resume=True, lr_decay=0.5)
+
+    def test_resume_compares_model_kwargs_and_a_custom_optimiser(self, tmp_path):
+        x, y = (t.double() for t in _data(20))
+
+        def run(noise, adam_lr, num_steps=4, **kwargs):
+            return fit_svi(
+                _noisy_model,
+                _noisy_guide,
+                x,
+                y,
+                num_steps=num_steps,
+                progress=False,
+                out_dir=tmp_path,
+                model_kwargs={"noise": noise},
+                optim=pyro.optim.Adam({"lr": adam_lr}),
+                **kwargs,
+            )
+
+        run(0.5, 0.01)
+        message = "model_kwargs=\"{'noise': 0.6}\" (checkpoint: \"{'noise': 0.5}\")"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run(0.6, 0.01, resume=True)
+        message = "optim=\"Adam({'lr': 0.02})\" (checkpoint: \"Adam({'lr': 0.01})\")"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run(0.5, 0.02, resume=True)
+        # what cannot change the trajectory may: seed, clear_param_store, a longer run; so may
+        # lr, which a custom optimiser ignores
+        more = run(0.5, 0.01, resume=True, num_steps=6, seed=9, clear_param_store=False, lr=7.0)
+        assert more.num_steps == 6
+
     def test_checkpoint_of_another_model_is_refused(self, tmp_path):
-        _fit("store", 2, out_dir=tmp_path)
+        x, y = (t.double() for t in _data(20))
+        options = {"num_steps": 2, "progress": False, "out_dir": tmp_path}
+        fit_svi(_store_model, _store_guide, x, y, **options)
         with pytest.raises(ValueError, match=r"svi_checkpoint\.pt holds the parameters"):
-            _fit("vgpn", 4, out_dir=tmp_path, resume=True)
+            fit_svi(_noisy_model, _noisy_guide, x, y, resume=True, **options)
+
+    def test_checkpoint_of_another_dtype_is_refused(self, tmp_path):
+        """float64 parameters are not silently cast into a float32 model's: the error names
+        the parameter and both dtypes."""
+        x, y = (t.double() for t in _data(20))
+        options = {"num_steps": 2, "progress": False, "out_dir": tmp_path}
+        fit_svi(_noisy_model, _noisy_guide, x, y, **options)
+        message = r"holds q_\w+ of .*float64.*, the model's is .*float32"
+        with pytest.raises(ValueError, match=message):
+            fit_svi(_noisy_model, _single_guide, x.float(), y.float(), resume=True, **options)
 
     @pytest.mark.parametrize(
         ("kwargs", "name"),

@@ -193,6 +193,22 @@ def test_resume_of_finished_run_returns_immediately(tmp_path):
     assert model.steps == 0
 
 
+def test_resume_with_another_configuration_is_refused(tmp_path):
+    """A resumed run continues the saved one: another lr or patience raises naming both values
+    (nothing is trained); another seed (replaced by the restored generators), max_epochs or
+    progress setting resumes."""
+    x, y = _blobs(0)
+    Trainer(SoftmaxRegression(2, 3), _config(tmp_path, max_epochs=2)).fit((x, y), (x, y))
+    changed = _config(tmp_path, max_epochs=3, lr=0.01, patience=4)
+    message = r"lr=0\.01 \(checkpoint: 0\.001\), patience=4 \(checkpoint: 2\)"
+    with pytest.raises(ValueError, match=message):
+        Trainer(SoftmaxRegression(2, 3), changed).fit((x, y), (x, y), resume=True)
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["result"]["epochs"] == 2
+    allowed = _config(tmp_path, max_epochs=3, seed=123, progress=True)
+    result = Trainer(SoftmaxRegression(2, 3), allowed).fit((x, y), (x, y), resume=True)
+    assert result.epochs == 3
+
+
 def test_resume_without_checkpoint_starts_afresh(tmp_path):
     x, y = _blobs(0)
     torch.manual_seed(1)
