@@ -76,31 +76,34 @@ def seed_everything(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def locked_out_dir(out_dir: Path | None, ctx: DistContext, marker: str) -> Iterator[None]:
+def locked_out_dir(out_dir: Path | None, ctx: DistContext, marker: str) -> Iterator[bool]:
     """The output folder of a training loop, checked (created) and locked by rank 0 for the
     loop's duration (``marker``: the loop's checkpoint, for
     :func:`~pyro_gpn.io.ensure_can_write`; not locked again if this process holds its lock
-    already, as the command line does).
+    already, as the command line does). Yields whether the loop writes checkpoints: whether
+    ``out_dir`` is given -- under ``torchrun``, rank 0's ``out_dir``, the same answer on every
+    rank, so that every rank calls the collectives of the checkpoints that rank 0 writes.
 
     Under ``torchrun`` every rank waits on entry for rank 0's outcome
-    (:func:`~pyro_gpn.inference.distributed.on_main_rank`): a folder rank 0 cannot use raises
-    rank 0's error (``RunInUseError``, ``NotADirectoryError``, ...) on every rank at once. On a
-    normal exit every rank waits for rank 0's last write. The other ranks never touch their
-    own ``out_dir``: rank 0's folder need not be shared between machines. ``None``: nothing.
+    (:func:`~pyro_gpn.inference.distributed.on_main_rank`, also when ``out_dir`` is ``None``
+    on some ranks): a folder rank 0 cannot use raises rank 0's error (``RunInUseError``,
+    ``NotADirectoryError``, ...) on every rank at once. On a normal exit every rank waits for
+    rank 0's last write. The other ranks never touch their own ``out_dir`` (which may be
+    ``None``): rank 0's folder need not be shared between machines. Alone, ``None``: nothing.
     """
-    if out_dir is None:
-        yield
-        return
     with contextlib.ExitStack() as stack:
 
-        def claim() -> None:
+        def claim() -> bool:
+            if out_dir is None:
+                return False
             ensure_can_write(out_dir, overwrite=True, marker=marker)
             if not RunLock.is_held(out_dir):
                 stack.enter_context(RunLock(out_dir))
+            return True
 
-        on_main_rank(claim, ctx)
-        yield
-        if ctx.distributed:
+        writes = on_main_rank(claim, ctx)  # rank 0's answer, on every rank
+        yield writes
+        if writes and ctx.distributed:
             dist.barrier()  # rank 0's last checkpoint is written
 
 

@@ -485,7 +485,7 @@ def fit_svi(
     # a longer (or shorter) run continues the same trajectory, unless the learning rate decays
     # over num_steps; the restored generator states replace the seed
     may_change = {"seed"} if lr_decay != 1.0 else {"seed", "num_steps"}
-    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME):
+    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME) as writes:
         checkpoint = None
         if resume:  # rank 0 reads and verifies it, and sends it to every rank
             checkpoint = on_main_rank(
@@ -501,6 +501,7 @@ def fit_svi(
             progress=progress,
             callback=callback,
             run_dir=run_dir,
+            writes=writes,
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             run_settings=run_settings,
@@ -518,11 +519,14 @@ def _loop(
     progress: bool,
     callback: Callback | None,
     run_dir: Path | None,
+    writes: bool,
     checkpoint: dict[str, Any] | None,
     checkpoint_every: int,
     run_settings: dict[str, Any],
 ) -> SVIResult:
-    """:func:`fit_svi`'s loop on checked arguments (``out_dir`` locked and writable)."""
+    """:func:`fit_svi`'s loop on checked arguments (``out_dir`` locked and writable).
+    ``writes``: whether to checkpoint (under ``torchrun`` rank 0's ``out_dir`` decides, on every
+    rank: saving is a collective)."""
     model, guide, elbo, optimizer = svi_args
     x, y, slice_size, kwargs = data
     num_data = x.shape[0]
@@ -551,7 +555,7 @@ def _loop(
         logger.info("resuming from step %d of %s", start_step, path)
 
     def save(step: int) -> None:
-        if run_dir is None or not named:
+        if not writes or not named:
             return
         rng = gather_rng_state(batches, ctx)  # every rank's (a collective)
         wall_time = done_before + time.perf_counter() - start

@@ -187,6 +187,12 @@ def _worker(rank: int, world: int, job: str, out: str, timeout: float) -> None:
         result = _train("dense", epochs=4, out_dir=f"{out}.run{rank}", resume=True)
     elif job == "locked":
         result = _claim_locked_folder(out)
+    elif job == "rank0_only":  # out_dir on rank 0 alone, None on rank 1
+        folder = f"{out}.only" if rank == 0 else None
+        result = (
+            _train("dense", epochs=2, out_dir=None if folder is None else folder + "/trainer"),
+            _svi(12, out_dir=None if folder is None else folder + "/svi", checkpoint_every=5),
+        )
     else:
         result = _train(job)
     torch.save(result, f"{out}.{rank}")
@@ -305,6 +311,20 @@ def test_rank_0s_folder_error_reaches_every_rank_at_once(tmp_path):
     for outcomes in ranks:
         assert [name for name, _ in outcomes] == ["RunInUseError", "RunInUseError"], outcomes
         assert all(seconds < 10.0 for _, seconds in outcomes), outcomes
+
+
+def test_out_dir_on_rank_0_alone(tmp_path):
+    """Rank 0 alone is given an out_dir (rank 1: None): rank 0's decides on every rank, so
+    Trainer.fit and fit_svi neither hang (rank 1 joins the checkpoints' collectives) nor
+    differ between the ranks, and rank 0 writes the checkpoints."""
+    ranks = _spawn("rank0_only", tmp_path, deadline=90.0, timeout=20.0)
+    (trainer_0, svi_0), (trainer_1, svi_1) = ranks
+    assert _max_difference(trainer_0[0], trainer_1[0]) == 0.0
+    assert svi_0[1] == svi_1[1] and len(svi_0[1]) == 12
+    folder = tmp_path / "state.only"
+    assert load_torch(folder / "trainer" / "checkpoint.pt")["result"]["epochs"] == 2
+    assert (folder / "trainer" / "best_model.pt").exists()
+    assert load_torch(folder / "svi" / "svi_checkpoint.pt")["step"] == 12
 
 
 def test_on_main_rank_alone_calls_the_function():
