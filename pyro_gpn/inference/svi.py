@@ -27,7 +27,10 @@ the library's value checks and Pyro's distribution checks are off
 processes: every rank draws the same global batch of ``batch_size`` indices and evaluates the
 loss on its share (still with ``num_data = S``), and the gradients, weighted by each rank's
 share, are summed across ranks before the optimiser step, so the ``K`` processes take the steps
-of one (:mod:`pyro_gpn.inference.distributed`, which says why this is not DDP).
+of one on the same global batches (:mod:`pyro_gpn.inference.distributed`, which says why this is
+not DDP). Those come from a generator seeded with :func:`batch_seed` of ``seed``: a single
+process that draws nothing else from the global generator (a closed-form ELBO) takes the same
+steps with ``seed=batch_seed(seed)``.
 
 **Checkpoints.** With ``out_dir``, every ``checkpoint_every`` steps and at the end the loop
 writes ``out_dir/svi_checkpoint.pt`` (:data:`~pyro_gpn.inference.checkpoint.SVI_CHECKPOINT_NAME`,
@@ -43,7 +46,8 @@ run equals an uninterrupted one. Under ``torchrun`` rank 0 alone checks, locks, 
 and sends the checkpoint to the other ranks, whose own ``out_dir`` is never touched: it need not
 be on a shared file system. The checkpoint keeps every rank's random state (each rank draws the
 Monte Carlo samples of its own share of the batch); the global batches come from a generator of
-their own, seeded alike on every rank, so that the ranks' shares of a step never overlap.
+their own, seeded alike on every rank (from a seed derived from ``seed``, :func:`batch_seed`),
+so that the ranks' shares of a step never overlap.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyro
 import pyro.optim
 import torch
@@ -508,6 +513,15 @@ def fit_svi(
         )
 
 
+def batch_seed(seed: int) -> int:
+    """The seed of the generator of the global batches under ``torchrun``, derived from
+    ``seed`` (the first child of ``numpy.random.SeedSequence(seed)``, 32 bits), so that the
+    batch indices do not repeat the stream of the global generator, which ``seed`` also seeds
+    and which draws the Monte Carlo noise. The same on every rank; a single process draws its
+    batches from the global generator and never uses it."""
+    return int(np.random.SeedSequence(seed % 2**64).spawn(1)[0].generate_state(1)[0])
+
+
 def _loop(
     *,
     svi_args: tuple,
@@ -538,9 +552,11 @@ def _loop(
     # Under torchrun the global batches come from a generator of their own, seeded alike on
     # every rank: the global generator also draws each rank's Monte Carlo samples, as many as
     # the rank's share of the batch, and shares of unequal size would put the ranks out of step.
+    # Its seed is derived from the global one (never None here: broadcast_seed draws one), so
+    # that the batch indices and the Monte Carlo noise do not reuse one random stream.
     batches = None
     if ctx.distributed:
-        batches = torch.Generator(device=x.device).manual_seed(seed)
+        batches = torch.Generator(device=x.device).manual_seed(batch_seed(seed))
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
     start_step, named, done_before = 0, {}, 0.0
