@@ -137,13 +137,22 @@ def set_rng_state(
     state: dict[str, Any], generator: torch.Generator | None, device: torch.device
 ) -> None:
     """Restore what :func:`rng_state` recorded; CUDA's state goes to ``device`` alone (a CPU run
-    ignores it). A ``generator`` is restored when ``state`` holds its state."""
+    ignores it). A ``generator`` is restored when ``state`` holds its state; when it does not (a
+    single process's :func:`~pyro_gpn.inference.fit_svi` checkpoint, or one of the first
+    version, resumed under ``torchrun``) a warning says that it keeps its seeded state."""
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
     random.setstate(state["python"])
-    if generator is not None and "shuffle" in state:
-        generator.set_state(state["shuffle"])
+    if generator is not None:
+        if "shuffle" in state:
+            generator.set_state(state["shuffle"])
+        else:
+            logger.warning(
+                "the checkpoint holds no state of the mini-batch generator (written by a single "
+                "process or an earlier version): the batch order restarts from the seed (a "
+                "continuation, but not the uninterrupted run's batches)"
+            )
     cuda = state.get("cuda")
     if cuda is None or device.type != "cuda":
         return
@@ -178,9 +187,17 @@ def own_rng_state(saved: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
 
     A single process's record is every rank's; a record of another number of processes gives
     every rank rank 0's state (the ranks must draw the same global batches; the run continues,
-    though not as the uninterrupted run on either number of processes would have).
+    though not as the uninterrupted run on either number of processes would have). Under
+    ``torchrun`` both log a warning.
     """
     if "ranks" not in saved:
+        if ctx.distributed:
+            logger.warning(
+                "the checkpoint holds the random states of a single process, this run has %d: "
+                "every rank restores it (a continuation, but not the uninterrupted run's random "
+                "numbers)",
+                ctx.world_size,
+            )
         return saved
     ranks = saved["ranks"]
     if len(ranks) == ctx.world_size:

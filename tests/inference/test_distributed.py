@@ -464,3 +464,21 @@ def test_batch_seed_is_derived_and_deterministic():
         value = batch_seed(seed)
         assert value == batch_seed(seed) != seed and 0 <= value < 2**32
     assert batch_seed(3) != batch_seed(4)
+
+
+def test_resuming_a_single_process_record_under_torchrun_warns(caplog):
+    """A record without per-rank states or the batch generator's state (a single process's
+    fit_svi checkpoint, or one of the first version) resumed under torchrun: every rank
+    restores it, the batch order restarts from the seed, and both are logged."""
+    ctx = DistContext(rank=1, world_size=2, backend="gloo")
+    single = rng_state(None, torch.device("cpu"))
+    with caplog.at_level("WARNING", logger="pyro_gpn.inference.checkpoint"):
+        assert own_rng_state(single, DistContext()) is single
+        assert caplog.text == ""  # alone: nothing to say
+        assert own_rng_state(single, ctx) is single
+        assert "single process" in caplog.text
+        caplog.clear()
+        batches = torch.Generator().manual_seed(7)
+        set_rng_state(single, batches, torch.device("cpu"))
+        assert "batch order restarts" in caplog.text
+        assert torch.equal(batches.get_state(), torch.Generator().manual_seed(7).get_state())
