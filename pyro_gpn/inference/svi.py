@@ -52,6 +52,7 @@ so that the ranks' shares of a step never overlap.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -257,6 +258,41 @@ def _stable_repr(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
+def _comparable(value: Any) -> Any:
+    """``value`` (``model_kwargs`` and what it holds) in a form that compares by content and
+    that a checkpoint stores under ``weights_only=True``: a tensor or NumPy array becomes
+    ``("tensor", dtype, shape, SHA-256 of its bytes on the CPU)`` (every element counts, the
+    device does not), a set or frozenset the sorted list of its members' forms (not their hash
+    order), a dict a dict of its items in sorted key order, a list or tuple a list, a NumPy
+    scalar its Python value, ``None``, ``bool``, ``int``, ``float`` and ``str`` themselves, and
+    anything else its ``repr`` without memory addresses.
+
+    Not detected: a change of an object's state that its ``repr`` does not show (a module's
+    parameters, a callable's closure), a tuple changed into a list, a tensor's ``requires_grad``
+    or a NaN's payload.
+    """
+    if isinstance(value, (Tensor, np.ndarray)):
+        data = torch.as_tensor(value).detach().cpu()
+        data = data.to_dense() if data.is_sparse else data
+        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return ("tensor", str(data.dtype), list(data.shape), hashlib.sha256(raw).hexdigest())
+    if isinstance(value, (set, frozenset)):
+        return sorted((_comparable(item) for item in value), key=repr)
+    if isinstance(value, dict):
+        items = ((_comparable(key), _comparable(item)) for key, item in value.items())
+        return {
+            key if isinstance(key, (str, int, float, bool, type(None))) else repr(key): item
+            for key, item in sorted(items, key=lambda pair: repr(pair[0]))
+        }
+    if isinstance(value, (list, tuple)):
+        return [_comparable(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _stable_repr(value)
+
+
 def _describe_optim(optim: pyro.optim.PyroOptim) -> str:
     """A custom optimiser's class and settings, e.g. ``"SGD({'lr': 0.1})"`` (``PyroOptim`` is
     every Pyro optimiser's type; a callable of per-parameter settings shows as its name)."""
@@ -287,7 +323,7 @@ def _run_settings(
     (:func:`~pyro_gpn.inference.checkpoint.check_resume_settings`), in a comparable form: what
     the run ignores is ``None`` (``lr`` and ``clip_norm`` beside a custom ``optim``, a
     ``batch_size`` of all samples), objects are described by their class and settings, and
-    ``model_kwargs`` by its ``repr`` (keys sorted, memory addresses dropped)."""
+    ``model_kwargs`` by its content (:func:`_comparable`)."""
     if isinstance(loss, str):
         loss_text, particles = loss, elbo.num_particles
     else:
@@ -304,7 +340,7 @@ def _run_settings(
         "lr_decay": lr_decay,
         "num_steps": num_steps,
         "batch_size": batch_size,
-        "model_kwargs": _stable_repr(dict(sorted((model_kwargs or {}).items()))),
+        "model_kwargs": _comparable(model_kwargs or {}),
         "num_data": num_data,
         "seed": seed,
     }
@@ -427,11 +463,11 @@ def fit_svi(
             that wrote it, and the settings that shape the trajectory the checkpoint's --
             ``loss`` (its name, or an ELBO's class and ``num_particles``), ``num_particles``,
             ``lr``, ``clip_norm``, ``lr_decay``, ``optim`` (its class and settings),
-            ``batch_size``, ``model_kwargs`` (compared by ``repr``), the number of samples, and
-            with ``lr_decay`` also ``num_steps`` (the decay spans them) -- else ``ValueError``
-            names each changed one with both values. ``seed``, ``progress``, ``callback``,
-            ``checkpoint_every`` and ``clear_param_store`` may change (every parameter the loss
-            trains is overwritten with the checkpoint's).
+            ``batch_size``, ``model_kwargs`` (compared by content, tensors by their bytes),
+            the number of samples, and with ``lr_decay`` also ``num_steps`` (the decay spans
+            them) -- else ``ValueError`` names each changed one with both values. ``seed``,
+            ``progress``, ``callback``, ``checkpoint_every`` and ``clear_param_store`` may change
+            (every parameter the loss trains is overwritten with the checkpoint's).
         checkpoint_every: steps between checkpoints (with ``out_dir``).
 
     Returns:
