@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import random
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -229,6 +230,26 @@ def _load_for_resume(path: Path, require_checksum: bool) -> dict[str, Any]:
         ) from error
 
 
+def plain_settings(value: Any) -> Any:
+    """``value`` (a dict of settings) with plain Python values, as a checkpoint records them: a
+    NumPy scalar becomes its Python value, a subclass of ``bool``, ``int``, ``float`` or ``str``
+    that type, a path its string, inside dicts, lists and tuples too; anything else is kept.
+    ``torch.load(..., weights_only=True)`` refuses NumPy scalars and paths (the checkpoint would
+    read as damaged)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {plain_settings(key): plain_settings(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_settings(item) for item in value)
+    return value
+
+
 def check_resume_settings(
     path: Path, saved: dict[str, Any], now: dict[str, Any], may_change: Collection[str]
 ) -> None:
@@ -265,7 +286,7 @@ def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None
     # checkpoints written before checksums existed load unverified
     checkpoint = _load_for_resume(path, require_checksum=checksum_path(path).exists())
     check_resume_settings(
-        path, checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES
+        path, checkpoint["config"], plain_settings(dataclasses.asdict(config)), _RESUMABLE_CHANGES
     )
     return checkpoint
 
@@ -339,7 +360,7 @@ def save_checkpoint(
         "result": dataclasses.asdict(result),
         "step": step,
         "elapsed": elapsed,
-        "config": dataclasses.asdict(config),
+        "config": plain_settings(dataclasses.asdict(config)),
     }
     write_metrics(out_dir, result.history)
     save_torch(checkpoint, out_dir / CHECKPOINT_NAME)

@@ -81,6 +81,7 @@ from .checkpoint import (
     load_svi_checkpoint,
     locked_out_dir,
     own_rng_state,
+    plain_settings,
     save_svi_checkpoint,
     set_rng_state,
 )
@@ -175,6 +176,9 @@ def _make_optim(
         return optim
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    # plain floats: the optimiser's state goes into checkpoints, whose weights_only=True load
+    # refuses NumPy scalars (an lr of np.float64)
+    lr, lr_decay = float(lr), float(lr_decay)
     if clip_norm is None and lr_decay == 1.0:
         return pyro.optim.Adam({"lr": lr})
     if clip_norm is not None and not clip_norm > 0:
@@ -183,7 +187,7 @@ def _make_optim(
     return pyro.optim.ClippedAdam(
         {
             "lr": lr,
-            "clip_norm": math.inf if clip_norm is None else clip_norm,
+            "clip_norm": math.inf if clip_norm is None else float(clip_norm),
             "lrd": lr_decay ** (1.0 / max(num_steps, 1)),
         }
     )
@@ -331,19 +335,21 @@ def _run_settings(
         loss_text = type(loss).__name__ if isinstance(loss, ELBO) else _stable_repr(loss)
         if getattr(loss, "num_particles", None) is not None:
             loss_text += f"(num_particles={loss.num_particles})"
-    return {
-        "loss": loss_text,
-        "num_particles": particles,
-        "optim": None if optim is None else _describe_optim(optim),
-        "lr": lr if optim is None else None,
-        "clip_norm": clip_norm if optim is None else None,
-        "lr_decay": lr_decay,
-        "num_steps": num_steps,
-        "batch_size": batch_size,
-        "model_kwargs": _comparable(model_kwargs or {}),
-        "num_data": num_data,
-        "seed": seed,
-    }
+    return plain_settings(  # weights_only=True loads no NumPy scalar (an lr of np.float64)
+        {
+            "loss": loss_text,
+            "num_particles": particles,
+            "optim": None if optim is None else _describe_optim(optim),
+            "lr": lr if optim is None else None,
+            "clip_norm": clip_norm if optim is None else None,
+            "lr_decay": lr_decay,
+            "num_steps": num_steps,
+            "batch_size": batch_size,
+            "model_kwargs": _comparable(model_kwargs or {}),
+            "num_data": num_data,
+            "seed": seed,
+        }
+    )
 
 
 def _check_checkpoint_args(

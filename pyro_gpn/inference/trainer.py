@@ -191,9 +191,15 @@ class Trainer:
         cfg = self.config
         model = self.model.to(self.device)
         # foreach: one pass per parameter group instead of a loop of small ops (the same steps)
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
+        # plain floats: the optimiser's and scheduler's states go into checkpoints, whose
+        # weights_only=True load refuses NumPy scalars (an lr of np.float64)
+        optimizer = torch.optim.Adam(model.parameters(), lr=float(cfg.lr), foreach=True)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
+            optimizer,
+            mode="min",
+            factor=float(cfg.lr_factor),
+            patience=int(cfg.patience),
+            min_lr=float(cfg.min_lr),
         )
         generator = torch.Generator()
         result = TrainResult()

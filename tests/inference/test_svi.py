@@ -4,6 +4,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pyro.optim
@@ -14,6 +15,7 @@ from pyro.nn import PyroModule, PyroParam, pyro_method
 from torch.distributions import constraints
 
 from pyro_gpn.inference.svi import SVIResult, fit_svi
+from pyro_gpn.io import load_torch
 from pyro_gpn.models.parametric import ParametricGPN
 
 
@@ -524,6 +526,15 @@ class TestCheckpoints:
             run({8, 16}, changed, num_steps=4, resume=True)
         with pytest.raises(ValueError, match="model_kwargs="):
             run({8, 17}, big, num_steps=4, resume=True)
+
+    def test_numpy_scalar_settings_resume(self, tmp_path):
+        """An lr of np.float64 (a NumPy scalar, which weights_only=True refuses) is recorded as
+        a float: the checkpoint loads, the run resumes, and a Python float counts as the same."""
+        _fit("store", 2, out_dir=tmp_path, lr=np.float64(0.05), lr_decay=np.float64(1.0))
+        assert type(load_torch(tmp_path / "svi_checkpoint.pt")["settings"]["lr"]) is float
+        _, fit = _fit("store", 3, out_dir=tmp_path, resume=True, lr=np.float64(0.05))
+        _, again = _fit("store", 4, out_dir=tmp_path, resume=True, lr=0.05)
+        assert len(fit.losses) == 3 and len(again.losses) == 4
 
     def test_checkpoint_of_another_model_is_refused(self, tmp_path):
         x, y = (t.double() for t in _data(20))
