@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from tests.inference.test_distributed import _max_difference, _spawn, _svi, _train
+from tests.inference.test_distributed import _max_difference, _spawn, _svi_alone, _train
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     for job in ("dense", "conv", "svi"):
         ranks = _spawn(job, Path(tempfile.mkdtemp()))
-        state = (_svi() if job == "svi" else _train(job))[0]
+        state = (_svi_alone() if job == "svi" else _train(job))[0]
         diff = max(_max_difference(rank[0], state) for rank in ranks)
         kind = "fit_svi, closed-form ELBO" if job == "svi" else f"Trainer, {job}"
         print(f"{kind}: max abs parameter difference 2 processes vs 1: {diff:.3g}", flush=True)

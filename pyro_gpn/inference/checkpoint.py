@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import random
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -76,31 +77,34 @@ def seed_everything(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def locked_out_dir(out_dir: Path | None, ctx: DistContext, marker: str) -> Iterator[None]:
+def locked_out_dir(out_dir: Path | None, ctx: DistContext, marker: str) -> Iterator[bool]:
     """The output folder of a training loop, checked (created) and locked by rank 0 for the
     loop's duration (``marker``: the loop's checkpoint, for
     :func:`~pyro_gpn.io.ensure_can_write`; not locked again if this process holds its lock
-    already, as the command line does).
+    already, as the command line does). Yields whether the loop writes checkpoints: whether
+    ``out_dir`` is given -- under ``torchrun``, rank 0's ``out_dir``, the same answer on every
+    rank, so that every rank calls the collectives of the checkpoints that rank 0 writes.
 
     Under ``torchrun`` every rank waits on entry for rank 0's outcome
-    (:func:`~pyro_gpn.inference.distributed.on_main_rank`): a folder rank 0 cannot use raises
-    rank 0's error (``RunInUseError``, ``NotADirectoryError``, ...) on every rank at once. On a
-    normal exit every rank waits for rank 0's last write. The other ranks never touch their
-    own ``out_dir``: rank 0's folder need not be shared between machines. ``None``: nothing.
+    (:func:`~pyro_gpn.inference.distributed.on_main_rank`, also when ``out_dir`` is ``None``
+    on some ranks): a folder rank 0 cannot use raises rank 0's error (``RunInUseError``,
+    ``NotADirectoryError``, ...) on every rank at once. On a normal exit every rank waits for
+    rank 0's last write. The other ranks never touch their own ``out_dir`` (which may be
+    ``None``): rank 0's folder need not be shared between machines. Alone, ``None``: nothing.
     """
-    if out_dir is None:
-        yield
-        return
     with contextlib.ExitStack() as stack:
 
-        def claim() -> None:
+        def claim() -> bool:
+            if out_dir is None:
+                return False
             ensure_can_write(out_dir, overwrite=True, marker=marker)
             if not RunLock.is_held(out_dir):
                 stack.enter_context(RunLock(out_dir))
+            return True
 
-        on_main_rank(claim, ctx)
-        yield
-        if ctx.distributed:
+        writes = on_main_rank(claim, ctx)  # rank 0's answer, on every rank
+        yield writes
+        if writes and ctx.distributed:
             dist.barrier()  # rank 0's last checkpoint is written
 
 
@@ -134,13 +138,22 @@ def set_rng_state(
     state: dict[str, Any], generator: torch.Generator | None, device: torch.device
 ) -> None:
     """Restore what :func:`rng_state` recorded; CUDA's state goes to ``device`` alone (a CPU run
-    ignores it). A ``generator`` is restored when ``state`` holds its state."""
+    ignores it). A ``generator`` is restored when ``state`` holds its state; when it does not (a
+    single process's :func:`~pyro_gpn.inference.fit_svi` checkpoint, or one of the first
+    version, resumed under ``torchrun``) a warning says that it keeps its seeded state."""
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
     random.setstate(state["python"])
-    if generator is not None and "shuffle" in state:
-        generator.set_state(state["shuffle"])
+    if generator is not None:
+        if "shuffle" in state:
+            generator.set_state(state["shuffle"])
+        else:
+            logger.warning(
+                "the checkpoint holds no state of the mini-batch generator (written by a single "
+                "process or an earlier version): the batch order restarts from the seed (a "
+                "continuation, but not the uninterrupted run's batches)"
+            )
     cuda = state.get("cuda")
     if cuda is None or device.type != "cuda":
         return
@@ -175,9 +188,17 @@ def own_rng_state(saved: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
 
     A single process's record is every rank's; a record of another number of processes gives
     every rank rank 0's state (the ranks must draw the same global batches; the run continues,
-    though not as the uninterrupted run on either number of processes would have).
+    though not as the uninterrupted run on either number of processes would have). Under
+    ``torchrun`` both log a warning.
     """
     if "ranks" not in saved:
+        if ctx.distributed:
+            logger.warning(
+                "the checkpoint holds the random states of a single process, this run has %d: "
+                "every rank restores it (a continuation, but not the uninterrupted run's random "
+                "numbers)",
+                ctx.world_size,
+            )
         return saved
     ranks = saved["ranks"]
     if len(ranks) == ctx.world_size:
@@ -207,6 +228,26 @@ def _load_for_resume(path: Path, require_checksum: bool) -> dict[str, Any]:
             "resume cannot continue from it: fit with resume=False (or remove the file) to "
             "start afresh",
         ) from error
+
+
+def plain_settings(value: Any) -> Any:
+    """``value`` (a dict of settings) with plain Python values, as a checkpoint records them: a
+    NumPy scalar becomes its Python value, a subclass of ``bool``, ``int``, ``float`` or ``str``
+    that type, a path its string, inside dicts, lists and tuples too; anything else is kept.
+    ``torch.load(..., weights_only=True)`` refuses NumPy scalars and paths (the checkpoint would
+    read as damaged)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {plain_settings(key): plain_settings(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_settings(item) for item in value)
+    return value
 
 
 def check_resume_settings(
@@ -245,7 +286,7 @@ def load_checkpoint(out_dir: Path, config: TrainConfig) -> dict[str, Any] | None
     # checkpoints written before checksums existed load unverified
     checkpoint = _load_for_resume(path, require_checksum=checksum_path(path).exists())
     check_resume_settings(
-        path, checkpoint["config"], dataclasses.asdict(config), _RESUMABLE_CHANGES
+        path, checkpoint["config"], plain_settings(dataclasses.asdict(config)), _RESUMABLE_CHANGES
     )
     return checkpoint
 
@@ -319,7 +360,7 @@ def save_checkpoint(
         "result": dataclasses.asdict(result),
         "step": step,
         "elapsed": elapsed,
-        "config": dataclasses.asdict(config),
+        "config": plain_settings(dataclasses.asdict(config)),
     }
     write_metrics(out_dir, result.history)
     save_torch(checkpoint, out_dir / CHECKPOINT_NAME)

@@ -27,7 +27,10 @@ the library's value checks and Pyro's distribution checks are off
 processes: every rank draws the same global batch of ``batch_size`` indices and evaluates the
 loss on its share (still with ``num_data = S``), and the gradients, weighted by each rank's
 share, are summed across ranks before the optimiser step, so the ``K`` processes take the steps
-of one (:mod:`pyro_gpn.inference.distributed`, which says why this is not DDP).
+of one on the same global batches (:mod:`pyro_gpn.inference.distributed`, which says why this is
+not DDP). Those come from a generator seeded with :func:`batch_seed` of ``seed``: a single
+process that draws nothing else from the global generator (a closed-form ELBO) takes the same
+steps with ``seed=batch_seed(seed)``.
 
 **Checkpoints.** With ``out_dir``, every ``checkpoint_every`` steps and at the end the loop
 writes ``out_dir/svi_checkpoint.pt`` (:data:`~pyro_gpn.inference.checkpoint.SVI_CHECKPOINT_NAME`,
@@ -43,11 +46,13 @@ run equals an uninterrupted one. Under ``torchrun`` rank 0 alone checks, locks, 
 and sends the checkpoint to the other ranks, whose own ``out_dir`` is never touched: it need not
 be on a shared file system. The checkpoint keeps every rank's random state (each rank draws the
 Monte Carlo samples of its own share of the batch); the global batches come from a generator of
-their own, seeded alike on every rank, so that the ranks' shares of a step never overlap.
+their own, seeded alike on every rank (from a seed derived from ``seed``, :func:`batch_seed`),
+so that the ranks' shares of a step never overlap.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -58,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyro
 import pyro.optim
 import torch
@@ -75,6 +81,7 @@ from .checkpoint import (
     load_svi_checkpoint,
     locked_out_dir,
     own_rng_state,
+    plain_settings,
     save_svi_checkpoint,
     set_rng_state,
 )
@@ -169,6 +176,9 @@ def _make_optim(
         return optim
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    # plain floats: the optimiser's state goes into checkpoints, whose weights_only=True load
+    # refuses NumPy scalars (an lr of np.float64)
+    lr, lr_decay = float(lr), float(lr_decay)
     if clip_norm is None and lr_decay == 1.0:
         return pyro.optim.Adam({"lr": lr})
     if clip_norm is not None and not clip_norm > 0:
@@ -177,7 +187,7 @@ def _make_optim(
     return pyro.optim.ClippedAdam(
         {
             "lr": lr,
-            "clip_norm": math.inf if clip_norm is None else clip_norm,
+            "clip_norm": math.inf if clip_norm is None else float(clip_norm),
             "lrd": lr_decay ** (1.0 / max(num_steps, 1)),
         }
     )
@@ -252,6 +262,41 @@ def _stable_repr(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
+def _comparable(value: Any) -> Any:
+    """``value`` (``model_kwargs`` and what it holds) in a form that compares by content and
+    that a checkpoint stores under ``weights_only=True``: a tensor or NumPy array becomes
+    ``("tensor", dtype, shape, SHA-256 of its bytes on the CPU)`` (every element counts, the
+    device does not), a set or frozenset the sorted list of its members' forms (not their hash
+    order), a dict a dict of its items in sorted key order, a list or tuple a list, a NumPy
+    scalar its Python value, ``None``, ``bool``, ``int``, ``float`` and ``str`` themselves, and
+    anything else its ``repr`` without memory addresses.
+
+    Not detected: a change of an object's state that its ``repr`` does not show (a module's
+    parameters, a callable's closure), a tuple changed into a list, a tensor's ``requires_grad``
+    or a NaN's payload.
+    """
+    if isinstance(value, (Tensor, np.ndarray)):
+        data = torch.as_tensor(value).detach().cpu()
+        data = data.to_dense() if data.is_sparse else data
+        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return ("tensor", str(data.dtype), list(data.shape), hashlib.sha256(raw).hexdigest())
+    if isinstance(value, (set, frozenset)):
+        return sorted((_comparable(item) for item in value), key=repr)
+    if isinstance(value, dict):
+        items = ((_comparable(key), _comparable(item)) for key, item in value.items())
+        return {
+            key if isinstance(key, (str, int, float, bool, type(None))) else repr(key): item
+            for key, item in sorted(items, key=lambda pair: repr(pair[0]))
+        }
+    if isinstance(value, (list, tuple)):
+        return [_comparable(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _stable_repr(value)
+
+
 def _describe_optim(optim: pyro.optim.PyroOptim) -> str:
     """A custom optimiser's class and settings, e.g. ``"SGD({'lr': 0.1})"`` (``PyroOptim`` is
     every Pyro optimiser's type; a callable of per-parameter settings shows as its name)."""
@@ -282,7 +327,7 @@ def _run_settings(
     (:func:`~pyro_gpn.inference.checkpoint.check_resume_settings`), in a comparable form: what
     the run ignores is ``None`` (``lr`` and ``clip_norm`` beside a custom ``optim``, a
     ``batch_size`` of all samples), objects are described by their class and settings, and
-    ``model_kwargs`` by its ``repr`` (keys sorted, memory addresses dropped)."""
+    ``model_kwargs`` by its content (:func:`_comparable`)."""
     if isinstance(loss, str):
         loss_text, particles = loss, elbo.num_particles
     else:
@@ -290,19 +335,21 @@ def _run_settings(
         loss_text = type(loss).__name__ if isinstance(loss, ELBO) else _stable_repr(loss)
         if getattr(loss, "num_particles", None) is not None:
             loss_text += f"(num_particles={loss.num_particles})"
-    return {
-        "loss": loss_text,
-        "num_particles": particles,
-        "optim": None if optim is None else _describe_optim(optim),
-        "lr": lr if optim is None else None,
-        "clip_norm": clip_norm if optim is None else None,
-        "lr_decay": lr_decay,
-        "num_steps": num_steps,
-        "batch_size": batch_size,
-        "model_kwargs": _stable_repr(dict(sorted((model_kwargs or {}).items()))),
-        "num_data": num_data,
-        "seed": seed,
-    }
+    return plain_settings(  # weights_only=True loads no NumPy scalar (an lr of np.float64)
+        {
+            "loss": loss_text,
+            "num_particles": particles,
+            "optim": None if optim is None else _describe_optim(optim),
+            "lr": lr if optim is None else None,
+            "clip_norm": clip_norm if optim is None else None,
+            "lr_decay": lr_decay,
+            "num_steps": num_steps,
+            "batch_size": batch_size,
+            "model_kwargs": _comparable(model_kwargs or {}),
+            "num_data": num_data,
+            "seed": seed,
+        }
+    )
 
 
 def _check_checkpoint_args(
@@ -422,11 +469,11 @@ def fit_svi(
             that wrote it, and the settings that shape the trajectory the checkpoint's --
             ``loss`` (its name, or an ELBO's class and ``num_particles``), ``num_particles``,
             ``lr``, ``clip_norm``, ``lr_decay``, ``optim`` (its class and settings),
-            ``batch_size``, ``model_kwargs`` (compared by ``repr``), the number of samples, and
-            with ``lr_decay`` also ``num_steps`` (the decay spans them) -- else ``ValueError``
-            names each changed one with both values. ``seed``, ``progress``, ``callback``,
-            ``checkpoint_every`` and ``clear_param_store`` may change (every parameter the loss
-            trains is overwritten with the checkpoint's).
+            ``batch_size``, ``model_kwargs`` (compared by content, tensors by their bytes),
+            the number of samples, and with ``lr_decay`` also ``num_steps`` (the decay spans
+            them) -- else ``ValueError`` names each changed one with both values. ``seed``,
+            ``progress``, ``callback``, ``checkpoint_every`` and ``clear_param_store`` may change
+            (every parameter the loss trains is overwritten with the checkpoint's).
         checkpoint_every: steps between checkpoints (with ``out_dir``).
 
     Returns:
@@ -485,7 +532,7 @@ def fit_svi(
     # a longer (or shorter) run continues the same trajectory, unless the learning rate decays
     # over num_steps; the restored generator states replace the seed
     may_change = {"seed"} if lr_decay != 1.0 else {"seed", "num_steps"}
-    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME):
+    with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME) as writes:
         checkpoint = None
         if resume:  # rank 0 reads and verifies it, and sends it to every rank
             checkpoint = on_main_rank(
@@ -501,10 +548,20 @@ def fit_svi(
             progress=progress,
             callback=callback,
             run_dir=run_dir,
+            writes=writes,
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             run_settings=run_settings,
         )
+
+
+def batch_seed(seed: int) -> int:
+    """The seed of the generator of the global batches under ``torchrun``, derived from
+    ``seed`` (the first child of ``numpy.random.SeedSequence(seed)``, 32 bits), so that the
+    batch indices do not repeat the stream of the global generator, which ``seed`` also seeds
+    and which draws the Monte Carlo noise. The same on every rank; a single process draws its
+    batches from the global generator and never uses it."""
+    return int(np.random.SeedSequence(seed % 2**64).spawn(1)[0].generate_state(1)[0])
 
 
 def _loop(
@@ -518,11 +575,14 @@ def _loop(
     progress: bool,
     callback: Callback | None,
     run_dir: Path | None,
+    writes: bool,
     checkpoint: dict[str, Any] | None,
     checkpoint_every: int,
     run_settings: dict[str, Any],
 ) -> SVIResult:
-    """:func:`fit_svi`'s loop on checked arguments (``out_dir`` locked and writable)."""
+    """:func:`fit_svi`'s loop on checked arguments (``out_dir`` locked and writable).
+    ``writes``: whether to checkpoint (under ``torchrun`` rank 0's ``out_dir`` decides, on every
+    rank: saving is a collective)."""
     model, guide, elbo, optimizer = svi_args
     x, y, slice_size, kwargs = data
     num_data = x.shape[0]
@@ -534,9 +594,11 @@ def _loop(
     # Under torchrun the global batches come from a generator of their own, seeded alike on
     # every rank: the global generator also draws each rank's Monte Carlo samples, as many as
     # the rank's share of the batch, and shares of unequal size would put the ranks out of step.
+    # Its seed is derived from the global one (never None here: broadcast_seed draws one), so
+    # that the batch indices and the Monte Carlo noise do not reuse one random stream.
     batches = None
     if ctx.distributed:
-        batches = torch.Generator(device=x.device).manual_seed(seed)
+        batches = torch.Generator(device=x.device).manual_seed(batch_seed(seed))
     svi = SVI(model, guide, optimizer, loss=elbo)
     result = SVIResult(num_data=num_data, svi=svi)
     start_step, named, done_before = 0, {}, 0.0
@@ -551,7 +613,7 @@ def _loop(
         logger.info("resuming from step %d of %s", start_step, path)
 
     def save(step: int) -> None:
-        if run_dir is None or not named:
+        if not writes or not named:
             return
         rng = gather_rng_state(batches, ctx)  # every rank's (a collective)
         wall_time = done_before + time.perf_counter() - start

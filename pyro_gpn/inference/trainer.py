@@ -122,6 +122,7 @@ class Trainer:
             raise ValueError(f"device {self.config.device!r} requested but CUDA is unavailable")
         self.out_dir = None if self.config.out_dir is None else Path(self.config.out_dir)
         self._ctx = DistContext(device=self.device)
+        self._writes = False  # whether fit() writes checkpoints (set by locked_out_dir)
         self._objective: nn.Module = DataParallelObjective(model)  # DDP-wrapped by fit()
 
     # ------------------------------------------------------------------ public
@@ -182,7 +183,7 @@ class Trainer:
         if resume and self.out_dir is None:
             raise ValueError("resume=True needs config.out_dir")
         check_parameters_finite(self.model, "the model (before training)")
-        with locked_out_dir(self.out_dir, self._ctx, CHECKPOINT_NAME):
+        with locked_out_dir(self.out_dir, self._ctx, CHECKPOINT_NAME) as self._writes:
             return self._fit(x_train, y_train, x_val, y_val, task, resume)
 
     def _fit(self, x_train, y_train, x_val, y_val, task: str, resume: bool) -> TrainResult:
@@ -190,9 +191,15 @@ class Trainer:
         cfg = self.config
         model = self.model.to(self.device)
         # foreach: one pass per parameter group instead of a loop of small ops (the same steps)
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
+        # plain floats: the optimiser's and scheduler's states go into checkpoints, whose
+        # weights_only=True load refuses NumPy scalars (an lr of np.float64)
+        optimizer = torch.optim.Adam(model.parameters(), lr=float(cfg.lr), foreach=True)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=cfg.lr_factor, patience=cfg.patience, min_lr=cfg.min_lr
+            optimizer,
+            mode="min",
+            factor=float(cfg.lr_factor),
+            patience=int(cfg.patience),
+            min_lr=float(cfg.min_lr),
         )
         generator = torch.Generator()
         result = TrainResult()
@@ -356,9 +363,10 @@ class Trainer:
     def _finish(self, result: TrainResult, best_state: dict[str, Tensor] | None) -> TrainResult:
         if best_state is not None:
             self.model.load_state_dict(best_state)
-            if self.out_dir is not None:
-                path = self.out_dir / BEST_MODEL_NAME
-                on_main_rank(lambda: save_model(best_state, path), self._ctx)
+            if self._writes:  # rank 0's out_dir decides on every rank
+                on_main_rank(
+                    lambda: save_model(best_state, self.out_dir / BEST_MODEL_NAME), self._ctx
+                )
         return result
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
@@ -367,7 +375,7 @@ class Trainer:
         return on_main_rank(lambda: load_checkpoint(self.out_dir, self.config), self._ctx)
 
     def _save(self, model, optimizer, scheduler, generator, best_state, result, step, elapsed):
-        if self.out_dir is None:
+        if not self._writes:  # rank 0's out_dir decides on every rank (collectives follow)
             return
         rng = gather_rng_state(generator, self._ctx)  # every rank's (a collective)
         on_main_rank(  # a failed write raises on every rank

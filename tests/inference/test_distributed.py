@@ -31,6 +31,7 @@ from pyro_gpn.inference.distributed import (
     shard,
     shard_weight,
 )
+from pyro_gpn.inference.svi import batch_seed
 from pyro_gpn.io import RunInUseError, RunLock, load_torch
 from pyro_gpn.layers import GPNConv2d, MomentAvgPool2d, MomentFlatten
 from pyro_gpn.models import VariationalGPN
@@ -67,7 +68,7 @@ def _train(kind: str, epochs: int = EPOCHS, out_dir=None, resume: bool = False):
     return model.state_dict(), result.history
 
 
-def _svi(num_steps: int = SVI_STEPS, **kwargs):
+def _svi(num_steps: int = SVI_STEPS, seed: int = 3, **kwargs):
     pyro.clear_param_store()
     torch.manual_seed(0)
     x, y = _data()
@@ -82,11 +83,18 @@ def _svi(num_steps: int = SVI_STEPS, **kwargs):
         num_steps=num_steps,
         batch_size=16,
         lr=1e-2,
-        seed=3,
+        seed=seed,
         progress=False,
         **kwargs,
     )
     return {k: v.detach().clone() for k, v in vgpn.state_dict().items()}, fit.losses
+
+
+def _svi_alone(num_steps: int = SVI_STEPS):
+    """The single-process run of the global batches of ``_svi`` on several processes: those
+    come from a generator seeded with ``batch_seed(3)``, a single process's from the global
+    generator, seeded here alike (the closed-form ELBO draws nothing else)."""
+    return _svi(num_steps, seed=batch_seed(3))
 
 
 SEEN: list[list[float]] = []  # the inputs of every call of _local_model in this process
@@ -187,6 +195,12 @@ def _worker(rank: int, world: int, job: str, out: str, timeout: float) -> None:
         result = _train("dense", epochs=4, out_dir=f"{out}.run{rank}", resume=True)
     elif job == "locked":
         result = _claim_locked_folder(out)
+    elif job == "rank0_only":  # out_dir on rank 0 alone, None on rank 1
+        folder = f"{out}.only" if rank == 0 else None
+        result = (
+            _train("dense", epochs=2, out_dir=None if folder is None else folder + "/trainer"),
+            _svi(12, out_dir=None if folder is None else folder + "/svi", checkpoint_every=5),
+        )
     else:
         result = _train(job)
     torch.save(result, f"{out}.{rank}")
@@ -237,7 +251,7 @@ def test_trainer_two_processes_equal_one(tmp_path, kind):
 
 def test_fit_svi_closed_form_two_processes_equal_one(tmp_path):
     ranks = _spawn("svi", tmp_path)
-    state, losses = _svi()
+    state, losses = _svi_alone()
     for rank_state, rank_losses in ranks:
         assert _max_difference(rank_state, state) <= 1e-5
         assert rank_losses == pytest.approx(losses, rel=1e-6)
@@ -264,7 +278,7 @@ def test_distributed_fit_svi_resume_continues_the_run(tmp_path):
     checkpoint, slowly; fit_svi returns on every rank once it is written), then two fresh calls
     resume to the end from it: the losses and parameters of one process's uninterrupted run."""
     ranks = _spawn("svi_resume", tmp_path)
-    state, losses = _svi()
+    state, losses = _svi_alone()
     for rank_state, rank_losses, written in ranks:
         assert written == SVI_STEPS // 2
         assert len(rank_losses) == SVI_STEPS
@@ -284,6 +298,11 @@ def test_distributed_fit_svi_resume_restores_every_rank(tmp_path):
     assert len(seen_0) == len(seen_1) > 12
     for a, b in zip(seen_0, seen_1, strict=True):
         assert (len(a), len(b)) == (5, 4) and not set(a) & set(b), (a, b)
+    # the first global batch: from the derived seed, not the global generator's stream
+    first = sorted(int(i) for i in seen_0[0] + seen_1[0])
+    derived = torch.randperm(40, generator=torch.Generator().manual_seed(batch_seed(3)))
+    same = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    assert first == sorted(derived[:9].tolist()) != sorted(same[:9].tolist())
     for (params, losses), (again, resumed_losses) in (
         (straight_0, resumed_0),
         (straight_1, resumed_1),
@@ -305,6 +324,20 @@ def test_rank_0s_folder_error_reaches_every_rank_at_once(tmp_path):
     for outcomes in ranks:
         assert [name for name, _ in outcomes] == ["RunInUseError", "RunInUseError"], outcomes
         assert all(seconds < 10.0 for _, seconds in outcomes), outcomes
+
+
+def test_out_dir_on_rank_0_alone(tmp_path):
+    """Rank 0 alone is given an out_dir (rank 1: None): rank 0's decides on every rank, so
+    Trainer.fit and fit_svi neither hang (rank 1 joins the checkpoints' collectives) nor
+    differ between the ranks, and rank 0 writes the checkpoints."""
+    ranks = _spawn("rank0_only", tmp_path, deadline=90.0, timeout=20.0)
+    (trainer_0, svi_0), (trainer_1, svi_1) = ranks
+    assert _max_difference(trainer_0[0], trainer_1[0]) == 0.0
+    assert svi_0[1] == svi_1[1] and len(svi_0[1]) == 12
+    folder = tmp_path / "state.only"
+    assert load_torch(folder / "trainer" / "checkpoint.pt")["result"]["epochs"] == 2
+    assert (folder / "trainer" / "best_model.pt").exists()
+    assert load_torch(folder / "svi" / "svi_checkpoint.pt")["step"] == 12
 
 
 def test_on_main_rank_alone_calls_the_function():
@@ -422,3 +455,30 @@ def test_nccl_collectives_on_cuda(tmp_path):
     assert float(total) == pytest.approx(0.25 * 5.0)
     assert torch.equal(grad, torch.tensor([0.5, -1.0]))
     assert metrics == pytest.approx({"rmse": 2.0, "loss": 1.0})
+
+
+def test_batch_seed_is_derived_and_deterministic():
+    """The global batches' seed under torchrun: a 32-bit value of its own, the same for the
+    same seed (every rank), for any seed broadcast_seed may give (None becomes a drawn one)."""
+    for seed in (0, 3, 2**31 - 2, 2**40):
+        value = batch_seed(seed)
+        assert value == batch_seed(seed) != seed and 0 <= value < 2**32
+    assert batch_seed(3) != batch_seed(4)
+
+
+def test_resuming_a_single_process_record_under_torchrun_warns(caplog):
+    """A record without per-rank states or the batch generator's state (a single process's
+    fit_svi checkpoint, or one of the first version) resumed under torchrun: every rank
+    restores it, the batch order restarts from the seed, and both are logged."""
+    ctx = DistContext(rank=1, world_size=2, backend="gloo")
+    single = rng_state(None, torch.device("cpu"))
+    with caplog.at_level("WARNING", logger="pyro_gpn.inference.checkpoint"):
+        assert own_rng_state(single, DistContext()) is single
+        assert caplog.text == ""  # alone: nothing to say
+        assert own_rng_state(single, ctx) is single
+        assert "single process" in caplog.text
+        caplog.clear()
+        batches = torch.Generator().manual_seed(7)
+        set_rng_state(single, batches, torch.device("cpu"))
+        assert "batch order restarts" in caplog.text
+        assert torch.equal(batches.get_state(), torch.Generator().manual_seed(7).get_state())

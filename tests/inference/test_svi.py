@@ -4,6 +4,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pyro.optim
@@ -14,6 +15,7 @@ from pyro.nn import PyroModule, PyroParam, pyro_method
 from torch.distributions import constraints
 
 from pyro_gpn.inference.svi import SVIResult, fit_svi
+from pyro_gpn.io import load_torch
 from pyro_gpn.models.parametric import ParametricGPN
 
 
@@ -317,6 +319,14 @@ def _noisy_guide(x, y, num_data=None, noise=0.5):
     _store_guide(x, y, num_data)
 
 
+def _kwargs_model(x, y, num_data=None, tags=(), table=None):
+    _noisy_model(x, y, num_data)
+
+
+def _kwargs_guide(x, y, num_data=None, tags=(), table=None):
+    _store_guide(x, y, num_data)
+
+
 def _single_guide(x, y, num_data=None, noise=0.5):
     """_noisy_guide's parameters in float32."""
     q_loc = pyro.param("q_loc", torch.tensor(0.0))
@@ -477,7 +487,7 @@ class TestCheckpoints:
             )
 
         run(0.5, 0.01)
-        message = "model_kwargs=\"{'noise': 0.6}\" (checkpoint: \"{'noise': 0.5}\")"
+        message = "model_kwargs={'noise': 0.6} (checkpoint: {'noise': 0.5})"
         with pytest.raises(ValueError, match=re.escape(message)):
             run(0.6, 0.01, resume=True)
         message = "optim=\"Adam({'lr': 0.02})\" (checkpoint: \"Adam({'lr': 0.01})\")"
@@ -487,6 +497,44 @@ class TestCheckpoints:
         # lr, which a custom optimiser ignores
         more = run(0.5, 0.01, resume=True, num_steps=6, seed=9, clear_param_store=False, lr=7.0)
         assert more.num_steps == 6
+
+    def test_model_kwargs_compare_by_content(self, tmp_path):
+        """Not by repr: a set in another order (as another PYTHONHASHSEED prints it) resumes; a
+        change in the middle of a large tensor (which repr shortens) is refused."""
+        x, y = (t.double() for t in _data(20))
+        big = torch.zeros(5000, dtype=torch.float64)
+        changed = big.clone()
+        changed[2500] = 1.0
+        assert repr(big) == repr(changed) and repr({8, 16}) != repr({16, 8})
+
+        def run(tags, table, num_steps=2, **kwargs):
+            return fit_svi(
+                _kwargs_model,
+                _kwargs_guide,
+                x,
+                y,
+                num_steps=num_steps,
+                progress=False,
+                out_dir=tmp_path,
+                model_kwargs={"tags": tags, "table": table},
+                **kwargs,
+            )
+
+        run({8, 16}, big)
+        assert run({16, 8}, big.clone(), num_steps=3, resume=True).num_steps == 3
+        with pytest.raises(ValueError, match="model_kwargs="):
+            run({8, 16}, changed, num_steps=4, resume=True)
+        with pytest.raises(ValueError, match="model_kwargs="):
+            run({8, 17}, big, num_steps=4, resume=True)
+
+    def test_numpy_scalar_settings_resume(self, tmp_path):
+        """An lr of np.float64 (a NumPy scalar, which weights_only=True refuses) is recorded as
+        a float: the checkpoint loads, the run resumes, and a Python float counts as the same."""
+        _fit("store", 2, out_dir=tmp_path, lr=np.float64(0.05), lr_decay=np.float64(1.0))
+        assert type(load_torch(tmp_path / "svi_checkpoint.pt")["settings"]["lr"]) is float
+        _, fit = _fit("store", 3, out_dir=tmp_path, resume=True, lr=np.float64(0.05))
+        _, again = _fit("store", 4, out_dir=tmp_path, resume=True, lr=0.05)
+        assert len(fit.losses) == 3 and len(again.losses) == 4
 
     def test_checkpoint_of_another_model_is_refused(self, tmp_path):
         x, y = (t.double() for t in _data(20))

@@ -4,6 +4,7 @@ import csv
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from pyro_gpn.inference.trainer import (
     evaluate,
     seed_everything,
 )
+from pyro_gpn.io import load_torch
 from pyro_gpn.models.baselines import FixedActivationNet
 from pyro_gpn.moments.gaussian import Moments
 
@@ -179,6 +181,20 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert all(torch.equal(last_a["model"][k], last_b["model"][k]) for k in last_a["model"])
     assert last_a["scheduler"] == last_b["scheduler"]
     assert torch.equal(last_a["rng"]["shuffle"], last_b["rng"]["shuffle"])
+
+
+def test_numpy_scalar_config_resumes(tmp_path):
+    """A TrainConfig with NumPy scalars (lr=np.float64) is recorded with Python values, which
+    weights_only=True loads: the run resumes (with a Python float as the same lr)."""
+    x, y = _dummy_data()
+    Trainer(SoftmaxRegression(1, 2), _config(tmp_path, lr=np.float64(0.01), max_epochs=1)).fit(
+        (x, y), (x, y)
+    )
+    assert type(load_torch(tmp_path / "checkpoint.pt")["config"]["lr"]) is float
+    result = Trainer(SoftmaxRegression(1, 2), _config(tmp_path, lr=0.01, max_epochs=2)).fit(
+        (x, y), (x, y), resume=True
+    )
+    assert result.epochs == 2
 
 
 def test_resume_of_finished_run_returns_immediately(tmp_path):
