@@ -276,9 +276,14 @@ def _comparable(value: Any) -> Any:
     or a NaN's payload.
     """
     if isinstance(value, (Tensor, np.ndarray)):
-        data = torch.as_tensor(value).detach().cpu()
-        data = data.to_dense() if data.is_sparse else data
-        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        try:
+            data = torch.as_tensor(value).detach().cpu()
+            data = data.to_dense() if data.is_sparse else data
+            raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        except (TypeError, RuntimeError, NotImplementedError, ValueError):
+            # what torch cannot read as plain memory (string or object arrays, meta,
+            # quantized or nested tensors, ...): its repr, as any other object
+            return _stable_repr(value)
         return ("tensor", str(data.dtype), list(data.shape), hashlib.sha256(raw).hexdigest())
     if isinstance(value, (set, frozenset)):
         return sorted((_comparable(item) for item in value), key=repr)
@@ -360,8 +365,6 @@ def _check_checkpoint_args(
         raise ValueError(f"out_dir must be a path or None, got {type(out_dir).__name__}")
     if not isinstance(resume, bool):
         raise ValueError(f"resume must be a bool, got {resume!r}")
-    if resume and out_dir is None:
-        raise ValueError("resume=True needs out_dir (the folder of the checkpoint)")
     if (
         not isinstance(checkpoint_every, int)
         or isinstance(checkpoint_every, bool)
@@ -533,6 +536,10 @@ def fit_svi(
     # over num_steps; the restored generator states replace the seed
     may_change = {"seed"} if lr_decay != 1.0 else {"seed", "num_steps"}
     with locked_out_dir(run_dir, ctx, SVI_CHECKPOINT_NAME) as writes:
+        # after the folder's collective: under torchrun rank 0's out_dir decides, and every
+        # rank raises together (a rank raising alone would leave rank 0 waiting)
+        if resume and not writes:
+            raise ValueError("resume=True needs out_dir (rank 0's, under torchrun)")
         checkpoint = None
         if resume:  # rank 0 reads and verifies it, and sends it to every rank
             checkpoint = on_main_rank(

@@ -180,10 +180,12 @@ class Trainer:
             classes = getattr(getattr(self.model, "head", None), "num_classes", None)
             for name, labels in (("train", y_train), ("val", y_val)):
                 _check_labels(name, labels, classes)
-        if resume and self.out_dir is None:
-            raise ValueError("resume=True needs config.out_dir")
         check_parameters_finite(self.model, "the model (before training)")
         with locked_out_dir(self.out_dir, self._ctx, CHECKPOINT_NAME) as self._writes:
+            # after the folder's collective: under torchrun rank 0's out_dir decides, and every
+            # rank raises together (a rank raising alone would leave rank 0 waiting)
+            if resume and not self._writes:
+                raise ValueError("resume=True needs config.out_dir (rank 0's, under torchrun)")
             return self._fit(x_train, y_train, x_val, y_val, task, resume)
 
     def _fit(self, x_train, y_train, x_val, y_val, task: str, resume: bool) -> TrainResult:

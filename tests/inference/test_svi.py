@@ -498,6 +498,16 @@ class TestCheckpoints:
         more = run(0.5, 0.01, resume=True, num_steps=6, seed=9, clear_param_store=False, lr=7.0)
         assert more.num_steps == 6
 
+    def test_model_kwargs_torch_cannot_read_fall_back_to_repr(self):
+        """``model_kwargs`` values that torch cannot read as plain memory (a string array, a
+        meta tensor) are compared by their repr, not a crash of every ``fit_svi`` call."""
+        from pyro_gpn.inference.svi import _comparable
+
+        strings = np.array(["a", "b"])
+        assert _comparable({"names": strings}) == _comparable({"names": strings.copy()})
+        assert _comparable({"names": strings}) != _comparable({"names": np.array(["a", "c"])})
+        assert isinstance(_comparable(torch.empty(3, device="meta")), str)
+
     def test_model_kwargs_compare_by_content(self, tmp_path):
         """Not by repr: a set in another order (as another PYTHONHASHSEED prints it) resumes; a
         change in the middle of a large tensor (which repr shortens) is refused."""
