@@ -81,9 +81,9 @@ def temperature_facts(model, data) -> dict:
     """What the temperature of a calibrated classifier (fitted on all validation rows, as
     ``fit_vgpn(calibrate=True)`` does) changes, for the choice and its check: the
     ``temperature``; ``val_crossfit``, the validation NLL of
-    :func:`benchmarks.uci.crossfitted_scores` (the figure a choice may use); and the test
+    :func:`pyro_gpn.inference.crossfitted_scores` (the figure a choice may use); and the test
     metrics at temperature 1 (``test_*_uncalibrated``). The head keeps its temperature."""
-    from benchmarks.uci import crossfitted_scores
+    from pyro_gpn.inference import crossfitted_scores
 
     raw, calibrated = crossfitted_scores(
         model, data.x_val, data.y_val, lambda x, y: class_metrics(predict_probs(model, x), y)["nll"]

@@ -162,6 +162,7 @@ PLL = "_pll"
 MODELS = (
     *BGPN_MODELS,
     *(m + PLL for m in BGPN_MODELS if m not in ("bgpn_trace", "bgpn_issue")),
+    "bgpn_auto",
     "clt",
     "mcdrop",
     "ensemble",
@@ -534,6 +535,59 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     }
 
 
+def fit_bgpn_auto(data, seed: int) -> dict:
+    """The Bayesian GPN as the library chooses it itself (``bgpn_auto``):
+    :func:`pyro_gpn.inference.select_vgpn` with its default portfolio
+    (:data:`pyro_gpn.recommended.VGPN_PORTFOLIO`) on the split's training rows, every candidate
+    stopped and scored on the split's validation rows, the benchmark's width (50 units, 100 for
+    protein) and the library's mini-batch rule. The cell records every candidate's validation
+    score and time, the choice and whether the predictive scale was fitted; ``fit_s`` and
+    ``epochs`` are the sums over the candidates, ``chosen_fit_s`` and ``chosen_epochs`` the
+    chosen one's."""
+    from pyro_gpn.inference import select_vgpn
+    from pyro_gpn.recommended import VGPN
+
+    selection = select_vgpn(
+        data.x_train,
+        data.y_train,
+        data.x_val,
+        data.y_val,
+        hidden=_width(data.name),
+        seed=seed,
+        log=lambda line: print(f"  {data.name} seed {seed}: {line}", flush=True),
+    )
+    model = selection.model
+    batch = VGPN.batch_for(selection.num_train)
+    steps_per_epoch = 1 if not batch else max(1, math.ceil(selection.num_train / batch))
+    chosen = selection.fits[selection.candidate.name]
+
+    def predict(x):
+        with torch.no_grad():
+            weights, mean, var = model.head.predictive_mixture(model.hidden(x))
+        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+
+    return {
+        "predict": predict,
+        "net": model,
+        "chosen": selection.candidate.name,
+        "candidate_val_log_lik_std": selection.scores,
+        "candidate_s": selection.fit_seconds,
+        "candidate_errors": selection.errors,
+        "crossfit_std": selection.crossfit,
+        "calibrated": selection.calibrated,
+        "fit_s": sum(f.wall_time for f in selection.fits.values()),
+        "chosen_fit_s": chosen.wall_time,
+        "epochs": sum(f.num_steps for f in selection.fits.values()) / steps_per_epoch,
+        "chosen_epochs": chosen.num_steps / steps_per_epoch,
+        "steps": chosen.num_steps,
+        "best_step": chosen.best_step,
+        "batch_size": batch,
+        "noise_std": noise_std_of(model.head),
+        "sizes": [layer.in_features for layer in model.layers] + [model.layers[-1].out_features],
+        "config": selection.candidate.as_dict(),
+    }
+
+
 def _ensemble_facts(fits: list[dict], data) -> dict:
     """What an ensemble cell records of its members (fit dicts with ``predict``): member 0's
     own test and validation metrics (``single``, the column without the ensemble), every
@@ -629,32 +683,6 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     }
 
 
-def crossfitted_scores(model, x_val: Tensor, y_val: Tensor, score) -> tuple[float, float]:
-    """A validation score of a model with a predictive scale (``head.predictive_scale``, or an
-    ensemble's own) at scale 1 and with the scale fitted on the other half of the validation
-    rows (even rows scored with the odd rows' scale and back; row-weighted):
-    ``(uncalibrated, calibrated)``, the figures a choice may use (the in-sample calibrated score
-    is optimistic). ``score(x, y)`` scores rows at the current scale; the scale is left as it
-    was."""
-    from pyro_gpn.inference import fit_predictive_scale, predictive_scale_of
-
-    scale = predictive_scale_of(model)
-    kept = scale.clone()
-    halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
-    raw, calibrated = 0.0, 0.0
-    try:
-        for fit_rows, score_rows in (halves, halves[::-1]):
-            x_score, y_score = x_val[score_rows], y_val[score_rows]
-            share = len(score_rows) / x_val.shape[0]
-            fit_predictive_scale(model, x_val[fit_rows], y_val[fit_rows])  # sets the scale
-            calibrated += share * score(x_score, y_score)
-            scale.fill_(1.0)
-            raw += share * score(x_score, y_score)
-    finally:
-        scale.copy_(kept)
-    return raw, calibrated
-
-
 def calibration_facts(model, predict, data) -> dict:
     """What the predictive scale of a calibrated Bayesian GPN (``fit_vgpn(calibrate=True)``),
     or of a calibrated mixture of them (``mixcal``), did, for the choice and its check: the
@@ -663,6 +691,8 @@ def calibration_facts(model, predict, data) -> dict:
     must reproduce the uncalibrated column's cell (a check, never a choice). The scale is left
     as the fit set it."""
     y_std = float(data.y_std)
+    from pyro_gpn.inference import crossfitted_scores
+
     raw, calibrated = crossfitted_scores(
         model, data.x_val, data.y_val, lambda x, y: _score(predict, x, y, y_std)["log_lik"]
     )
@@ -1000,6 +1030,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     if model.removesuffix(PLL) in BGPN_MODELS:
         fit = fit_bgpn(data, bgpn_config(model, name), seed + split)
+    elif model == "bgpn_auto":
+        fit = fit_bgpn_auto(data, seed + split)
     elif model == "clt":
         fit = fit_clt(data, seed + split)
     elif model == "mcdrop":

@@ -18,9 +18,17 @@ Each value was chosen on validation data (never on test splits); the measurement
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["GPN", "GPNRecommendation", "VGPN", "VGPN_QUICK", "VGPNRecommendation"]
+__all__ = [
+    "GPN",
+    "GPNRecommendation",
+    "VGPN",
+    "VGPN_PORTFOLIO",
+    "VGPN_QUICK",
+    "VGPNCandidate",
+    "VGPNRecommendation",
+]
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,94 @@ VGPN = VGPNRecommendation()
 #: :data:`VGPN` itself, which scores better on validation on yacht splits 0-2 (-0.72 / -0.86 /
 #: -1.03 against -1.04 / -1.22 / -1.43) in 18-20 CPU-seconds.
 VGPN_QUICK = replace(VGPN, lr=0.1, num_steps=1000)
+
+
+@dataclass(frozen=True)
+class VGPNCandidate:
+    """One configuration of the Bayesian GPN for :func:`~pyro_gpn.inference.select_vgpn` to
+    fit and score on validation rows: the model's changes to :data:`VGPN` and the fit's.
+
+    Attributes:
+        name: what the candidate is called in a selection's scores.
+        head: ``"gaussian"`` (one noise level) or ``"heteroscedastic"`` (input-dependent noise,
+            :class:`~pyro_gpn.heads.HeteroscedasticGaussianHead`).
+        df: Student-t noise with ``df`` degrees of freedom (``None``: Gaussian noise); with
+            ``head="gaussian"`` a :class:`~pyro_gpn.heads.StudentTHead`.
+        weights: the layers' ``weights`` (:class:`~pyro_gpn.models.VariationalGPN`): one value,
+            or one per layer (``("point", "variational")``: ``q(W)`` in the last layer only).
+        width_factor: the hidden layer's width in units of the width the caller asks for.
+        fit: :func:`~pyro_gpn.inference.fit_vgpn` keywords over :data:`VGPN` (``elbo``,
+            ``lr``, ``num_steps``, ``patience``, ``noise_warmup``).
+    """
+
+    name: str
+    head: str = "gaussian"
+    df: float | None = None
+    weights: str | tuple[str, ...] = VGPN.weights
+    width_factor: int = 1
+    fit: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: the configurations the validation rows of the nine UCI regression sets chose, one set after
+#: another (``benchmarks/uci.py``'s ``CHOSEN``, ``docs/results/uci.md`` sections 5-24), with
+#: near twins merged, and the recommendation itself first: a portfolio for
+#: :func:`~pyro_gpn.inference.select_vgpn` to choose from on a new problem's validation rows
+#: (zero-shot portfolios of configurations chosen on earlier problems: Feurer et al. 2022,
+#: "Auto-Sklearn 2.0", JMLR 23). No test row of any set took part in any of these choices.
+VGPN_PORTFOLIO: tuple[VGPNCandidate, ...] = (
+    # the recommendation (VGPN)
+    VGPNCandidate("default"),
+    # boston: the paper's ELBO, a smaller step (bgpn_long)
+    VGPNCandidate("elbo", fit={"elbo": "closed_form", "lr": 0.02}),
+    # naval: the ELBO, the noise held for 1500 steps, a long small-step budget
+    # (bgpn_long_warm1500)
+    VGPNCandidate(
+        "noise_warmup",
+        fit={
+            "elbo": "closed_form",
+            "lr": 0.02,
+            "num_steps": 6000,
+            "patience": 40,
+            "noise_warmup": 1500,
+        },
+    ),
+    # yacht and power: input-dependent noise, point weights (bgpn_het_point_longer_pll,
+    # bgpn_het_point_long_pll)
+    VGPNCandidate(
+        "het_point",
+        head="heteroscedastic",
+        weights="point",
+        fit={"lr": 0.02, "num_steps": 4000, "patience": 40},
+    ),
+    # energy: input-dependent noise, q(W) in the last layer only (bgpn_het_qw2_longer_pll)
+    VGPNCandidate(
+        "het_qw2",
+        head="heteroscedastic",
+        weights=("point", "variational"),
+        fit={"lr": 0.02, "num_steps": 4000, "patience": 40},
+    ),
+    # concrete and wine: input-dependent Student-t noise, q(W) in the last layer, the ELBO
+    # (bgpn_het_qw2_long_t4, bgpn_het_qw2_t4)
+    VGPNCandidate(
+        "het_t4_qw2",
+        head="heteroscedastic",
+        df=4.0,
+        weights=("point", "variational"),
+        fit={"elbo": "closed_form", "num_steps": 4000},
+    ),
+    # kin8nm: twice the width, point weights, a small step (bgpn_wide_point_longer_pll)
+    VGPNCandidate(
+        "wide_point",
+        weights="point",
+        width_factor=2,
+        fit={"lr": 0.02, "num_steps": 4000, "patience": 40},
+    ),
+    # protein: twice the width, a long budget (bgpn_wide_longer_pll)
+    VGPNCandidate("wide", width_factor=2, fit={"num_steps": 6000, "patience": 40}),
+)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Inference for the GPN models: NUTS, SVI, the closed-form ELBO and the deterministic trainer."""
 
-from .calibration import fit_predictive_scale, predictive_scale_of
+from .calibration import crossfitted_scores, fit_predictive_scale, predictive_scale_of
 from .closed_form import (
     ClosedFormELBO,
     VGPNFit,
@@ -10,6 +10,7 @@ from .closed_form import (
 )
 from .distributed import DistContext, init_distributed
 from .mcmc import NUTSResult, run_nuts
+from .selection import VGPNSelection, select_vgpn
 from .svi import SVIResult, fit_svi
 from .trainer import TrainConfig, Trainer, TrainResult, evaluate, seed_everything
 
@@ -21,8 +22,10 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "VGPNFit",
+    "VGPNSelection",
     "Trainer",
     "closed_form_elbo",
+    "crossfitted_scores",
     "evaluate",
     "fit_predictive_scale",
     "fit_svi",
@@ -31,5 +34,6 @@ __all__ = [
     "predictive_log_likelihood",
     "init_distributed",
     "run_nuts",
+    "select_vgpn",
     "seed_everything",
 ]

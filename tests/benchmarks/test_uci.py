@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy import optimize, stats
 
+from benchmarks import uci
 from benchmarks.uci import metrics_of
 
 
@@ -262,3 +263,38 @@ def test_aggregate_records_times_commands_and_machine(tmp_path):
     assert "benchmarks/uci.py" in result["commands"]["cells"]
     assert result["machine"]["aggregated_on"]["cpus"] >= 1
     json.dumps(result)  # serialisable as written
+
+
+def test_the_library_portfolio_holds_every_sets_chosen_configuration():
+    """``VGPN_PORTFOLIO`` (``select_vgpn``'s default candidates) is the per-set choices of
+    ``CHOSEN``: every set's chosen column has a candidate with its head, noise, weights, width,
+    objective and noise warm-up (the schedules of merged twins may differ: power's chosen
+    column takes the larger step of the ``het_point`` candidate's, yacht's, ``lr`` 0.02)."""
+    from pyro_gpn.recommended import VGPN_PORTFOLIO
+
+    def key(head, df, weights, width, elbo, warmup):
+        weights = tuple(weights) if isinstance(weights, list) else weights
+        return (head, df, weights, width, elbo, warmup)
+
+    candidates = {
+        key(
+            c.head,
+            c.df,
+            c.weights,
+            c.width_factor,
+            c.fit.get("elbo", uci.VGPN.elbo),
+            c.fit.get("noise_warmup", 0),
+        ): c.name
+        for c in VGPN_PORTFOLIO
+    }
+    for name, column in uci.CHOSEN.items():
+        config = uci.bgpn_config(column, name)
+        want = key(
+            config.get("head", "gaussian"),
+            config.get("df"),
+            config["weights"],
+            config.get("hidden", (1,))[0],
+            config["elbo"],
+            config.get("noise_warmup", 0),
+        )
+        assert want in candidates, (name, column, want)

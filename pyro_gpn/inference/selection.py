@@ -1,0 +1,264 @@
+"""Choosing the Bayesian GPN's configuration on validation rows.
+
+No single setting of the closed-form variational GPN is best on every regression problem: on
+the nine UCI regression sets the library's defaults alone were ahead of a deep GP on 2 of 9
+sets, the configurations chosen per set on their validation rows on 7 of 9
+(``docs/results/uci.md`` sections 26-27). :func:`select_vgpn` makes that choice itself: it
+fits every candidate of a portfolio (by default :data:`~pyro_gpn.recommended.VGPN_PORTFOLIO`,
+the configurations those validation rows chose) on the same training rows, scores each on the
+same validation rows, and keeps the best; then it fits the winner's predictive scale if that
+raises the cross-fitted validation score (:func:`~pyro_gpn.inference.crossfitted_scores`).
+The validation rows stop each fit and choose among the fits; they are never test rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .._validation import check_finite, check_ndim, check_tensor
+from ..models.variational import VariationalGPN
+from ..settings import validation
+from .calibration import crossfitted_scores, fit_predictive_scale
+from .closed_form import VGPNFit, fit_vgpn, holdout
+
+if TYPE_CHECKING:
+    from ..recommended import VGPNCandidate
+
+__all__ = ["VGPNSelection", "select_vgpn"]
+
+#: the fit_vgpn keywords a candidate may set
+_FIT_KEYS = frozenset(
+    {"elbo", "lr", "lr_decay", "num_steps", "eval_every", "patience", "noise_warmup"}
+)
+
+
+@dataclass
+class VGPNSelection:
+    """What :func:`select_vgpn` returns.
+
+    Attributes:
+        model: the chosen candidate's fitted network (its best state; with its predictive
+            scale fitted where ``calibrated``).
+        candidate: the chosen :class:`~pyro_gpn.recommended.VGPNCandidate`.
+        scores: every candidate's validation log-likelihood (mean log predictive density per
+            row, uncalibrated, in the units of the data given), by name, in the order fitted;
+            ``-inf`` for a candidate whose fit failed (``errors``).
+        fits: every candidate's :class:`~pyro_gpn.inference.VGPNFit`, by name.
+        fit_seconds: every candidate's wall time (fit and scoring), by name.
+        errors: the candidates whose fit raised ``FloatingPointError``, with its message.
+        crossfit: the chosen network's cross-fitted validation log-likelihood
+            ``(uncalibrated, calibrated)``, or ``None`` when calibration was not considered.
+        calibrated: whether the chosen network's predictive scale was fitted.
+        num_train, num_val: the training rows every candidate was fitted on, and the
+            validation rows.
+    """
+
+    model: VariationalGPN
+    candidate: VGPNCandidate
+    scores: dict[str, float] = field(default_factory=dict)
+    fits: dict[str, VGPNFit] = field(default_factory=dict)
+    fit_seconds: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    crossfit: tuple[float, float] | None = None
+    calibrated: bool = False
+    num_train: int = 0
+    num_val: int = 0
+
+
+def _head(candidate, num_outputs: int):
+    from ..heads import HeteroscedasticGaussianHead, StudentTHead
+
+    if candidate.head == "heteroscedastic":
+        return HeteroscedasticGaussianHead(num_outputs, df=candidate.df)
+    return "gaussian" if candidate.df is None else StudentTHead(num_outputs, df=candidate.df)
+
+
+def _check_candidates(candidates) -> tuple:
+    from ..recommended import VGPNCandidate
+
+    candidates = tuple(candidates)
+    if not candidates:
+        raise ValueError("candidates must hold at least one VGPNCandidate")
+    names = set()
+    for c in candidates:
+        if not isinstance(c, VGPNCandidate):
+            raise TypeError(f"candidates must be VGPNCandidate objects, got {type(c).__name__}")
+        if c.name in names:
+            raise ValueError(f"candidate names must be unique, {c.name!r} appears twice")
+        names.add(c.name)
+        unknown = set(c.fit) - _FIT_KEYS
+        if unknown:
+            raise ValueError(
+                f"candidate {c.name!r}: fit may set {sorted(_FIT_KEYS)}, got {sorted(unknown)}"
+            )
+        if c.head not in ("gaussian", "heteroscedastic"):
+            raise ValueError(
+                f"candidate {c.name!r}: head must be 'gaussian' or 'heteroscedastic', "
+                f"got {c.head!r}"
+            )
+        if isinstance(c.width_factor, bool) or not isinstance(c.width_factor, int):
+            raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
+        if c.width_factor < 1:
+            raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
+    return candidates
+
+
+def select_vgpn(
+    x: Tensor,
+    y: Tensor,
+    x_val: Tensor | None = None,
+    y_val: Tensor | None = None,
+    *,
+    hidden: int | Sequence[int] = 50,
+    candidates: Sequence[VGPNCandidate] | None = None,
+    calibrate: bool | str = "auto",
+    val_fraction: float | None = None,
+    batch_size: int | None | str = "auto",
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> VGPNSelection:
+    """Fit a portfolio of Bayesian GPN configurations and keep the one the validation rows
+    score highest (regression).
+
+    Every candidate is a :class:`~pyro_gpn.models.VariationalGPN` of sizes
+    ``[M, width_factor * H_1, ..., width_factor * H_K, D]`` with the candidate's head and
+    weights, fitted by :func:`~pyro_gpn.inference.fit_vgpn` with the candidate's schedule on
+    ``(x, y)``, stopped on ``(x_val, y_val)`` and scored there by its mean validation log
+    predictive density (uncalibrated). Each candidate starts from the same seed. The best one
+    is kept; with ``calibrate="auto"`` its predictive scale is then fitted on the validation
+    rows when that raises their cross-fitted score
+    (:func:`~pyro_gpn.inference.crossfitted_scores`). Cost: the candidates' fits, one after
+    another (the default portfolio: 8 fits).
+
+    Args:
+        x, y: ``[S, M]`` training inputs and ``[S, D]`` (or ``[S]``) real targets, best
+            standardised.
+        x_val, y_val: the validation rows; ``None``: a seeded ``val_fraction`` of ``(x, y)``
+            (the recommendation, :data:`~pyro_gpn.recommended.VGPN`) is held out. Never pass
+            test rows: they would choose the model.
+        hidden: the hidden layers' widths before a candidate's ``width_factor``.
+        candidates: :class:`~pyro_gpn.recommended.VGPNCandidate` objects (``None``:
+            :data:`~pyro_gpn.recommended.VGPN_PORTFOLIO`).
+        calibrate: ``"auto"`` (above), ``True`` (always fit the scale) or ``False`` (never).
+        val_fraction: the hold-out share when ``x_val`` is ``None``.
+        batch_size: as :func:`~pyro_gpn.inference.fit_vgpn` (``"auto"``: full batch up to
+            2,000 rows, mini-batches of 512 above).
+        seed: seeds each candidate's initial state, the hold-out and the mini-batches.
+        log: called with a line of text after every candidate.
+
+    Returns:
+        :class:`VGPNSelection`.
+
+    Raises:
+        ValueError: bad arguments (named), or every candidate's fit failed.
+
+    Example::
+
+        >>> sel = select_vgpn(x_train, y_train)  # doctest: +SKIP
+        >>> sel.candidate.name, sel.scores  # doctest: +SKIP
+        >>> prediction = sel.model.predict(x_test)  # doctest: +SKIP
+    """
+    from ..recommended import VGPN, VGPN_PORTFOLIO
+
+    check_ndim("x", check_tensor("x", x), 2)
+    check_tensor("y", y)
+    check_ndim("y", y, (1, 2))
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"y must have one row per row of x ({x.shape[0]}), got {y.shape[0]}")
+    if (x_val is None) != (y_val is None):
+        raise ValueError("give both x_val and y_val, or neither")
+    if x_val is not None:
+        check_ndim("x_val", check_tensor("x_val", x_val), 2)
+        check_ndim("y_val", check_tensor("y_val", y_val), (1, 2))
+        if x_val.shape[1] != x.shape[1]:
+            raise ValueError(f"x_val must have x's {x.shape[1]} columns, got {x_val.shape[1]}")
+        if y_val.shape[0] != x_val.shape[0] or y_val.shape[1:] != y.shape[1:]:
+            raise ValueError(
+                f"y_val must have one row per row of x_val and y's trailing shape "
+                f"{tuple(y.shape[1:])}, got {tuple(y_val.shape)}"
+            )
+        if val_fraction:
+            raise ValueError("val_fraction holds out rows only when no x_val is given")
+    for name, value in (("x", x), ("y", y), ("x_val", x_val), ("y_val", y_val)):
+        if value is not None:
+            check_finite(name, value)
+    hidden = (hidden,) if isinstance(hidden, int) else tuple(hidden)
+    if not hidden or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden
+    ):
+        raise ValueError(f"hidden must be a positive integer or a sequence of them, got {hidden}")
+    if calibrate not in (True, False, "auto"):
+        raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    candidates = _check_candidates(VGPN_PORTFOLIO if candidates is None else candidates)
+
+    if x_val is None:
+        fraction = VGPN.val_fraction if val_fraction is None else val_fraction
+        x, y, x_val, y_val = holdout(x, y, fraction, seed)
+    if x_val.shape[0] < 2 and calibrate is not False:
+        raise ValueError("calibration needs at least 2 validation rows; pass calibrate=False")
+    num_outputs = 1 if y.dim() == 1 else y.shape[1]
+
+    best_name, best_score, best_model = None, -math.inf, None
+    scores, fits, seconds, errors = {}, {}, {}, {}
+    for candidate in candidates:
+        start = time.perf_counter()
+        torch.manual_seed(seed)
+        sizes = [x.shape[1], *(candidate.width_factor * h for h in hidden), num_outputs]
+        model = VariationalGPN(sizes, head=_head(candidate, num_outputs), weights=candidate.weights)
+        try:
+            fit = fit_vgpn(
+                model, x, y, x_val, y_val, batch_size=batch_size, seed=seed, **candidate.fit
+            )
+        except FloatingPointError as error:
+            scores[candidate.name] = -math.inf
+            errors[candidate.name] = str(error)
+            seconds[candidate.name] = time.perf_counter() - start
+            if log is not None:
+                log(f"{candidate.name}: failed ({error})")
+            continue
+        with torch.no_grad():
+            score = float(model.log_predictive(x_val, y_val).mean())
+        fits[candidate.name] = fit
+        scores[candidate.name] = score
+        seconds[candidate.name] = time.perf_counter() - start
+        if log is not None:
+            log(
+                f"{candidate.name}: validation log-lik {score:.4f} ({fit.num_steps} steps, "
+                f"{seconds[candidate.name]:.1f} s)"
+            )
+        if score > best_score:
+            best_name, best_score, best_model = candidate.name, score, model
+    if best_model is None:
+        raise ValueError(f"every candidate's fit failed: {errors}")
+    chosen = next(c for c in candidates if c.name == best_name)
+    out = VGPNSelection(
+        model=best_model,
+        candidate=chosen,
+        scores=scores,
+        fits=fits,
+        fit_seconds=seconds,
+        errors=errors,
+        num_train=int(x.shape[0]),
+        num_val=int(x_val.shape[0]),
+    )
+    if calibrate is not False:
+        with validation(False):
+            if calibrate == "auto":
+                out.crossfit = crossfitted_scores(best_model, x_val, y_val)
+            if calibrate is True or out.crossfit[1] > out.crossfit[0]:
+                fit_predictive_scale(best_model, x_val, y_val)
+                out.calibrated = True
+    if log is not None:
+        log(
+            f"chose {best_name} (validation log-lik {best_score:.4f}); calibrated: {out.calibrated}"
+        )
+    return out

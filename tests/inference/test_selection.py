@@ -1,0 +1,199 @@
+"""Choosing the Bayesian GPN's configuration on validation rows: ``select_vgpn``, its portfolio
+(``pyro_gpn.recommended.VGPN_PORTFOLIO``) and ``crossfitted_scores``.
+
+References that do not share the code under test: a candidate's score against a plain
+``fit_vgpn`` of the same network and seed; the cross-fitted scores against the two halves
+written out by hand with the Gaussian scale's closed form ``sqrt(mean(z^2))``; the portfolio
+against the benchmark's per-set choices (``benchmarks/uci.py``'s ``CHOSEN``).
+"""
+
+import math
+
+import pytest
+import torch
+
+from pyro_gpn.heads import GaussianHead, StudentTHead
+from pyro_gpn.inference import crossfitted_scores, fit_vgpn, select_vgpn
+from pyro_gpn.inference import selection as selection_module
+from pyro_gpn.models import VariationalGPN
+from pyro_gpn.recommended import VGPN, VGPN_PORTFOLIO, VGPNCandidate
+
+pytestmark = pytest.mark.usefixtures("fresh_param_store")
+
+STEPS = {"num_steps": 150, "eval_every": 25}
+
+
+def _outlier_data(rows: int = 240, seed: int = 0, share: float = 0.1):
+    """A sine with small Gaussian noise and one row in ten moved by a draw of sd 3: Gaussian
+    noise must widen to cover the outliers, Student-t noise need not."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(rows, 2, generator=gen) * 4 - 2
+    y = torch.sin(2 * x[:, :1]) + 0.05 * torch.randn(rows, 1, generator=gen)
+    outlier = torch.rand(rows, 1, generator=gen) < share
+    return x, torch.where(outlier, y + 3 * torch.randn(rows, 1, generator=gen), y)
+
+
+def _split(x, y, num_val: int = 60):
+    return x[num_val:], y[num_val:], x[:num_val], y[:num_val]
+
+
+def _candidates():
+    return [
+        VGPNCandidate("gaussian", fit=dict(STEPS)),
+        VGPNCandidate("het", head="heteroscedastic", fit=dict(STEPS)),
+        VGPNCandidate("t4", df=4.0, fit=dict(STEPS)),
+    ]
+
+
+def test_selection_keeps_the_candidate_its_validation_rows_score_highest():
+    """On data with outliers Student-t noise wins by a wide margin; the kept network is that
+    candidate's, and its validation score is the recorded one."""
+    x, y, x_val, y_val = _split(*_outlier_data())
+    sel = select_vgpn(x, y, x_val, y_val, hidden=6, candidates=_candidates(), calibrate=False)
+    assert list(sel.scores) == ["gaussian", "het", "t4"]
+    assert sel.candidate.name == max(sel.scores, key=sel.scores.get) == "t4"
+    assert sel.scores["t4"] > sel.scores["gaussian"] + 0.5
+    assert isinstance(sel.model.head, StudentTHead)
+    with torch.no_grad():
+        assert float(sel.model.log_predictive(x_val, y_val).mean()) == pytest.approx(
+            sel.scores["t4"], abs=1e-6
+        )
+    assert (sel.num_train, sel.num_val) == (180, 60)
+    assert not sel.calibrated and sel.crossfit is None
+    assert set(sel.fits) == set(sel.fit_seconds) == set(sel.scores)
+
+
+def test_each_candidate_is_the_plain_fit_of_its_configuration():
+    """A candidate inside the selection is exactly ``fit_vgpn`` of the same network, seed and
+    schedule run alone: the same validation curve and score."""
+    x, y, x_val, y_val = _split(*_outlier_data())
+    candidate = VGPNCandidate(
+        "t4_point", df=4.0, weights="point", width_factor=2, fit={**STEPS, "lr": 0.02}
+    )
+    sel = select_vgpn(x, y, x_val, y_val, hidden=3, candidates=[candidate], seed=7, calibrate=False)
+    torch.manual_seed(7)
+    net = VariationalGPN([2, 6, 1], head=StudentTHead(1, df=4.0), weights="point")
+    fit = fit_vgpn(net, x, y, x_val, y_val, seed=7, **STEPS, lr=0.02)
+    assert sel.fits["t4_point"].curve == fit.curve
+    with torch.no_grad():
+        score = float(net.log_predictive(x_val, y_val).mean())
+    assert sel.scores["t4_point"] == pytest.approx(score, abs=1e-9)
+    assert [layer.out_features for layer in sel.model.layers] == [6, 1]
+
+
+def test_holdout_when_no_validation_rows_are_given():
+    x, y = _outlier_data(100)
+    sel = select_vgpn(x, y, hidden=4, candidates=_candidates()[:1], calibrate=False)
+    assert (sel.num_train, sel.num_val) == (90, 10)
+
+
+def test_calibration_follows_the_crossfitted_scores():
+    """A network whose predictive is too wide (its noise held at its start by the warm-up, on
+    data with little noise): the cross-fitted calibrated score is higher, so ``"auto"`` fits the
+    scale (below 1); ``False`` leaves it at 1; ``True`` fits it whatever the scores."""
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
+    wide = [VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60})]
+    auto = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide)
+    raw, calibrated = auto.crossfit
+    assert calibrated > raw + 0.02
+    assert auto.calibrated
+    assert float(auto.model.head.predictive_scale) < 0.9
+    never = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, calibrate=False)
+    assert float(never.model.head.predictive_scale) == 1.0
+    always = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, calibrate=True)
+    assert always.calibrated and always.crossfit is None
+    assert float(always.model.head.predictive_scale) == pytest.approx(
+        float(auto.model.head.predictive_scale), rel=1e-6
+    )
+
+
+def test_auto_calibration_declines_where_the_crossfitted_score_falls(monkeypatch):
+    x, y, x_val, y_val = _split(*_outlier_data())
+    monkeypatch.setattr(selection_module, "crossfitted_scores", lambda *a, **k: (-1.0, -1.5))
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_candidates()[:1])
+    assert sel.crossfit == (-1.0, -1.5) and not sel.calibrated
+    assert float(sel.model.head.predictive_scale) == 1.0
+
+
+def test_crossfitted_scores_against_the_halves_written_out():
+    """A Gaussian predictive: the scale fitted on one half is ``sqrt(mean(z^2))`` of that half
+    (closed form), scored on the other; the model's scale is left as it was."""
+    torch.manual_seed(0)
+    net = VariationalGPN([2, 4, 1], head=GaussianHead(1, noise_std_init=2.0))
+    x, y = _outlier_data(41, share=0.0)
+    net.head.predictive_scale.fill_(0.5)
+    raw, calibrated = crossfitted_scores(net, x, y)
+    assert float(net.head.predictive_scale) == 0.5
+    with torch.no_grad():
+        pred = net.predict(x)  # at scale 0.5
+    mean, sd = pred.mean[:, 0].double(), pred.std[:, 0].double() / 0.5
+    z = (y[:, 0].double() - mean) / sd
+    normal = torch.distributions.Normal(0.0, 1.0)
+    halves = [torch.arange(0, 41, 2), torch.arange(1, 41, 2)]
+    want_raw = want_cal = 0.0
+    for fit_rows, score_rows in (halves, halves[::-1]):
+        s = float(z[fit_rows].pow(2).mean().sqrt())
+        share = len(score_rows) / 41
+        lp = normal.log_prob(z[score_rows]) - sd[score_rows].log()
+        want_raw += share * float(lp.mean())
+        lp_s = normal.log_prob(z[score_rows] / s) - (s * sd[score_rows]).log()
+        want_cal += share * float(lp_s.mean())
+    assert raw == pytest.approx(want_raw, abs=1e-5)
+    assert calibrated == pytest.approx(want_cal, abs=1e-4)
+    assert calibrated > raw  # the predictive is 2x too wide
+
+
+def test_a_failed_candidate_is_recorded_and_the_others_compete(monkeypatch):
+    x, y, x_val, y_val = _split(*_outlier_data())
+    real = selection_module.fit_vgpn
+
+    def failing(model, *args, **kwargs):
+        if type(model.head) is StudentTHead:
+            raise FloatingPointError("non-finite loss at step 3")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(selection_module, "fit_vgpn", failing)
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_candidates(), calibrate=False)
+    assert sel.scores["t4"] == -math.inf and "step 3" in sel.errors["t4"]
+    assert sel.candidate.name in ("gaussian", "het") and "t4" not in sel.fits
+    only = [c for c in _candidates() if c.name == "t4"]
+    with pytest.raises(ValueError, match="every candidate's fit failed"):
+        select_vgpn(x, y, x_val, y_val, hidden=4, candidates=only, calibrate=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"x": torch.zeros(10)}, "x"),
+        ({"y": torch.zeros(9, 1)}, "one row per row of x"),
+        ({"y": torch.full((10, 1), math.nan)}, "y"),
+        ({"x_val": torch.zeros(4, 2)}, "both x_val and y_val"),
+        ({"x_val": torch.zeros(4, 3), "y_val": torch.zeros(4, 1)}, "columns"),
+        ({"x_val": torch.zeros(4, 2), "y_val": torch.zeros(3, 1)}, "y_val"),
+        ({"hidden": 0}, "hidden"),
+        ({"hidden": (4, True)}, "hidden"),
+        ({"calibrate": "yes"}, "calibrate"),
+        ({"seed": 1.5}, "seed"),
+        ({"candidates": []}, "at least one"),
+        ({"candidates": ["default"]}, "VGPNCandidate"),
+        ({"candidates": [VGPNCandidate("a"), VGPNCandidate("a")]}, "unique"),
+        ({"candidates": [VGPNCandidate("a", fit={"steps": 3})]}, "fit may set"),
+        ({"candidates": [VGPNCandidate("a", width_factor=0)]}, "width_factor"),
+        ({"candidates": [VGPNCandidate("a", head="poisson")]}, "head"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    args = {"x": torch.zeros(10, 2), "y": torch.zeros(10, 1), "hidden": 4}
+    args.update(kwargs)
+    if "candidates" not in args:
+        args["candidates"] = [VGPNCandidate("a", fit={"num_steps": 1})]
+    with pytest.raises((TypeError, ValueError), match=match):
+        select_vgpn(args.pop("x"), args.pop("y"), **args)
+
+
+def test_the_portfolio_starts_with_the_recommendation_and_holds_valid_candidates():
+    assert VGPN_PORTFOLIO[0] == VGPNCandidate("default")
+    assert VGPN_PORTFOLIO[0].weights == VGPN.weights
+    selection_module._check_candidates(VGPN_PORTFOLIO)  # raises on a bad entry
+    for candidate in VGPN_PORTFOLIO:
+        selection_module._head(candidate, 1)  # raises on a bad head
