@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import random
 from collections.abc import Callable, Collection, Iterator
@@ -250,21 +251,52 @@ def plain_settings(value: Any) -> Any:
     return value
 
 
+def same_setting(now: Any, saved: Any, strict: bool = False) -> bool:
+    """Whether a setting's value ``now`` is the checkpoint's ``saved``: equal, inside dicts,
+    lists and tuples too, with a float NaN the same as a float NaN (``nan != nan`` would refuse
+    every resumption of a run with one). ``strict``: the types must match as well, so that
+    ``1`` is not ``1.0`` and ``True`` not ``1`` (a model may branch on the type of an argument;
+    a learning rate of ``1`` and ``1.0`` is the same run, so settings other than a model's
+    arguments compare loosely)."""
+    if isinstance(now, float) and isinstance(saved, float) and math.isnan(now):
+        return math.isnan(saved)
+    if strict and type(now) is not type(saved):
+        return False
+    if isinstance(now, dict) and isinstance(saved, dict):
+        return now.keys() == saved.keys() and all(
+            same_setting(now[key], saved[key], strict) for key in now
+        )
+    if isinstance(now, (list, tuple)) and isinstance(saved, (list, tuple)):
+        return len(now) == len(saved) and all(
+            same_setting(a, b, strict) for a, b in zip(now, saved)
+        )
+    return bool(now == saved)
+
+
 def check_resume_settings(
-    path: Path, saved: dict[str, Any], now: dict[str, Any], may_change: Collection[str]
+    path: Path,
+    saved: dict[str, Any],
+    now: dict[str, Any],
+    may_change: Collection[str],
+    strict: Collection[str] = (),
 ) -> None:
     """Refuse to resume from the checkpoint ``path``, written with the settings ``saved``, under
     other settings ``now``: a resumed run continues the saved one, never a mix of two.
 
-    Every setting of ``now`` that the checkpoint records is compared, except those in
-    ``may_change`` (which cannot change the trajectory: a longer run, the output folder, a seed
-    that the restored generator states replace).
+    Every setting of ``now`` that the checkpoint records is compared (:func:`same_setting`),
+    except those in ``may_change`` (which cannot change the trajectory: a longer run, the
+    output folder, a seed that the restored generator states replace); those in ``strict``
+    compare their types too.
 
     Raises:
         ValueError: naming every changed setting with its value now and the checkpoint's.
     """
     changed = sorted(
-        key for key in now if key in saved and key not in may_change and now[key] != saved[key]
+        key
+        for key in now
+        if key in saved
+        and key not in may_change
+        and not same_setting(now[key], saved[key], key in strict)
     )
     if changed:
         listed = ", ".join(f"{key}={now[key]!r} (checkpoint: {saved[key]!r})" for key in changed)
@@ -329,7 +361,9 @@ def load_svi_checkpoint(
         logger.info("no SVI checkpoint in %s, starting afresh", out_dir)
         return None
     checkpoint = _load_for_resume(path, require_checksum=True)
-    check_resume_settings(path, checkpoint["settings"], settings, may_change)
+    check_resume_settings(
+        path, checkpoint["settings"], settings, may_change, strict=("model_kwargs",)
+    )
     return checkpoint
 
 

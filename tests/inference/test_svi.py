@@ -537,6 +537,40 @@ class TestCheckpoints:
         with pytest.raises(ValueError, match="model_kwargs="):
             run({8, 17}, big, num_steps=4, resume=True)
 
+    def test_model_kwargs_with_a_nan_resume_and_a_changed_type_is_refused(self, tmp_path):
+        """A NaN in ``model_kwargs`` is the same NaN at resumption (``nan != nan`` refused every
+        resumption); ``1`` and ``1.0``, or ``True`` and ``1``, are not the same argument."""
+        x, y = (t.double() for t in _data(20))
+
+        def run(flag, num_steps, **kwargs):
+            return fit_svi(
+                _kwargs_model,
+                _kwargs_guide,
+                x,
+                y,
+                num_steps=num_steps,
+                progress=False,
+                out_dir=tmp_path,
+                model_kwargs={"tags": {1}, "table": [math.nan, 2.0, flag]},
+                **kwargs,
+            )
+
+        run(1, 2)
+        assert run(1, 3, resume=True).num_steps == 3
+        with pytest.raises(ValueError, match=re.escape("model_kwargs=")):
+            run(1.0, 4, resume=True)
+        with pytest.raises(ValueError, match=re.escape("model_kwargs=")):
+            run(True, 4, resume=True)
+
+    def test_same_setting(self):
+        from pyro_gpn.inference.checkpoint import same_setting
+
+        assert same_setting({"a": [math.nan, 1]}, {"a": [math.nan, 1]}, strict=True)
+        assert not same_setting(math.nan, 1.0) and not same_setting(1.0, math.nan)
+        assert same_setting(1, 1.0) and not same_setting(1, 1.0, strict=True)
+        assert not same_setting({"a": 1}, {"a": 1, "b": 2}) and not same_setting([1], [1, 2])
+        assert not same_setting([True], [1], strict=True) and same_setting((1, 2), [1, 2])
+
     def test_numpy_scalar_settings_resume(self, tmp_path):
         """An lr of np.float64 (a NumPy scalar, which weights_only=True refuses) is recorded as
         a float: the checkpoint loads, the run resumes, and a Python float counts as the same."""
