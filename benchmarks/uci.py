@@ -542,7 +542,8 @@ def fit_bgpn_auto(data, seed: int) -> dict:
     stopped and scored on the split's validation rows, the benchmark's width (50 units, 100 for
     protein) and the library's mini-batch rule. The cell records every candidate's validation
     score and time, the choice and whether the predictive scale was fitted; ``fit_s`` and
-    ``epochs`` are the sums over the candidates, ``chosen_fit_s`` and ``chosen_epochs`` the
+    ``epochs`` are the sums over the candidates that finished (a failed candidate's time is in
+    ``candidate_s`` only), ``chosen_fit_s``, ``chosen_epochs``, ``steps`` and ``best_step`` the
     chosen one's."""
     from pyro_gpn.inference import select_vgpn
     from pyro_gpn.recommended import VGPN
@@ -583,7 +584,7 @@ def fit_bgpn_auto(data, seed: int) -> dict:
         "best_step": chosen.best_step,
         "batch_size": batch,
         "noise_std": noise_std_of(model.head),
-        "sizes": [layer.in_features for layer in model.layers] + [model.layers[-1].out_features],
+        "sizes": bgpn_sizes(data.name, data.num_features, (selection.candidate.width_factor,)),
         "config": selection.candidate.as_dict(),
     }
 

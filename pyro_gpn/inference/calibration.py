@@ -202,7 +202,8 @@ def crossfitted_scores(
     Args:
         model: a network with a predictive scale, or a
             :class:`~pyro_gpn.models.NetworkEnsemble` (:func:`predictive_scale_of`).
-        x_val, y_val: ``[S, M]`` validation inputs and their targets (at least 2 rows).
+        x_val, y_val: ``[S, M]`` validation inputs (at least 4 rows: the scale is fitted on
+            each half) and their targets, as ``model.log_predictive`` takes them.
         score: ``score(x, y)``, the score of rows at the model's current scale (higher is
             better); ``None``: the mean log predictive density, ``model.log_predictive(x, y)``.
 
@@ -210,8 +211,10 @@ def crossfitted_scores(
         ``(uncalibrated, calibrated)``. The model's scale is left as it was.
     """
     check_ndim("x_val", check_tensor("x_val", x_val), 2)
-    if x_val.shape[0] < 2:
-        raise ValueError(f"x_val needs at least 2 rows to cross-fit, got {x_val.shape[0]}")
+    if x_val.shape[0] < 4:
+        raise ValueError(
+            f"x_val needs at least 4 rows to cross-fit (2 per half), got {x_val.shape[0]}"
+        )
     if y_val.shape[0] != x_val.shape[0]:
         raise ValueError(
             f"y_val must have one row per row of x_val ({x_val.shape[0]}), got {y_val.shape[0]}"

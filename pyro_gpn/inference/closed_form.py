@@ -272,6 +272,53 @@ def holdout(
     return x[train], y[train], x[val], y[val]
 
 
+def fit_settings(
+    *,
+    num_steps: int | None = None,
+    lr: float | None = None,
+    lr_decay: float | None = None,
+    eval_every: int | None = None,
+    patience: int | None = None,
+    elbo: str | None = None,
+    noise_warmup: int | None = None,
+) -> dict:
+    """:func:`fit_vgpn`'s schedule and objective, each ``None`` replaced by the recommendation
+    (:data:`pyro_gpn.recommended.VGPN`), checked: the dict of the seven values.
+
+    Raises:
+        ValueError: naming a value out of range or of the wrong type.
+    """
+    from ..recommended import VGPN
+
+    out = {
+        "num_steps": VGPN.num_steps if num_steps is None else num_steps,
+        "lr": VGPN.lr if lr is None else lr,
+        "lr_decay": VGPN.lr_decay if lr_decay is None else lr_decay,
+        "eval_every": VGPN.eval_every if eval_every is None else eval_every,
+        "patience": VGPN.patience if patience is None else patience,
+        "elbo": VGPN.elbo if elbo is None else elbo,
+        "noise_warmup": VGPN.noise_warmup if noise_warmup is None else noise_warmup,
+    }
+    for name in ("num_steps", "eval_every"):
+        value = out[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name in ("patience", "noise_warmup"):
+        value = out[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    lr, lr_decay = out["lr"], out["lr_decay"]
+    if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if isinstance(lr_decay, bool) or not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
+        raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay!r}")
+    if out["elbo"] not in ("closed_form", "trace", "predictive"):
+        raise ValueError(
+            f"elbo must be 'closed_form', 'trace' or 'predictive', got {out['elbo']!r}"
+        )
+    return out
+
+
 def fit_vgpn(
     vgpn: VariationalGPN,
     x: Tensor,
@@ -366,13 +413,18 @@ def fit_vgpn(
     for name, value in (("x", x), ("y", y), ("x_val", x_val), ("y_val", y_val)):
         if value is not None and value.is_floating_point():
             check_finite(name, value)
-    num_steps = VGPN.num_steps if num_steps is None else num_steps
-    lr = VGPN.lr if lr is None else lr
-    lr_decay = VGPN.lr_decay if lr_decay is None else lr_decay
-    eval_every = VGPN.eval_every if eval_every is None else eval_every
-    patience = VGPN.patience if patience is None else patience
-    elbo = VGPN.elbo if elbo is None else elbo
-    noise_warmup = VGPN.noise_warmup if noise_warmup is None else noise_warmup
+    schedule = fit_settings(
+        num_steps=num_steps,
+        lr=lr,
+        lr_decay=lr_decay,
+        eval_every=eval_every,
+        patience=patience,
+        elbo=elbo,
+        noise_warmup=noise_warmup,
+    )
+    num_steps, lr, lr_decay = schedule["num_steps"], schedule["lr"], schedule["lr_decay"]
+    eval_every, patience, elbo = schedule["eval_every"], schedule["patience"], schedule["elbo"]
+    noise_warmup = schedule["noise_warmup"]
     calibrate = VGPN.calibrate if calibrate is None else calibrate
     if not isinstance(calibrate, bool):
         raise ValueError(f"calibrate must be True or False, got {calibrate!r}")
@@ -380,18 +432,6 @@ def fit_vgpn(
         raise ValueError(
             f"calibrate=True needs a head with a predictive scale, got {type(vgpn.head).__name__}"
         )
-    for name, value in (("num_steps", num_steps), ("eval_every", eval_every)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, value in (("patience", patience), ("noise_warmup", noise_warmup)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
-        raise ValueError(f"lr_decay must lie in (0, 1], got {lr_decay!r}")
-    if elbo not in ("closed_form", "trace", "predictive"):
-        raise ValueError(f"elbo must be 'closed_form', 'trace' or 'predictive', got {elbo!r}")
     if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
         raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
     if num_particles > 1 and elbo != "trace":

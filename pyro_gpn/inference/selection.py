@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ from .._validation import check_finite, check_ndim, check_tensor
 from ..models.variational import VariationalGPN
 from ..settings import validation
 from .calibration import crossfitted_scores, fit_predictive_scale
-from .closed_form import VGPNFit, fit_vgpn, holdout
+from .closed_form import VGPNFit, fit_settings, fit_vgpn, holdout
 
 if TYPE_CHECKING:
     from ..recommended import VGPNCandidate
@@ -52,7 +52,9 @@ class VGPNSelection:
             ``-inf`` for a candidate whose fit failed (``errors``).
         fits: every candidate's :class:`~pyro_gpn.inference.VGPNFit`, by name.
         fit_seconds: every candidate's wall time (fit and scoring), by name.
-        errors: the candidates whose fit raised ``FloatingPointError``, with its message.
+        errors: the candidates whose fit raised ``FloatingPointError`` or
+            ``torch.linalg.LinAlgError``, or whose validation log-likelihood was not finite, with
+            the message (their score is ``-inf``).
         crossfit: the chosen network's cross-fitted validation log-likelihood
             ``(uncalibrated, calibrated)``, or ``None`` when calibration was not considered.
         calibrated: whether the chosen network's predictive scale was fitted.
@@ -80,7 +82,7 @@ def _head(candidate, num_outputs: int):
     return "gaussian" if candidate.df is None else StudentTHead(num_outputs, df=candidate.df)
 
 
-def _check_candidates(candidates) -> tuple:
+def _check_candidates(candidates, num_outputs: int = 1) -> tuple:
     from ..recommended import VGPNCandidate
 
     candidates = tuple(candidates)
@@ -93,6 +95,8 @@ def _check_candidates(candidates) -> tuple:
         if c.name in names:
             raise ValueError(f"candidate names must be unique, {c.name!r} appears twice")
         names.add(c.name)
+        if not isinstance(c.fit, Mapping):
+            raise ValueError(f"candidate {c.name!r}: fit must be a mapping of fit_vgpn keywords")
         unknown = set(c.fit) - _FIT_KEYS
         if unknown:
             raise ValueError(
@@ -107,6 +111,11 @@ def _check_candidates(candidates) -> tuple:
             raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
         if c.width_factor < 1:
             raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
+        try:  # every value a fit would refuse, before any fit runs
+            fit_settings(**c.fit)
+            VariationalGPN([1, 1, num_outputs], head=_head(c, num_outputs), weights=c.weights)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"candidate {c.name!r}: {error}") from error
     return candidates
 
 
@@ -146,7 +155,10 @@ def select_vgpn(
         hidden: the hidden layers' widths before a candidate's ``width_factor``.
         candidates: :class:`~pyro_gpn.recommended.VGPNCandidate` objects (``None``:
             :data:`~pyro_gpn.recommended.VGPN_PORTFOLIO`).
-        calibrate: ``"auto"`` (above), ``True`` (always fit the scale) or ``False`` (never).
+        calibrate: ``"auto"`` (above; needs 4 validation rows), ``True`` (always fit the scale;
+            2 rows) or ``False`` (never). ``"auto"`` adopts any cross-fitted gain, however
+            small; on small validation sets the scale mostly lost
+            (``docs/results/uci.md`` section 17), and this rule then declines it.
         val_fraction: the hold-out share when ``x_val`` is ``None``.
         batch_size: as :func:`~pyro_gpn.inference.fit_vgpn` (``"auto"``: full batch up to
             2,000 rows, mini-batches of 512 above).
@@ -170,6 +182,10 @@ def select_vgpn(
     check_ndim("x", check_tensor("x", x), 2)
     check_tensor("y", y)
     check_ndim("y", y, (1, 2))
+    y = y.reshape(-1, 1) if y.dim() == 1 else y
+    if y_val is not None:
+        check_ndim("y_val", check_tensor("y_val", y_val), (1, 2))
+        y_val = y_val.reshape(-1, 1) if y_val.dim() == 1 else y_val
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"y must have one row per row of x ({x.shape[0]}), got {y.shape[0]}")
     if (x_val is None) != (y_val is None):
@@ -194,18 +210,25 @@ def select_vgpn(
         isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden
     ):
         raise ValueError(f"hidden must be a positive integer or a sequence of them, got {hidden}")
-    if calibrate not in (True, False, "auto"):
+    if not (isinstance(calibrate, bool) or calibrate == "auto"):
         raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    candidates = _check_candidates(VGPN_PORTFOLIO if candidates is None else candidates)
+    num_outputs = y.shape[1]
+    candidates = _check_candidates(
+        VGPN_PORTFOLIO if candidates is None else candidates, num_outputs
+    )
 
     if x_val is None:
         fraction = VGPN.val_fraction if val_fraction is None else val_fraction
         x, y, x_val, y_val = holdout(x, y, fraction, seed)
-    if x_val.shape[0] < 2 and calibrate is not False:
-        raise ValueError("calibration needs at least 2 validation rows; pass calibrate=False")
-    num_outputs = 1 if y.dim() == 1 else y.shape[1]
+    # cross-fitting fits the scale on each half of the rows, and a fit needs 2 rows
+    needed = {"auto": 4, True: 2, False: 1}[calibrate]
+    if x_val.shape[0] < needed:
+        raise ValueError(
+            f"calibrate={calibrate!r} needs at least {needed} validation rows, got "
+            f"{x_val.shape[0]}: give more (x_val, val_fraction) or pass calibrate=False"
+        )
 
     best_name, best_score, best_model = None, -math.inf, None
     scores, fits, seconds, errors = {}, {}, {}, {}
@@ -218,7 +241,7 @@ def select_vgpn(
             fit = fit_vgpn(
                 model, x, y, x_val, y_val, batch_size=batch_size, seed=seed, **candidate.fit
             )
-        except FloatingPointError as error:
+        except (FloatingPointError, torch.linalg.LinAlgError) as error:
             scores[candidate.name] = -math.inf
             errors[candidate.name] = str(error)
             seconds[candidate.name] = time.perf_counter() - start
@@ -227,6 +250,9 @@ def select_vgpn(
             continue
         with torch.no_grad():
             score = float(model.log_predictive(x_val, y_val).mean())
+        if not math.isfinite(score):
+            errors[candidate.name] = f"validation log-likelihood {score}"
+            score = -math.inf
         fits[candidate.name] = fit
         scores[candidate.name] = score
         seconds[candidate.name] = time.perf_counter() - start
@@ -235,9 +261,9 @@ def select_vgpn(
                 f"{candidate.name}: validation log-lik {score:.4f} ({fit.num_steps} steps, "
                 f"{seconds[candidate.name]:.1f} s)"
             )
-        if score > best_score:
+        if best_model is None or score > best_score:
             best_name, best_score, best_model = candidate.name, score, model
-    if best_model is None:
+    if best_model is None or not math.isfinite(best_score):
         raise ValueError(f"every candidate's fit failed: {errors}")
     chosen = next(c for c in candidates if c.name == best_name)
     out = VGPNSelection(

@@ -164,15 +164,27 @@ def test_a_failed_candidate_is_recorded_and_the_others_compete(monkeypatch):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"x": torch.zeros(10)}, "x"),
+        ({"x": torch.zeros(10)}, "^x must"),
         ({"y": torch.zeros(9, 1)}, "one row per row of x"),
-        ({"y": torch.full((10, 1), math.nan)}, "y"),
+        ({"y": torch.full((10, 1), math.nan)}, "^y "),
         ({"x_val": torch.zeros(4, 2)}, "both x_val and y_val"),
         ({"x_val": torch.zeros(4, 3), "y_val": torch.zeros(4, 1)}, "columns"),
         ({"x_val": torch.zeros(4, 2), "y_val": torch.zeros(3, 1)}, "y_val"),
         ({"hidden": 0}, "hidden"),
         ({"hidden": (4, True)}, "hidden"),
         ({"calibrate": "yes"}, "calibrate"),
+        ({"calibrate": 1}, "calibrate"),
+        ({"calibrate": 0}, "calibrate"),
+        ({"x_val": torch.zeros(3, 2), "y_val": torch.zeros(3, 1)}, "at least 4 validation rows"),
+        (
+            {"x_val": torch.zeros(1, 2), "y_val": torch.zeros(1, 1), "calibrate": True},
+            "at least 2 validation rows",
+        ),
+        ({"candidates": [VGPNCandidate("a", df=1.0)]}, "candidate 'a'"),
+        ({"candidates": [VGPNCandidate("a", weights="pointt")]}, "candidate 'a'"),
+        ({"candidates": [VGPNCandidate("a", fit={"num_steps": 0})]}, "candidate 'a': num_steps"),
+        ({"candidates": [VGPNCandidate("a", fit={"lr": -1.0})]}, "candidate 'a': lr"),
+        ({"candidates": [VGPNCandidate("a", fit=[("lr", 1.0)])]}, "mapping"),
         ({"seed": 1.5}, "seed"),
         ({"candidates": []}, "at least one"),
         ({"candidates": ["default"]}, "VGPNCandidate"),
@@ -189,6 +201,53 @@ def test_bad_arguments_are_named(kwargs, match):
         args["candidates"] = [VGPNCandidate("a", fit={"num_steps": 1})]
     with pytest.raises((TypeError, ValueError), match=match):
         select_vgpn(args.pop("x"), args.pop("y"), **args)
+
+
+def test_bad_arguments_are_refused_before_any_fit(monkeypatch):
+    """A bad candidate late in the list, or too few validation rows for the calibration, is
+    refused before the first candidate is fitted."""
+    calls = []
+    monkeypatch.setattr(selection_module, "fit_vgpn", lambda *a, **k: calls.append(1))
+    x, y = torch.zeros(30, 2), torch.zeros(30, 1)
+    late = [VGPNCandidate("a"), VGPNCandidate("b", fit={"patience": -1})]
+    with pytest.raises(ValueError, match="candidate 'b': patience"):
+        select_vgpn(x, y, hidden=2, candidates=late)
+    with pytest.raises(ValueError, match="at least 4 validation rows, got 3"):
+        select_vgpn(x, y, hidden=2, candidates=late[:1])  # 10 % of 30 rows
+    assert not calls
+
+
+def test_one_dimensional_targets_are_one_output():
+    x, y, x_val, y_val = _split(*_outlier_data(120, share=0.0))
+    sel = select_vgpn(
+        x, y[:, 0], x_val, y_val[:, 0], hidden=3, candidates=_candidates()[:1], calibrate="auto"
+    )
+    assert sel.model.layers[-1].out_features == 1 and sel.crossfit is not None
+
+
+def test_a_candidate_with_a_non_finite_score_cannot_win(monkeypatch):
+    x, y, x_val, y_val = _split(*_outlier_data())
+    real = selection_module.VariationalGPN.log_predictive
+
+    def nan_for_student_t(self, x, y, calibrated=True):
+        out = real(self, x, y, calibrated)
+        return out * math.nan if type(self.head) is StudentTHead else out
+
+    monkeypatch.setattr(selection_module.VariationalGPN, "log_predictive", nan_for_student_t)
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_candidates(), calibrate=False)
+    assert sel.scores["t4"] == -math.inf and "nan" in sel.errors["t4"]
+    assert sel.candidate.name != "t4"
+
+
+def test_the_portfolio_is_read_only_and_hashable():
+    with pytest.raises(TypeError):
+        VGPN_PORTFOLIO[2].fit["lr"] = 1.0
+    assert len(set(VGPN_PORTFOLIO)) == len(VGPN_PORTFOLIO)
+    assert VGPN_PORTFOLIO[2].as_dict()["fit"]["noise_warmup"] == 1500
+    assert VGPNCandidate("a", weights=["point", "variational"]).weights == (
+        "point",
+        "variational",
+    )
 
 
 def test_the_portfolio_starts_with_the_recommendation_and_holds_valid_candidates():
