@@ -8,12 +8,16 @@ splits won) and the 90 % interval coverages: a markdown table. Usage::
     python benchmarks/uci_paired.py --models bgpn clt ensemble mcdrop --long naval=bgpn_long
     python benchmarks/uci_paired.py --models chosen dgp mcdrop --chosen
     python benchmarks/uci_paired.py --models dgp_t4 dgp --rows val
+    python benchmarks/uci_paired.py --models bgpn_auto chosen dgp_chosen bgpn_pll
+    python benchmarks/uci_paired.py --choices bgpn_auto
 
 ``--chosen``: the first model stands for each set's chosen Bayesian GPN column
 (``benchmarks.uci.CHOSEN``, chosen on validation rows; with ``--ensembles`` its five-network
 mixture where adopted, ``benchmarks.uci.ENSEMBLES``), ``--long`` entries on top. Without it, a
 first model ``bgpn`` stands for ``bgpn_long`` on naval. A model named ``dgp_chosen`` is each
-set's chosen deep GP column (``benchmarks.uci.DGP_CHOSEN``).
+set's chosen deep GP column (``benchmarks.uci.DGP_CHOSEN``), a later model named ``chosen``
+each set's chosen Bayesian GPN column. ``--choices MODEL``: how often each candidate won a
+split of a column that records its choice (``bgpn_auto``).
 """
 
 from __future__ import annotations
@@ -79,6 +83,26 @@ def paired_table(
     return "\n".join(lines)
 
 
+def choices_table(runs: Path, model: str = "bgpn_auto") -> str:
+    """How often each candidate won a split of column ``model`` (a cell that records its
+    choice, ``chosen``: ``bgpn_auto``, :func:`pyro_gpn.inference.select_vgpn`), and on how many
+    splits its predictive scale was fitted: a markdown table, one row per set."""
+    lines = ["| set | splits | chosen (splits) | calibrated |", "| --- | --- | --- | --- |"]
+    for name in SETS:
+        cells = [
+            json.loads(path.read_text()) for path in sorted(runs.glob(f"{model}__{name}__*.json"))
+        ]
+        if not cells:
+            continue
+        counts: dict[str, int] = {}
+        for cell in cells:
+            counts[cell["chosen"]] = counts.get(cell["chosen"], 0) + 1
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+        calibrated = sum(bool(cell.get("calibrated")) for cell in cells)
+        lines.append(f"| {name} | {len(cells)} | {listed} | {calibrated} |")
+    return "\n".join(lines)
+
+
 def chosen_columns(ensembles: bool = False) -> dict[str, str]:
     """:func:`benchmarks.uci.chosen_columns` (imported on use: the module needs the checkout
     on the path)."""
@@ -117,13 +141,24 @@ def main(argv: list[str] | None = None) -> None:
         default="test",
         help="val: the validation rows' metrics (for choosing between columns)",
     )
+    parser.add_argument(
+        "--choices",
+        metavar="MODEL",
+        default=None,
+        help="print how often each candidate won a split of MODEL (e.g. bgpn_auto) instead",
+    )
     args = parser.parse_args(argv)
+    if args.choices:
+        print(choices_table(Path(args.runs), args.choices))
+        return
     if args.chosen:
         substitute = chosen_columns(args.ensembles)
     else:
         substitute = {"naval": "bgpn_long"} if args.models[0] == "bgpn" else {}
     substitute.update(item.split("=", 1) for item in args.long or [])
-    columns = {"dgp_chosen": dgp_chosen_columns()} if "dgp_chosen" in args.models else None
+    columns = {"dgp_chosen": dgp_chosen_columns()} if "dgp_chosen" in args.models else {}
+    if "chosen" in args.models[1:]:
+        columns["chosen"] = chosen_columns()
     print(paired_table(Path(args.runs), args.models, substitute, args.rows, columns))
 
 

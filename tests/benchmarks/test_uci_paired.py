@@ -109,3 +109,25 @@ def test_validation_rows_are_read_with_rows_val(tmp_path):
     assert row[1:6] == ["2", "-1.25 ± 0.25", "-1.50 ± 0.50", "0.25 ± 0.75 (1/2)", "0.80"]
     test_row = paired_table(tmp_path, ["a", "b"], {}).splitlines()[2].split(" | ")
     assert test_row[4] == "0.00 ± 0.00 (0/2)"
+
+
+def test_choices_table_counts_each_candidates_wins_and_the_calibrations(tmp_path, capsys):
+    from benchmarks.uci_paired import main
+
+    for split, (chosen, calibrated) in enumerate([("a", True), ("b", False), ("a", False)]):
+        path = tmp_path / f"bgpn_auto__wine__{split:02d}.json"
+        path.write_text(json.dumps({"chosen": chosen, "calibrated": calibrated}))
+    main(["--runs", str(tmp_path), "--choices", "bgpn_auto"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2] == "| wine | 3 | a 2, b 1 | 1 |" and len(rows) == 3
+
+
+def test_a_later_chosen_model_is_each_sets_chosen_column(tmp_path, capsys):
+    from benchmarks.uci import CHOSEN
+    from benchmarks.uci_paired import main
+
+    _cell(tmp_path, "bgpn_auto", "wine", 0, -0.6)
+    _cell(tmp_path, CHOSEN["wine"], "wine", 0, -0.5)
+    main(["--runs", str(tmp_path), "--models", "bgpn_auto", "chosen"])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.split(" | ")[1:5] == ["1", "-0.60", "-0.50", "-0.10 (0/1)"]
