@@ -8,6 +8,9 @@ learning rate and its schedule, step budget, validation hold-out and stopping ru
 :class:`~pyro_gpn.GPNSequential` with variational blocks (objective),
 ``benchmarks/uci.py`` and the demo (``pyro-gpn demo``). The maximum-likelihood (central-limit)
 GPN reads :data:`GPN`: :class:`~pyro_gpn.GPNNet`'s layers and ``pyro-gpn train`` (``--init``).
+No single setting is best on every regression problem: :data:`VGPN_PORTFOLIO` holds the
+configurations the UCI sets' validation rows chose one set at a time, and
+:func:`~pyro_gpn.inference.select_vgpn` chooses among them on a new problem's validation rows.
 Each value was chosen on validation data (never on test splits); the measurements are in
 ``docs/results/uci.md``, ``docs/results/demo.md`` and ``docs/results/routes.md``.
 
