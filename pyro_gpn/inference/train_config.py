@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["TrainConfig", "TrainResult"]
@@ -57,6 +58,24 @@ class TrainConfig:
     eval_batch_size: int = 4096
 
     def __post_init__(self) -> None:
+        # NumPy scalars become Python numbers here, not only in the checkpoint: a resumed run
+        # reads the checkpoint's Python float, and an uninterrupted one must step with the
+        # same value (np.float32(0.1) is 0.10000000149011612 as a float, and Adam's step
+        # arithmetic in float32 would differ from a resumed run's in float64)
+        for name in (
+            "lr",
+            "lr_factor",
+            "min_lr",
+            "batch_size",
+            "max_epochs",
+            "patience",
+            "eval_every",
+            "seed",
+            "eval_batch_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, np.generic):
+                setattr(self, name, value.item())
         for name in ("batch_size", "max_epochs", "eval_every", "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -197,6 +197,15 @@ def test_numpy_scalar_config_resumes(tmp_path):
     assert result.epochs == 2
 
 
+def test_numpy_scalar_settings_are_python_numbers_in_the_run_too():
+    """Not only in the checkpoint: the run itself steps with the Python value, as a resumed run
+    (which reads the checkpoint's) does; a NumPy integer batch size is accepted."""
+    config = TrainConfig(lr=np.float32(0.1), batch_size=np.int64(8), min_lr=np.float32(1e-6))
+    assert type(config.lr) is float and config.lr == float(np.float32(0.1))
+    assert type(config.batch_size) is int and config.batch_size == 8
+    assert type(config.min_lr) is float
+
+
 def test_resume_of_finished_run_returns_immediately(tmp_path):
     Trainer(ScriptedModel([1.0]), _config(tmp_path, max_epochs=100, batch_size=4)).fit(
         _dummy_data(), _dummy_data()
