@@ -1279,6 +1279,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(published_table(out, "chosen"))
         print("\n**five Bayesian GPNs mixed where validation adopted it (else as above)**\n")
         print(published_table(out, "ensembles"))
+        print("\n**the library's own choice (`bgpn_auto`) against the published rows**\n")
+        print(published_table(out, "bgpn_auto"))
         if a.json:
             _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0
