@@ -86,8 +86,12 @@ def paired_table(
 def choices_table(runs: Path, model: str = "bgpn_auto") -> str:
     """How often each candidate won a split of column ``model`` (a cell that records its
     choice, ``chosen``: ``bgpn_auto``, :func:`pyro_gpn.inference.select_vgpn`), and on how many
-    splits its predictive scale was fitted: a markdown table, one row per set."""
-    lines = ["| set | splits | chosen (splits) | calibrated |", "| --- | --- | --- | --- |"]
+    splits its predictive scale was fitted, and the median process CPU seconds of a cell (all
+    the candidates' fits): a markdown table, one row per set."""
+    lines = [
+        "| set | splits | chosen (splits) | calibrated | CPU s per cell (median) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name in SETS:
         cells = [
             json.loads(path.read_text()) for path in sorted(runs.glob(f"{model}__{name}__*.json"))
@@ -99,7 +103,9 @@ def choices_table(runs: Path, model: str = "bgpn_auto") -> str:
             counts[cell["chosen"]] = counts.get(cell["chosen"], 0) + 1
         listed = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
         calibrated = sum(bool(cell.get("calibrated")) for cell in cells)
-        lines.append(f"| {name} | {len(cells)} | {listed} | {calibrated} |")
+        cpu = [cell["cell_cpu_s"] for cell in cells if "cell_cpu_s" in cell]
+        median = f"{statistics.median(cpu):.0f}" if cpu else "–"
+        lines.append(f"| {name} | {len(cells)} | {listed} | {calibrated} | {median} |")
     return "\n".join(lines)
 
 

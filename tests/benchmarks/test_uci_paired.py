@@ -116,10 +116,11 @@ def test_choices_table_counts_each_candidates_wins_and_the_calibrations(tmp_path
 
     for split, (chosen, calibrated) in enumerate([("a", True), ("b", False), ("a", False)]):
         path = tmp_path / f"bgpn_auto__wine__{split:02d}.json"
-        path.write_text(json.dumps({"chosen": chosen, "calibrated": calibrated}))
+        cell = {"chosen": chosen, "calibrated": calibrated, "cell_cpu_s": 10.0 * (split + 1)}
+        path.write_text(json.dumps(cell))
     main(["--runs", str(tmp_path), "--choices", "bgpn_auto"])
     rows = capsys.readouterr().out.splitlines()
-    assert rows[2] == "| wine | 3 | a 2, b 1 | 1 |" and len(rows) == 3
+    assert rows[2] == "| wine | 3 | a 2, b 1 | 1 | 20 |" and len(rows) == 3
 
 
 def test_a_later_chosen_model_is_each_sets_chosen_column(tmp_path, capsys):
