@@ -100,6 +100,11 @@ def choices_table(runs: Path, model: str = "bgpn_auto") -> str:
             continue
         counts: dict[str, int] = {}
         for cell in cells:
+            if "chosen" not in cell:
+                raise SystemExit(
+                    f"--choices {model}: its cells record no choice ('chosen'); a column that "
+                    "chooses among candidates (bgpn_auto) does"
+                )
             counts[cell["chosen"]] = counts.get(cell["chosen"], 0) + 1
         listed = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
         calibrated = sum(bool(cell.get("calibrated")) for cell in cells)

@@ -177,7 +177,8 @@ class VGPNCandidate:
         df: Student-t noise with ``df`` degrees of freedom (``None``: Gaussian noise); with
             ``head="gaussian"`` a :class:`~pyro_gpn.heads.StudentTHead`.
         weights: the layers' ``weights`` (:class:`~pyro_gpn.models.VariationalGPN`): one value,
-            or one per layer (``("point", "variational")``: ``q(W)`` in the last layer only).
+            one per layer, or a pair ``(hidden, last)`` for every hidden layer and the last one
+            (``("point", "variational")``: ``q(W)`` in the last layer only, at any depth).
         width_factor: the hidden layer's width in units of the width the caller asks for.
         fit: :func:`~pyro_gpn.inference.fit_vgpn` keywords over :data:`VGPN` (``elbo``,
             ``lr``, ``num_steps``, ``patience``, ``noise_warmup``).
@@ -196,6 +197,13 @@ class VGPNCandidate:
             object.__setattr__(self, "fit", MappingProxyType(dict(self.fit)))
         if isinstance(self.weights, list):
             object.__setattr__(self, "weights", tuple(self.weights))
+
+    def __reduce__(self):
+        # a mappingproxy does not pickle; the candidate does, through a plain dict
+        return (
+            type(self),
+            (self.name, self.head, self.df, self.weights, self.width_factor, dict(self.fit)),
+        )
 
     def __hash__(self) -> int:
         return hash((self.name, self.head, self.df, self.weights, self.width_factor))

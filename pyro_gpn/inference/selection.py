@@ -82,7 +82,17 @@ def _head(candidate, num_outputs: int):
     return "gaussian" if candidate.df is None else StudentTHead(num_outputs, df=candidate.df)
 
 
-def _check_candidates(candidates, num_outputs: int = 1) -> tuple:
+def _layer_weights(candidate, num_layers: int):
+    """The candidate's ``weights`` for a network of ``num_layers`` GPN layers: one value for
+    every layer, one per layer, or a pair ``(hidden, last)`` that sets every hidden layer and the
+    last one (``("point", "variational")``: ``q(W)`` in the last layer only, at any depth)."""
+    weights = candidate.weights
+    if isinstance(weights, tuple) and len(weights) == 2 and num_layers != 2:
+        return (weights[0],) * (num_layers - 1) + (weights[1],)
+    return weights
+
+
+def _check_candidates(candidates, num_outputs: int = 1, num_hidden: int = 1) -> tuple:
     from ..recommended import VGPNCandidate
 
     candidates = tuple(candidates)
@@ -113,7 +123,11 @@ def _check_candidates(candidates, num_outputs: int = 1) -> tuple:
             raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
         try:  # every value a fit would refuse, before any fit runs
             fit_settings(**c.fit)
-            VariationalGPN([1, 1, num_outputs], head=_head(c, num_outputs), weights=c.weights)
+            VariationalGPN(
+                [1] * (num_hidden + 1) + [num_outputs],
+                head=_head(c, num_outputs),
+                weights=_layer_weights(c, num_hidden + 1),
+            )
         except (TypeError, ValueError) as error:
             raise ValueError(f"candidate {c.name!r}: {error}") from error
     return candidates
@@ -216,7 +230,7 @@ def select_vgpn(
         raise ValueError(f"seed must be an integer, got {seed!r}")
     num_outputs = y.shape[1]
     candidates = _check_candidates(
-        VGPN_PORTFOLIO if candidates is None else candidates, num_outputs
+        VGPN_PORTFOLIO if candidates is None else candidates, num_outputs, len(hidden)
     )
 
     if x_val is None:
@@ -227,7 +241,8 @@ def select_vgpn(
     if x_val.shape[0] < needed:
         raise ValueError(
             f"calibrate={calibrate!r} needs at least {needed} validation rows, got "
-            f"{x_val.shape[0]}: give more (x_val, val_fraction) or pass calibrate=False"
+            f"{x_val.shape[0]}: give more (x_val, val_fraction)"
+            + ("" if calibrate is False else " or pass calibrate=False")
         )
 
     best_name, best_score, best_model = None, -math.inf, None
@@ -236,7 +251,11 @@ def select_vgpn(
         start = time.perf_counter()
         torch.manual_seed(seed)
         sizes = [x.shape[1], *(candidate.width_factor * h for h in hidden), num_outputs]
-        model = VariationalGPN(sizes, head=_head(candidate, num_outputs), weights=candidate.weights)
+        model = VariationalGPN(
+            sizes,
+            head=_head(candidate, num_outputs),
+            weights=_layer_weights(candidate, len(hidden) + 1),
+        )
         try:
             fit = fit_vgpn(
                 model, x, y, x_val, y_val, batch_size=batch_size, seed=seed, **candidate.fit

@@ -472,7 +472,8 @@ def fit_svi(
             that wrote it, and the settings that shape the trajectory the checkpoint's --
             ``loss`` (its name, or an ELBO's class and ``num_particles``), ``num_particles``,
             ``lr``, ``clip_norm``, ``lr_decay``, ``optim`` (its class and settings),
-            ``batch_size``, ``model_kwargs`` (compared by content, tensors by their bytes),
+            ``batch_size``, ``model_kwargs`` (compared by content, tensors by their bytes,
+            numbers with their type: ``1`` is not ``1.0``; a NaN is the same NaN),
             the number of samples, and with ``lr_decay`` also ``num_steps`` (the decay spans
             them) -- else ``ValueError`` names each changed one with both values. ``seed``,
             ``progress``, ``callback``, ``checkpoint_every`` and ``clear_param_store`` may change

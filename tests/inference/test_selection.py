@@ -185,6 +185,11 @@ def test_a_failed_candidate_is_recorded_and_the_others_compete(monkeypatch):
         ({"candidates": [VGPNCandidate("a", fit={"num_steps": 0})]}, "candidate 'a': num_steps"),
         ({"candidates": [VGPNCandidate("a", fit={"lr": -1.0})]}, "candidate 'a': lr"),
         ({"candidates": [VGPNCandidate("a", fit=[("lr", 1.0)])]}, "mapping"),
+        ({"candidates": [VGPNCandidate("a", fit={"lr": True})]}, "candidate 'a': lr"),
+        (
+            {"x_val": torch.zeros(0, 2), "y_val": torch.zeros(0, 1), "calibrate": False},
+            r"at least 1 validation rows, got 0: give more \(x_val, val_fraction\)$",
+        ),
         ({"seed": 1.5}, "seed"),
         ({"candidates": []}, "at least one"),
         ({"candidates": ["default"]}, "VGPNCandidate"),
@@ -230,13 +235,32 @@ def test_a_candidate_with_a_non_finite_score_cannot_win(monkeypatch):
     real = selection_module.VariationalGPN.log_predictive
 
     def nan_for_student_t(self, x, y, calibrated=True):
+        # NaN in the score only (the training objective calls it with calibrated=False)
         out = real(self, x, y, calibrated)
-        return out * math.nan if type(self.head) is StudentTHead else out
+        return out * math.nan if type(self.head) is StudentTHead and calibrated else out
 
     monkeypatch.setattr(selection_module.VariationalGPN, "log_predictive", nan_for_student_t)
     sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_candidates(), calibrate=False)
-    assert sel.scores["t4"] == -math.inf and "nan" in sel.errors["t4"]
+    assert sel.scores["t4"] == -math.inf and "t4" in sel.fits
+    assert sel.errors["t4"] == "validation log-likelihood nan"
     assert sel.candidate.name != "t4"
+
+
+def test_the_default_portfolio_works_at_any_depth(monkeypatch):
+    """``("point", "variational")`` means ``q(W)`` in the last layer at any depth: with two
+    hidden layers every candidate is checked and built (the fits are stubbed out)."""
+    built = []
+
+    def stub(model, *args, **kwargs):
+        built.append([layer.weight_treatment for layer in model.layers])
+        raise FloatingPointError("stub")
+
+    monkeypatch.setattr(selection_module, "fit_vgpn", stub)
+    x, y = torch.zeros(30, 2), torch.zeros(30, 1)
+    with pytest.raises(ValueError, match="every candidate's fit failed"):
+        select_vgpn(x, y, hidden=(2, 2), calibrate=False)
+    assert len(built) == len(VGPN_PORTFOLIO)
+    assert ["point", "point", "variational"] in built
 
 
 def test_the_portfolio_is_read_only_and_hashable():
@@ -244,6 +268,11 @@ def test_the_portfolio_is_read_only_and_hashable():
         VGPN_PORTFOLIO[2].fit["lr"] = 1.0
     assert len(set(VGPN_PORTFOLIO)) == len(VGPN_PORTFOLIO)
     assert VGPN_PORTFOLIO[2].as_dict()["fit"]["noise_warmup"] == 1500
+    import copy
+    import pickle
+
+    for candidate in VGPN_PORTFOLIO:
+        assert pickle.loads(pickle.dumps(candidate)) == candidate == copy.deepcopy(candidate)
     assert VGPNCandidate("a", weights=["point", "variational"]).weights == (
         "point",
         "variational",
