@@ -327,6 +327,22 @@ def _kwargs_guide(x, y, num_data=None, tags=(), table=None):
     _store_guide(x, y, num_data)
 
 
+def _fit_with_kwargs(out_dir, num_steps, tags, table, **kwargs):
+    """``fit_svi`` of ``_kwargs_model`` on 20 rows with ``model_kwargs={"tags", "table"}``."""
+    x, y = (t.double() for t in _data(20))
+    return fit_svi(
+        _kwargs_model,
+        _kwargs_guide,
+        x,
+        y,
+        num_steps=num_steps,
+        progress=False,
+        out_dir=out_dir,
+        model_kwargs={"tags": tags, "table": table},
+        **kwargs,
+    )
+
+
 def _single_guide(x, y, num_data=None, noise=0.5):
     """_noisy_guide's parameters in float32."""
     q_loc = pyro.param("q_loc", torch.tensor(0.0))
@@ -511,24 +527,13 @@ class TestCheckpoints:
     def test_model_kwargs_compare_by_content(self, tmp_path):
         """Not by repr: a set in another order (as another PYTHONHASHSEED prints it) resumes; a
         change in the middle of a large tensor (which repr shortens) is refused."""
-        x, y = (t.double() for t in _data(20))
         big = torch.zeros(5000, dtype=torch.float64)
         changed = big.clone()
         changed[2500] = 1.0
         assert repr(big) == repr(changed) and repr({8, 16}) != repr({16, 8})
 
         def run(tags, table, num_steps=2, **kwargs):
-            return fit_svi(
-                _kwargs_model,
-                _kwargs_guide,
-                x,
-                y,
-                num_steps=num_steps,
-                progress=False,
-                out_dir=tmp_path,
-                model_kwargs={"tags": tags, "table": table},
-                **kwargs,
-            )
+            return _fit_with_kwargs(tmp_path, num_steps, tags=tags, table=table, **kwargs)
 
         run({8, 16}, big)
         assert run({16, 8}, big.clone(), num_steps=3, resume=True).num_steps == 3
@@ -540,20 +545,10 @@ class TestCheckpoints:
     def test_model_kwargs_with_a_nan_resume_and_a_changed_type_is_refused(self, tmp_path):
         """A NaN in ``model_kwargs`` is the same NaN at resumption (``nan != nan`` refused every
         resumption); ``1`` and ``1.0``, or ``True`` and ``1``, are not the same argument."""
-        x, y = (t.double() for t in _data(20))
 
         def run(flag, num_steps, **kwargs):
-            return fit_svi(
-                _kwargs_model,
-                _kwargs_guide,
-                x,
-                y,
-                num_steps=num_steps,
-                progress=False,
-                out_dir=tmp_path,
-                model_kwargs={"tags": {1}, "table": [math.nan, 2.0, flag]},
-                **kwargs,
-            )
+            table = [math.nan, 2.0, flag]
+            return _fit_with_kwargs(tmp_path, num_steps, tags={1}, table=table, **kwargs)
 
         run(1, 2)
         assert run(1, 3, resume=True).num_steps == 3
