@@ -491,6 +491,19 @@ def bgpn_config(model: str, name: str) -> dict:
     return config
 
 
+def mixture_predictor(mixture: Callable) -> Callable:
+    """``predict(x) -> (mean [S, D'], var [S, D'], weights)`` of the metric code from a
+    predictive mixture ``mixture(x) -> (weights, mean, var)`` (a network's head or an
+    ensemble's), evaluated without gradients."""
+
+    def predict(x):
+        with torch.no_grad():
+            weights, mean, var = mixture(x)
+        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+
+    return predict
+
+
 def fit_bgpn(data, config: dict, seed: int) -> dict:
     """The closed-form variational GPN (:class:`pyro_gpn.models.VariationalGPN`, trained by
     :func:`pyro_gpn.inference.fit_vgpn` on the training rows, stopped on the validation rows);
@@ -516,10 +529,7 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     first = fits[0]
     ensemble = NetworkEnsemble([f["net"] for f in fits])
 
-    def predict(x):
-        with torch.no_grad():
-            weights, mean, var = ensemble.predictive_mixture(x)
-        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+    predict = mixture_predictor(ensemble.predictive_mixture)
 
     facts = _ensemble_facts(fits, data)
     if config.get("mixture_calibrate"):
@@ -562,10 +572,7 @@ def fit_bgpn_auto(data, seed: int) -> dict:
     steps_per_epoch = 1 if not batch else max(1, math.ceil(selection.num_train / batch))
     chosen = selection.fits[selection.candidate.name]
 
-    def predict(x):
-        with torch.no_grad():
-            weights, mean, var = model.head.predictive_mixture(model.hidden(x))
-        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+    predict = mixture_predictor(lambda x: model.head.predictive_mixture(model.hidden(x)))
 
     return {
         "predict": predict,
@@ -661,10 +668,7 @@ def _fit_bgpn_member(data, config: dict, seed: int) -> dict:
     )
     steps_per_epoch = 1 if not batch else max(1, math.ceil(data.x_train.shape[0] / batch))
 
-    def predict(x):
-        with torch.no_grad():
-            weights, mean, var = model.head.predictive_mixture(model.hidden(x))
-        return mean.reshape(mean.shape[0], -1), var.reshape(mean.shape[0], -1), weights
+    predict = mixture_predictor(lambda x: model.head.predictive_mixture(model.hidden(x)))
 
     facts = {}
     if config.get("calibrate"):

@@ -117,9 +117,8 @@ def _check_candidates(candidates, num_outputs: int = 1, num_hidden: int = 1) -> 
                 f"candidate {c.name!r}: head must be 'gaussian' or 'heteroscedastic', "
                 f"got {c.head!r}"
             )
-        if isinstance(c.width_factor, bool) or not isinstance(c.width_factor, int):
-            raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
-        if c.width_factor < 1:
+        width = c.width_factor
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"candidate {c.name!r}: width_factor must be a positive integer")
         try:  # every value a fit would refuse, before any fit runs
             fit_settings(**c.fit)
@@ -206,7 +205,6 @@ def select_vgpn(
         raise ValueError("give both x_val and y_val, or neither")
     if x_val is not None:
         check_ndim("x_val", check_tensor("x_val", x_val), 2)
-        check_ndim("y_val", check_tensor("y_val", y_val), (1, 2))
         if x_val.shape[1] != x.shape[1]:
             raise ValueError(f"x_val must have x's {x.shape[1]} columns, got {x_val.shape[1]}")
         if y_val.shape[0] != x_val.shape[0] or y_val.shape[1:] != y.shape[1:]:
