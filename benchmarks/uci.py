@@ -163,6 +163,7 @@ MODELS = (
     *BGPN_MODELS,
     *(m + PLL for m in BGPN_MODELS if m not in ("bgpn_trace", "bgpn_issue")),
     "bgpn_auto",
+    "bgpn_stack",
     "clt",
     "mcdrop",
     "ensemble",
@@ -545,17 +546,52 @@ def fit_bgpn(data, config: dict, seed: int) -> dict:
     }
 
 
-def fit_bgpn_auto(data, seed: int) -> dict:
-    """The Bayesian GPN as the library chooses it itself (``bgpn_auto``):
-    :func:`pyro_gpn.inference.select_vgpn` with its default portfolio
+def candidate_rows(models: dict, data) -> dict[str, dict[str, list[float]]]:
+    """Every candidate network's own predictive on the split's rows, uncalibrated, so that any
+    rule of choosing or mixing the candidates can be scored afterwards without refitting:
+    ``val_log_density`` and ``test_log_density`` per row (standardised units: subtract
+    ``log y_std`` for original units) and ``test_cdf``, the predictive's distribution function
+    at each test target (a mixture's 90 % central interval holds a row exactly when
+    ``0.05 <= sum_k w_k F_k(y) <= 0.95``)."""
+    from pyro_gpn.inference import predictive_scale_of
+
+    out = {}
+    for name, net in models.items():
+        scale = predictive_scale_of(net)
+        kept = scale.clone()
+        scale.fill_(1.0)
+        try:
+            with torch.no_grad():
+                val = net.log_predictive(data.x_val, data.y_val)
+                test = net.log_predictive(data.x_test, data.y_test)
+                weights, mean, var = net.head.predictive_mixture(net.hidden(data.x_test))
+        finally:
+            scale.copy_(kept)
+        y = data.y_test.reshape(1, -1).double()
+        z = (y - mean.reshape(mean.shape[0], -1).double()) / var.reshape(var.shape[0], -1).sqrt()
+        cdf = (weights.double()[:, None] * torch.special.ndtr(z)).sum(0)
+        out[name] = {
+            "val_log_density": val.double().tolist(),
+            "test_log_density": test.double().tolist(),
+            "test_cdf": cdf.tolist(),
+        }
+    return out
+
+
+def fit_bgpn_auto(data, seed: int, combine: str = "best") -> dict:
+    """The Bayesian GPN as the library chooses it itself (``bgpn_auto``; ``bgpn_stack``:
+    ``combine="stack"``): :func:`pyro_gpn.inference.select_vgpn` with its default portfolio
     (:data:`pyro_gpn.recommended.VGPN_PORTFOLIO`) on the split's training rows, every candidate
     stopped and scored on the split's validation rows, the benchmark's width (50 units, 100 for
     protein) and the library's mini-batch rule. The cell records every candidate's validation
-    score and time, the choice and whether the predictive scale was fitted; ``fit_s`` and
-    ``epochs`` are the sums over the candidates that finished (a failed candidate's time is in
-    ``candidate_s`` only), ``chosen_fit_s``, ``chosen_epochs``, ``steps`` and ``best_step`` the
-    chosen one's."""
-    from pyro_gpn.inference import select_vgpn
+    score and time, the choice (the stacking weights) and whether the predictive scale was
+    fitted; ``fit_s`` and ``epochs`` are the sums over the candidates that finished (a failed
+    candidate's time is in ``candidate_s`` only), ``chosen_fit_s``, ``chosen_epochs``,
+    ``steps`` and ``best_step`` the best single candidate's. ``bgpn_stack`` also records
+    :func:`candidate_rows`, and the cross-fitted validation score of choosing against stacking
+    (:func:`pyro_gpn.inference.crossfitted_combination`)."""
+    from pyro_gpn.inference import crossfitted_combination, select_vgpn
+    from pyro_gpn.models import NetworkEnsemble
     from pyro_gpn.recommended import VGPN
 
     selection = select_vgpn(
@@ -564,6 +600,7 @@ def fit_bgpn_auto(data, seed: int) -> dict:
         data.x_val,
         data.y_val,
         hidden=_width(data.name),
+        combine=combine,
         seed=seed,
         log=lambda line: print(f"  {data.name} seed {seed}: {line}", flush=True),
     )
@@ -572,12 +609,24 @@ def fit_bgpn_auto(data, seed: int) -> dict:
     steps_per_epoch = 1 if not batch else max(1, math.ceil(selection.num_train / batch))
     chosen = selection.fits[selection.candidate.name]
 
-    predict = mixture_predictor(lambda x: model.head.predictive_mixture(model.hidden(x)))
+    if isinstance(model, NetworkEnsemble):
+        predict = mixture_predictor(model.predictive_mixture)
+    else:
+        predict = mixture_predictor(lambda x: model.head.predictive_mixture(model.hidden(x)))
+    extra = {}
+    if combine == "stack":
+        rows = candidate_rows(selection.models, data)
+        log_densities = torch.tensor([r["val_log_density"] for r in rows.values()]).T
+        extra = {
+            "candidate_rows": rows,
+            "combine_crossfit_std": crossfitted_combination(log_densities),
+        }
 
     return {
         "predict": predict,
         "net": model,
         "chosen": selection.candidate.name,
+        "weights": selection.weights,
         "candidate_val_log_lik_std": selection.scores,
         "candidate_s": selection.fit_seconds,
         "candidate_errors": selection.errors,
@@ -590,9 +639,10 @@ def fit_bgpn_auto(data, seed: int) -> dict:
         "steps": chosen.num_steps,
         "best_step": chosen.best_step,
         "batch_size": batch,
-        "noise_std": noise_std_of(model.head),
+        "noise_std": noise_std_of(selection.models[selection.candidate.name].head),
         "sizes": bgpn_sizes(data.name, data.num_features, (selection.candidate.width_factor,)),
         "config": selection.candidate.as_dict(),
+        **extra,
     }
 
 
@@ -1035,8 +1085,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     if model.removesuffix(PLL) in BGPN_MODELS:
         fit = fit_bgpn(data, bgpn_config(model, name), seed + split)
-    elif model == "bgpn_auto":
-        fit = fit_bgpn_auto(data, seed + split)
+    elif model in ("bgpn_auto", "bgpn_stack"):
+        fit = fit_bgpn_auto(data, seed + split, "stack" if model == "bgpn_stack" else "best")
     elif model == "clt":
         fit = fit_clt(data, seed + split)
     elif model == "mcdrop":

@@ -11,6 +11,7 @@ from .closed_form import (
 from .distributed import DistContext, init_distributed
 from .mcmc import NUTSResult, run_nuts
 from .selection import VGPNSelection, select_vgpn
+from .stacking import crossfitted_combination, stacking_weights
 from .svi import SVIResult, fit_svi
 from .trainer import TrainConfig, Trainer, TrainResult, evaluate, seed_everything
 
@@ -25,6 +26,7 @@ __all__ = [
     "VGPNSelection",
     "Trainer",
     "closed_form_elbo",
+    "crossfitted_combination",
     "crossfitted_scores",
     "evaluate",
     "fit_predictive_scale",
@@ -36,4 +38,5 @@ __all__ = [
     "run_nuts",
     "select_vgpn",
     "seed_everything",
+    "stacking_weights",
 ]

@@ -6,9 +6,13 @@ sets, the configurations chosen per set on their validation rows on 7 of 9
 (``docs/results/uci.md`` sections 26-27). :func:`select_vgpn` makes that choice itself: it
 fits every candidate of a portfolio (by default :data:`~pyro_gpn.recommended.VGPN_PORTFOLIO`,
 the configurations those validation rows chose) on the same training rows, scores each on the
-same validation rows, and keeps the best; then it fits the winner's predictive scale if that
-raises the cross-fitted validation score (:func:`~pyro_gpn.inference.crossfitted_scores`).
-The validation rows stop each fit and choose among the fits; they are never test rows.
+same validation rows, and keeps the best -- or, with ``combine="stack"``, keeps them all and
+mixes their predictives with the stacking weights the validation rows give
+(:func:`~pyro_gpn.inference.stacking_weights`; the winner's curse of a choice made on a few
+dozen rows, ``docs/results/uci.md`` sections 28-29). Then it fits the predictive scale of what
+it keeps if that raises the cross-fitted validation score
+(:func:`~pyro_gpn.inference.crossfitted_scores`). The validation rows stop each fit and choose
+among the fits; they are never test rows.
 """
 
 from __future__ import annotations
@@ -23,15 +27,20 @@ import torch
 from torch import Tensor
 
 from .._validation import check_finite, check_ndim, check_tensor
+from ..models.ensemble import NetworkEnsemble
 from ..models.variational import VariationalGPN
 from ..settings import validation
 from .calibration import crossfitted_scores, fit_predictive_scale
 from .closed_form import VGPNFit, fit_settings, fit_vgpn, holdout
+from .stacking import crossfitted_combination, stacking_weights
 
 if TYPE_CHECKING:
     from ..recommended import VGPNCandidate
 
 __all__ = ["VGPNSelection", "select_vgpn"]
+
+#: stacking weights below this are dropped (with their networks) and the rest renormalised
+MIN_STACKING_WEIGHT = 1e-4
 
 #: the fit_vgpn keywords a candidate may set
 _FIT_KEYS = frozenset(
@@ -44,9 +53,18 @@ class VGPNSelection:
     """What :func:`select_vgpn` returns.
 
     Attributes:
-        model: the chosen candidate's fitted network (its best state; with its predictive
-            scale fitted where ``calibrated``).
-        candidate: the chosen :class:`~pyro_gpn.recommended.VGPNCandidate`.
+        model: the chosen candidate's fitted network (its best state), or with
+            ``combine="stack"`` the :class:`~pyro_gpn.models.NetworkEnsemble` of the candidates
+            the stacking weights keep (the network itself when they keep one); its predictive
+            scale fitted where ``calibrated``.
+        candidate: the candidate with the best validation score (with ``combine="stack"``,
+            the one of highest single score, whatever its weight).
+        weights: the mixture weight of every candidate that ``model`` holds, by name
+            (``{candidate.name: 1.0}`` for a single network).
+        combine_crossfit: with ``combine="auto"``, the cross-fitted validation log-likelihood
+            ``(best, stacked)`` (:func:`~pyro_gpn.inference.crossfitted_combination`) that
+            decided; else ``None``.
+        models: every candidate's fitted network that finished, by name.
         scores: every candidate's validation log-likelihood (mean log predictive density per
             row, uncalibrated, in the units of the data given), by name, in the order fitted;
             ``-inf`` for a candidate whose fit failed (``errors``).
@@ -62,8 +80,11 @@ class VGPNSelection:
             validation rows.
     """
 
-    model: VariationalGPN
+    model: VariationalGPN | NetworkEnsemble
     candidate: VGPNCandidate
+    weights: dict[str, float] = field(default_factory=dict)
+    combine_crossfit: tuple[float, float] | None = None
+    models: dict[str, VariationalGPN] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
     fits: dict[str, VGPNFit] = field(default_factory=dict)
     fit_seconds: dict[str, float] = field(default_factory=dict)
@@ -141,6 +162,7 @@ def select_vgpn(
     hidden: int | Sequence[int] = 50,
     candidates: Sequence[VGPNCandidate] | None = None,
     calibrate: bool | str = "auto",
+    combine: str = "best",
     val_fraction: float | None = None,
     batch_size: int | None | str = "auto",
     seed: int = 0,
@@ -154,10 +176,15 @@ def select_vgpn(
     weights, fitted by :func:`~pyro_gpn.inference.fit_vgpn` with the candidate's schedule on
     ``(x, y)``, stopped on ``(x_val, y_val)`` and scored there by its mean validation log
     predictive density (uncalibrated). Each candidate starts from the same seed. The best one
-    is kept; with ``calibrate="auto"`` its predictive scale is then fitted on the validation
-    rows when that raises their cross-fitted score
-    (:func:`~pyro_gpn.inference.crossfitted_scores`). Cost: the candidates' fits, one after
-    another (the default portfolio: 8 fits).
+    is kept (``combine="best"``), or all of them mixed by their stacking weights on the
+    validation rows (``"stack"``, :func:`~pyro_gpn.inference.stacking_weights`; weights below
+    ``MIN_STACKING_WEIGHT`` dropped), or whichever of the two scores higher cross-fitted on
+    the validation rows (``"auto"``, :func:`~pyro_gpn.inference.crossfitted_combination`).
+    With ``calibrate="auto"`` the predictive scale of what is kept is then fitted on the
+    validation rows when that raises their cross-fitted score
+    (:func:`~pyro_gpn.inference.crossfitted_scores`; the stacking weights stay those fitted on
+    all the rows). Cost: the candidates' fits, one after another (the default portfolio: 8
+    fits); a stacked model's prediction costs one forward pass per network it keeps.
 
     Args:
         x, y: ``[S, M]`` training inputs and ``[S, D]`` (or ``[S]``) real targets, best
@@ -172,6 +199,8 @@ def select_vgpn(
             2 rows) or ``False`` (never). ``"auto"`` adopts any cross-fitted gain, however
             small; on small validation sets the scale mostly lost
             (``docs/results/uci.md`` section 17), and this rule then declines it.
+        combine: ``"best"``, ``"stack"`` or ``"auto"`` (above; ``"stack"`` and ``"auto"`` need
+            2 validation rows).
         val_fraction: the hold-out share when ``x_val`` is ``None``.
         batch_size: as :func:`~pyro_gpn.inference.fit_vgpn` (``"auto"``: full batch up to
             2,000 rows, mini-batches of 512 above).
@@ -224,6 +253,8 @@ def select_vgpn(
         raise ValueError(f"hidden must be a positive integer or a sequence of them, got {hidden}")
     if not (isinstance(calibrate, bool) or calibrate == "auto"):
         raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+    if not (isinstance(combine, str) and combine in ("best", "stack", "auto")):
+        raise ValueError(f"combine must be 'best', 'stack' or 'auto', got {combine!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     num_outputs = y.shape[1]
@@ -242,9 +273,14 @@ def select_vgpn(
             f"{x_val.shape[0]}: give more (x_val, val_fraction)"
             + ("" if calibrate is False else " or pass calibrate=False")
         )
+    if combine != "best" and x_val.shape[0] < 2:
+        raise ValueError(
+            f"combine={combine!r} needs at least 2 validation rows, got {x_val.shape[0]}: "
+            "give more (x_val, val_fraction) or pass combine='best'"
+        )
 
     best_name, best_score, best_model = None, -math.inf, None
-    scores, fits, seconds, errors = {}, {}, {}, {}
+    scores, fits, seconds, errors, models, val_rows = {}, {}, {}, {}, {}, {}
     for candidate in candidates:
         start = time.perf_counter()
         torch.manual_seed(seed)
@@ -266,10 +302,13 @@ def select_vgpn(
                 log(f"{candidate.name}: failed ({error})")
             continue
         with torch.no_grad():
-            score = float(model.log_predictive(x_val, y_val).mean())
+            rows = model.log_predictive(x_val, y_val)
+        score = float(rows.mean())
         if not math.isfinite(score):
             errors[candidate.name] = f"validation log-likelihood {score}"
             score = -math.inf
+        else:
+            models[candidate.name], val_rows[candidate.name] = model, rows.double()
         fits[candidate.name] = fit
         scores[candidate.name] = score
         seconds[candidate.name] = time.perf_counter() - start
@@ -283,9 +322,27 @@ def select_vgpn(
     if best_model is None or not math.isfinite(best_score):
         raise ValueError(f"every candidate's fit failed: {errors}")
     chosen = next(c for c in candidates if c.name == best_name)
+    kept = {best_name: 1.0}
+    combine_crossfit = None
+    if combine != "best" and len(models) > 1:
+        log_densities = torch.stack(list(val_rows.values()), 1)  # [S_val, K]
+        if combine == "auto":
+            combine_crossfit = crossfitted_combination(log_densities)
+        if combine == "stack" or combine_crossfit[1] > combine_crossfit[0]:
+            weights = stacking_weights(log_densities)
+            kept = {n: float(w) for n, w in zip(models, weights) if w >= MIN_STACKING_WEIGHT}
+            total = sum(kept.values())
+            kept = {name: w / total for name, w in kept.items()}
+    if len(kept) == 1:
+        model = models[next(iter(kept))]
+    else:
+        model = NetworkEnsemble([models[name] for name in kept], list(kept.values()))
     out = VGPNSelection(
-        model=best_model,
+        model=model,
         candidate=chosen,
+        weights=kept,
+        combine_crossfit=combine_crossfit,
+        models=models,
         scores=scores,
         fits=fits,
         fit_seconds=seconds,
@@ -296,12 +353,14 @@ def select_vgpn(
     if calibrate is not False:
         with validation(False):
             if calibrate == "auto":
-                out.crossfit = crossfitted_scores(best_model, x_val, y_val)
+                out.crossfit = crossfitted_scores(model, x_val, y_val)
             if calibrate is True or out.crossfit[1] > out.crossfit[0]:
-                fit_predictive_scale(best_model, x_val, y_val)
+                fit_predictive_scale(model, x_val, y_val)
                 out.calibrated = True
     if log is not None:
+        mixture = ", ".join(f"{name} {w:.3f}" for name, w in kept.items())
         log(
-            f"chose {best_name} (validation log-lik {best_score:.4f}); calibrated: {out.calibrated}"
+            f"best {best_name} (validation log-lik {best_score:.4f}); kept {mixture}; "
+            f"calibrated: {out.calibrated}"
         )
     return out

@@ -1,6 +1,8 @@
 """The UCI harness's metric code (``benchmarks/uci.py``) against scipy (the variational weights
 it benchmarks are tested in ``tests/layers/test_variational.py``)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -306,3 +308,48 @@ def test_the_library_portfolio_holds_every_sets_chosen_configuration():
             assert candidate.fit.get(key_name, getattr(uci.VGPN, key_name)) == config[key_name]
         steps = config.get("set_steps", config["num_steps"])
         assert candidate.fit.get("num_steps", uci.VGPN.num_steps) == steps, (name, column)
+
+
+def test_stacked_cell_records_rows_that_rebuild_its_own_metrics(monkeypatch):
+    """``bgpn_stack`` (``fit_bgpn_auto(combine="stack")``, calibration off) records every
+    candidate's per-row densities and distribution function; the stacked mixture rebuilt from
+    them with the cell's weights gives the cell's own test log-likelihood and 90 % coverage
+    (computed by ``metrics_of`` through quantiles): the rows that any later rule is scored on
+    are the predictive's."""
+    from benchmarks import uci
+    from pyro_gpn.inference import selection as selection_module
+    from pyro_gpn.recommended import VGPNCandidate
+
+    steps = {"num_steps": 60, "eval_every": 20}
+    portfolio = (
+        VGPNCandidate("gaussian", fit=steps),
+        VGPNCandidate("het", head="heteroscedastic", weights="point", fit=steps),
+        VGPNCandidate("t4", df=4.0, fit=steps),
+    )
+    # fixed weights: on so few steps one candidate takes every row and stacking keeps it alone
+    fixed = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: fixed)
+    monkeypatch.setattr("pyro_gpn.recommended.VGPN_PORTFOLIO", portfolio)
+    real = selection_module.select_vgpn
+    monkeypatch.setattr(
+        selection_module, "select_vgpn", lambda *a, **k: real(*a, **k, calibrate=False)
+    )
+    monkeypatch.setattr("pyro_gpn.inference.select_vgpn", selection_module.select_vgpn)
+    data = _small_yacht(rows=120)
+    fit = uci.fit_bgpn_auto(data, 0, combine="stack")
+    assert set(fit["candidate_rows"]) == {"gaussian", "het", "t4"} and not fit["calibrated"]
+    assert fit["weights"] == pytest.approx({"gaussian": 0.2, "het": 0.5, "t4": 0.3})
+    score = uci._score(fit["predict"], data.x_test, data.y_test, float(data.y_std))
+    rows = fit["candidate_rows"]
+    log_w = torch.tensor([math.log(w) for w in fit["weights"].values()], dtype=torch.float64)
+    dens = torch.tensor([rows[n]["test_log_density"] for n in fit["weights"]], dtype=torch.float64)
+    rebuilt = torch.logsumexp(dens + log_w[:, None], 0).mean() - math.log(float(data.y_std))
+    assert float(rebuilt) == pytest.approx(score["log_lik"], abs=1e-6)
+    cdf = sum(w * torch.tensor(rows[n]["test_cdf"]) for n, w in fit["weights"].items())
+    inside = ((cdf >= 0.05) & (cdf <= 0.95)).double().mean()
+    assert float(inside) == pytest.approx(score["coverage90"], abs=1.5 / data.x_test.shape[0])
+    best, stacked = fit["combine_crossfit_std"]
+    assert math.isfinite(best) and math.isfinite(stacked)
+    for name, row in rows.items():  # every candidate's validation mean is its recorded score
+        mean = sum(row["val_log_density"]) / len(row["val_log_density"])
+        assert mean == pytest.approx(fit["candidate_val_log_lik_std"][name], abs=1e-5)

@@ -34,12 +34,15 @@ def _rows(seed: int = 7, rows: int = 9, width: int = 2):
     return x, y
 
 
+@pytest.mark.parametrize("mixing", [None, (0.2, 0.5, 0.3)])
 @pytest.mark.parametrize("head", ["gaussian", "heteroscedastic"])
-def test_log_predictive_is_the_mixture_density_by_scipy(head):
+def test_log_predictive_is_the_mixture_density_by_scipy(head, mixing):
     members = _members(head)
     x, y = _rows()
-    got = NetworkEnsemble(members).log_predictive(x, y).detach().numpy()
-    # scipy over every member's Gaussian components, equal weights across members
+    ensemble = NetworkEnsemble(members, mixing)
+    got = ensemble.log_predictive(x, y).detach().numpy()
+    # scipy over every member's Gaussian components, the members weighted as given
+    shares = np.full(3, 1 / 3) if mixing is None else np.array(mixing)
     terms = []
     for net in members:
         with torch.no_grad():
@@ -47,10 +50,45 @@ def test_log_predictive_is_the_mixture_density_by_scipy(head):
         w, m, v = w.numpy(), m[..., 0].numpy(), v[..., 0].numpy()  # [T], [T, S]
         logpdf = stats.norm.logpdf(y.numpy()[:, 0][None], m, np.sqrt(v))
         terms.append(special.logsumexp(logpdf + np.log(w)[:, None], axis=0))
-    expected = special.logsumexp(np.stack(terms), axis=0) - math.log(len(members))
+    expected = special.logsumexp(np.stack(terms) + np.log(shares)[:, None], axis=0)
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
-    weights, mean, var = NetworkEnsemble(members).predictive_mixture(x)
+    weights, mean, var = ensemble.predictive_mixture(x)
     assert abs(float(weights.sum()) - 1.0) < 1e-12 and mean.shape[0] == weights.shape[0]
+    mean, var = mean.detach(), var.detach()
+    comp = stats.norm.logpdf(y.numpy()[:, 0][None], mean[..., 0], var[..., 0].sqrt())
+    from_components = special.logsumexp(comp + np.log(weights.numpy())[:, None], axis=0)
+    np.testing.assert_allclose(from_components, expected, rtol=1e-10, atol=1e-12)
+    # the moments by the law of total variance over the weighted components
+    pred = ensemble.predict(x)
+    mix_mean = torch.einsum("k,ksd->sd", weights, mean)
+    mix_var = torch.einsum("k,ksd->sd", weights, var + mean.square()) - mix_mean.square()
+    torch.testing.assert_close(pred.mean, mix_mean, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(pred.std, mix_var.sqrt(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_member_of_weight_zero_takes_no_part():
+    members = _members("heteroscedastic")
+    x, y = _rows()
+    with_zero = NetworkEnsemble(members, [0.4, 0.0, 0.6])
+    without = NetworkEnsemble([members[0], members[2]], [0.4, 0.6])
+    torch.testing.assert_close(
+        with_zero.log_predictive(x, y), without.log_predictive(x, y), rtol=1e-13, atol=0
+    )
+    torch.testing.assert_close(with_zero.predict(x).std, without.predict(x).std)
+    torch.testing.assert_close(with_zero.predict(x).mean, without.predict(x).mean)
+
+
+def test_weighted_ensemble_round_trips_and_old_states_load_as_equal_weight():
+    members = _members()
+    ensemble = NetworkEnsemble(members, torch.tensor([0.1, 0.6, 0.3]))
+    state = ensemble.state_dict()
+    again = NetworkEnsemble(_members(), None)
+    again.load_state_dict(state)
+    torch.testing.assert_close(again.mixture_weights, ensemble.mixture_weights)
+    del state["mixture_weights"]  # a state saved before the ensemble had mixture weights
+    again.load_state_dict(state)
+    assert torch.equal(again.mixture_weights, torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert "weights=[0.1, 0.6, 0.3]" in repr(ensemble)
 
 
 def test_predict_moments_match_draws_from_the_members():
@@ -87,12 +125,16 @@ def test_classifiers_mix_their_class_probabilities():
     for seed in range(3):
         torch.manual_seed(seed)
         members.append(GPNNet([3, 4, 3], head="softmax").double())
-    ensemble = NetworkEnsemble(members)
     probs = torch.stack([m.predict(x).probs for m in members])  # [K, S, C]
-    pred = ensemble.predict(x)
-    torch.testing.assert_close(pred.probs, probs.mean(0), rtol=1e-12, atol=1e-14)
-    expected = probs.mean(0)[torch.arange(9), labels].log()
-    torch.testing.assert_close(ensemble.log_predictive(x, labels), expected, rtol=1e-10, atol=0)
+    for given in (None, [0.5, 0.1, 0.4]):
+        ensemble = NetworkEnsemble(members, given)
+        shares = torch.tensor([1 / 3] * 3 if given is None else given, dtype=torch.float64)
+        mixed = torch.einsum("k,ksc->sc", shares, probs)
+        pred = ensemble.predict(x)
+        torch.testing.assert_close(pred.probs, mixed, rtol=1e-12, atol=1e-14)
+        expected = mixed[torch.arange(9), labels].log()
+        got = ensemble.log_predictive(x, labels)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=0)
     with pytest.raises(ValueError, match="regression heads only"):
         ensemble.predictive_mixture(x)
 
@@ -106,6 +148,21 @@ def test_bad_members_are_named():
         NetworkEnsemble([_members(k=1)[0], GPNNet([2, 4, 3], head="softmax").double()])
     with pytest.raises(ValueError, match="one task, input width and output width"):
         NetworkEnsemble([_members(k=1)[0], _members(k=1, sizes=(3, 4, 1))[0]])
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        ([0.5, 0.5], "one number per member"),
+        ([0.5, 0.7, -0.2], "non-negative"),
+        ([0.5, float("nan"), 0.5], "finite"),
+        ([0.2, 0.2, 0.2], "sum to 1"),
+        (["a", 0.5, 0.5], "sequence of numbers"),
+    ],
+)
+def test_bad_weights_are_named(weights, match):
+    with pytest.raises(ValueError, match=match):
+        NetworkEnsemble(_members(), weights)
 
 
 # --------------------------------------------------------------------- the mixture's own scale
