@@ -1078,6 +1078,15 @@ def _score(predict, x: Tensor, y: Tensor, y_std: float) -> dict[str, float]:
     return metrics_of(mean, var, y, y_std, weights[0] if weights else None)
 
 
+def log_target_std(name: str, split: int) -> float:
+    """``log y_std`` of a split: the training targets' standard deviation that the metrics
+    convert standardised log densities to original units with."""
+    from pyro_gpn.data.uci_regression import load_uci_regression
+
+    data = load_uci_regression(name, DATA_DIR, split=split, seed=0, download=False)
+    return math.log(float(data.y_std))
+
+
 def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     from pyro_gpn.data.uci_regression import load_uci_regression
 

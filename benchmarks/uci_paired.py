@@ -10,6 +10,7 @@ splits won) and the 90 % interval coverages: a markdown table. Usage::
     python benchmarks/uci_paired.py --models dgp_t4 dgp --rows val
     python benchmarks/uci_paired.py --models bgpn_auto chosen dgp_chosen bgpn_pll
     python benchmarks/uci_paired.py --choices bgpn_auto
+    python benchmarks/uci_paired.py --rules bgpn_stack
 
 ``--chosen``: the first model stands for each set's chosen Bayesian GPN column
 (``benchmarks.uci.CHOSEN``, chosen on validation rows; with ``--ensembles`` its five-network
@@ -17,7 +18,9 @@ mixture where adopted, ``benchmarks.uci.ENSEMBLES``), ``--long`` entries on top.
 first model ``bgpn`` stands for ``bgpn_long`` on naval. A model named ``dgp_chosen`` is each
 set's chosen deep GP column (``benchmarks.uci.DGP_CHOSEN``), a later model named ``chosen``
 each set's chosen Bayesian GPN column. ``--choices MODEL``: how often each candidate won a
-split of a column that records its choice (``bgpn_auto``).
+split of a column that records its choice (``bgpn_auto``). ``--rules MODEL``: the test
+metrics of every rule of choosing or mixing the candidates, rebuilt from the per-row densities a
+``bgpn_stack`` cell records (:func:`rule_metrics`).
 """
 
 from __future__ import annotations
@@ -114,6 +117,105 @@ def choices_table(runs: Path, model: str = "bgpn_auto") -> str:
     return "\n".join(lines)
 
 
+RULES = ("best", "one_se", "equal", "stack", "auto")
+
+
+def _rule_weights(cell: dict, rule: str) -> dict[str, float]:
+    """The mixture weights over the candidates that ``rule`` gives from a cell's validation
+    rows: ``best`` (the highest mean validation log density), ``one_se`` (the first candidate in
+    the portfolio's order whose mean is within one standard error of the paired per-row
+    difference to the best's: Breiman et al. 1984's rule), ``equal`` (every candidate, equal
+    weights), ``stack`` (:func:`pyro_gpn.inference.stacking_weights`, the floor of
+    ``select_vgpn`` applied) and ``auto`` (``stack`` where the cell's cross-fitted stacked score
+    is higher, else ``best``)."""
+    import torch
+
+    from pyro_gpn.inference import stacking_weights
+    from pyro_gpn.inference.selection import MIN_STACKING_WEIGHT
+
+    rows = cell["candidate_rows"]
+    names = list(rows)
+    val = torch.tensor([rows[n]["val_log_density"] for n in names], dtype=torch.float64).T
+    means = val.mean(0)
+    best = int(means.argmax())
+    if rule == "best":
+        return {names[best]: 1.0}
+    if rule == "one_se":
+        for k, name in enumerate(names):
+            diff = val[:, best] - val[:, k]
+            if float(diff.mean()) <= float(diff.std() / math.sqrt(diff.shape[0])):
+                return {name: 1.0}
+    if rule == "equal":
+        return {n: 1.0 / len(names) for n in names}
+    if rule == "auto":
+        crossfit_best, crossfit_stacked = cell["combine_crossfit_std"]
+        rule = "stack" if crossfit_stacked > crossfit_best else "best"
+        return _rule_weights(cell, rule)
+    if rule == "stack":
+        weights = stacking_weights(val)
+        kept = {n: float(w) for n, w in zip(names, weights) if w >= MIN_STACKING_WEIGHT}
+        return {n: w / sum(kept.values()) for n, w in kept.items()}
+    raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+
+
+def rule_metrics(cell: dict, rule: str, log_y_std: float) -> dict[str, float]:
+    """A rule's test ``log_lik`` (original units: the standardised mean log density less
+    ``log_y_std``) and ``coverage90`` (rows whose mixture distribution function
+    ``sum_k w_k F_k(y)`` lies in ``[0.05, 0.95]``: exactly the rows inside the mixture's central
+    90 % interval), from a cell's ``candidate_rows`` (uncalibrated candidates)."""
+    import torch
+
+    weights = _rule_weights(cell, rule)
+    rows = cell["candidate_rows"]
+    dens = torch.tensor([rows[n]["test_log_density"] for n in weights], dtype=torch.float64)
+    log_w = torch.tensor([math.log(w) for w in weights.values()], dtype=torch.float64)
+    log_lik = float(torch.logsumexp(dens + log_w[:, None], 0).mean()) - log_y_std
+    cdf = sum(
+        w * torch.tensor(rows[n]["test_cdf"], dtype=torch.float64) for n, w in weights.items()
+    )
+    return {
+        "log_lik": log_lik,
+        "coverage90": float(((cdf >= 0.05) & (cdf <= 0.95)).double().mean()),
+    }
+
+
+def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
+    """Per set, the test log-likelihood (mean ± standard error over the splits) and mean 90 %
+    coverage of every rule of :data:`RULES` (:func:`rule_metrics`), then those of the cell
+    itself (``stack`` with ``select_vgpn``'s calibration), and the mean cross-fitted validation
+    log-likelihood (standardised) of choosing and of stacking that ``auto`` decides by:
+    a markdown table. ``log_y_std(set, split)`` gives the split's ``log y_std`` (``None``: from
+    the data set, :func:`benchmarks.uci.log_target_std`)."""
+    if log_y_std is None:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from benchmarks.uci import log_target_std as log_y_std
+    head = ["set", "splits", *RULES, "cell", *(f"cov. {r}" for r in RULES), "cov. cell"]
+    head += ["val. crossfit best", "val. crossfit stack"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name in SETS:
+        cells = [
+            json.loads(path.read_text()) for path in sorted(runs.glob(f"{model}__{name}__*.json"))
+        ]
+        if not cells:
+            continue
+        if any("candidate_rows" not in cell for cell in cells):
+            raise SystemExit(f"--rules {model}: its cells record no candidate_rows (bgpn_stack)")
+        metrics = {
+            rule: [rule_metrics(c, rule, log_y_std(name, int(c["split"]))) for c in cells]
+            for rule in RULES
+        }
+        metrics["cell"] = [c["test"] for c in cells]
+        keys = (*RULES, "cell")
+        row = [name, str(len(cells))]
+        row += [_mean_se([m["log_lik"] for m in metrics[k]]) for k in keys]
+        row += [f"{statistics.mean(m['coverage90'] for m in metrics[k]):.2f}" for k in keys]
+        for part in (0, 1):
+            row.append(f"{statistics.mean(c['combine_crossfit_std'][part] for c in cells):.3f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def chosen_columns(ensembles: bool = False) -> dict[str, str]:
     """:func:`benchmarks.uci.chosen_columns` (imported on use: the module needs the checkout
     on the path)."""
@@ -158,7 +260,16 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="print how often each candidate won a split of MODEL (e.g. bgpn_auto) instead",
     )
+    parser.add_argument(
+        "--rules",
+        metavar="MODEL",
+        default=None,
+        help="print every rule of choosing or mixing the candidates of MODEL (bgpn_stack) instead",
+    )
     args = parser.parse_args(argv)
+    if args.rules:
+        print(rules_table(Path(args.runs), args.rules))
+        return
     if args.choices:
         print(choices_table(Path(args.runs), args.choices))
         return

@@ -132,3 +132,74 @@ def test_a_later_chosen_model_is_each_sets_chosen_column(tmp_path, capsys):
     main(["--runs", str(tmp_path), "--models", "bgpn_auto", "chosen"])
     row = capsys.readouterr().out.splitlines()[2]
     assert row.split(" | ")[1:5] == ["1", "-0.60", "-0.50", "-0.10 (0/1)"]
+
+
+def _stack_cell(split: int) -> dict:
+    """Three candidates on 4 validation and 3 test rows, written out so that each rule's
+    choice and metrics can be worked by hand: ``a`` is the portfolio's first, ``c`` has the
+    highest validation mean but only by noise (within one standard error of ``a``)."""
+    import math
+
+    log = math.log
+    rows = {
+        "a": {"val": [-1.0, -1.0, -1.0, -1.0], "test": [-1.0, -1.0, -1.0], "cdf": [0.5, 0.9, 0.99]},
+        "b": {"val": [-3.0, -3.0, -3.0, -3.0], "test": [-2.0, -2.0, -2.0], "cdf": [0.5, 0.5, 0.5]},
+        "c": {
+            "val": [0.0, -2.0, 0.0, -0.5],
+            "test": [log(0.5), -3.0, -3.0],
+            "cdf": [0.01, 0.02, 0.97],
+        },
+    }
+    return {
+        "split": split,
+        "test": {"log_lik": 0.0, "coverage90": 1.0, "rmse": 1.0},
+        "combine_crossfit_std": [-1.0, -0.5],
+        "candidate_rows": {
+            n: {"val_log_density": r["val"], "test_log_density": r["test"], "test_cdf": r["cdf"]}
+            for n, r in rows.items()
+        },
+    }
+
+
+def test_rules_rebuild_each_choice_and_mixture_from_the_recorded_rows():
+    import math
+
+    import pytest
+
+    from benchmarks.uci_paired import _rule_weights, rule_metrics
+
+    cell = _stack_cell(0)
+    # best: c (mean -0.625 against a's -1.0); one_se: a (c - a = 1, -1, 1, 0.5: mean 0.375,
+    # standard error 0.473), the first within one standard error of the best
+    assert _rule_weights(cell, "best") == {"c": 1.0}
+    assert _rule_weights(cell, "one_se") == {"a": 1.0}
+    assert _rule_weights(cell, "auto") == _rule_weights(cell, "stack")  # stacked -0.5 > -1.0
+    best = rule_metrics(cell, "best", log_y_std=0.5)
+    assert best["log_lik"] == pytest.approx((math.log(0.5) - 6.0) / 3 - 0.5)
+    assert best["coverage90"] == pytest.approx(0.0)  # cdf 0.01, 0.02, 0.97: all outside
+    equal = rule_metrics(cell, "equal", log_y_std=0.0)
+    expected = [
+        math.log((math.exp(-1.0) + math.exp(-2.0) + math.exp(t)) / 3)
+        for t in (math.log(0.5), -3.0, -3.0)
+    ]
+    assert equal["log_lik"] == pytest.approx(sum(expected) / 3)
+    # mixture cdfs: (0.5 + 0.5 + 0.01) / 3, (0.9 + 0.5 + 0.02) / 3, (0.99 + 0.5 + 0.97) / 3
+    assert equal["coverage90"] == pytest.approx(1.0)
+    stack = _rule_weights(cell, "stack")
+    assert "b" not in stack and set(stack) == {"a", "c"}  # b is worse than a on every row
+    assert sum(stack.values()) == pytest.approx(1.0)
+
+
+def test_rules_table_reads_every_cell_of_a_set(tmp_path, capsys):
+    from benchmarks.uci_paired import rules_table
+
+    for split in range(2):
+        (tmp_path / f"bgpn_stack__wine__{split:02d}.json").write_text(
+            json.dumps(_stack_cell(split))
+        )
+    table = rules_table(tmp_path, log_y_std=lambda name, split: 0.0).splitlines()
+    assert len(table) == 3
+    row = table[2].split(" | ")
+    assert row[0] == "| wine" and row[1] == "2"
+    assert row[7] == "0.00 ± 0.00"  # the cell's own test log-likelihood
+    assert row[-2:] == ["-1.000", "-0.500 |"]

@@ -13,9 +13,16 @@ import pytest
 import torch
 
 from pyro_gpn.heads import GaussianHead, StudentTHead
-from pyro_gpn.inference import crossfitted_scores, fit_vgpn, select_vgpn
+from pyro_gpn.inference import (
+    VGPNFit,
+    crossfitted_scores,
+    fit_vgpn,
+    predictive_scale_of,
+    select_vgpn,
+    stacking_weights,
+)
 from pyro_gpn.inference import selection as selection_module
-from pyro_gpn.models import VariationalGPN
+from pyro_gpn.models import NetworkEnsemble, VariationalGPN
 from pyro_gpn.recommended import VGPN, VGPN_PORTFOLIO, VGPNCandidate
 
 pytestmark = pytest.mark.usefixtures("fresh_param_store")
@@ -175,6 +182,17 @@ def test_a_failed_candidate_is_recorded_and_the_others_compete(monkeypatch):
         ({"calibrate": "yes"}, "calibrate"),
         ({"calibrate": 1}, "calibrate"),
         ({"calibrate": 0}, "calibrate"),
+        ({"combine": "mean"}, "combine"),
+        ({"combine": None}, "combine"),
+        (
+            {
+                "x_val": torch.zeros(1, 2),
+                "y_val": torch.zeros(1, 1),
+                "calibrate": False,
+                "combine": "stack",
+            },
+            "combine='stack' needs at least 2 validation rows",
+        ),
         ({"x_val": torch.zeros(3, 2), "y_val": torch.zeros(3, 1)}, "at least 4 validation rows"),
         (
             {"x_val": torch.zeros(1, 2), "y_val": torch.zeros(1, 1), "calibrate": True},
@@ -220,6 +238,95 @@ def test_bad_arguments_are_refused_before_any_fit(monkeypatch):
     with pytest.raises(ValueError, match="at least 4 validation rows, got 3"):
         select_vgpn(x, y, hidden=2, candidates=late[:1])  # 10 % of 30 rows
     assert not calls
+
+
+# ------------------------------------------------------------------------------ stacking
+
+
+def _candidate_rows(sel, x_val, y_val):
+    """Every kept candidate's validation log densities ``[S, K]``, recomputed from its network."""
+    with torch.no_grad():
+        return torch.stack(
+            [net.log_predictive(x_val, y_val).double() for net in sel.models.values()], 1
+        )
+
+
+def test_stack_mixes_the_candidates_by_their_stacking_weights():
+    """``combine="stack"``: the kept networks and weights are the stacking optimum over every
+    candidate's validation rows (weights below the floor dropped, the rest renormalised), and
+    the model's log density is that mixture of the candidates' own densities; its validation
+    score is at least the best single candidate's."""
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.05))
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=6, candidates=_candidates(), calibrate=False, combine="stack"
+    )
+    assert list(sel.models) == ["gaussian", "het", "t4"] and sel.combine_crossfit is None
+    weights = stacking_weights(_candidate_rows(sel, x_val, y_val))
+    kept = {n: float(w) for n, w in zip(sel.models, weights) if w >= 1e-4}
+    total = sum(kept.values())
+    assert sel.weights == pytest.approx({n: w / total for n, w in kept.items()}, abs=1e-9)
+    names = list(sel.weights)
+    with torch.no_grad():
+        own = torch.stack([sel.models[n].log_predictive(x_val, y_val).double() for n in names])
+        got = sel.model.log_predictive(x_val, y_val).double()
+    log_w = torch.tensor([math.log(sel.weights[n]) for n in names], dtype=torch.float64)
+    torch.testing.assert_close(got, torch.logsumexp(own + log_w[:, None], 0), rtol=0, atol=1e-5)
+    assert float(got.mean()) >= max(sel.scores.values()) - 1e-6
+    if len(names) > 1:
+        assert isinstance(sel.model, NetworkEnsemble)
+    assert sel.candidate.name == max(sel.scores, key=sel.scores.get)
+
+
+def test_stack_of_models_that_need_each_other_keeps_both(monkeypatch):
+    """Two candidates, each far better on its own half of the validation rows (their densities
+    set by hand): stacking keeps both with weights near one half, and ``"auto"`` stacks, its
+    cross-fitted stacked score above the cross-fitted choice's."""
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
+    even = torch.arange(x_val.shape[0]) // 2 % 2 == 0  # rows 0, 1, 4, 5, ...: in both halves
+
+    def split_minds(self, xs, ys, **kwargs):  # the narrow network fits half the rows
+        good = even if self.sizes[1] == 4 else ~even
+        return torch.where(good, torch.tensor(0.0), torch.tensor(-3.0))
+
+    monkeypatch.setattr(selection_module, "fit_vgpn", lambda *a, **k: VGPNFit())
+    monkeypatch.setattr(selection_module.VariationalGPN, "log_predictive", split_minds)
+    candidates = [VGPNCandidate("narrow"), VGPNCandidate("wide", width_factor=2)]
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=4, candidates=candidates, calibrate=False, combine="auto"
+    )
+    best, stacked = sel.combine_crossfit
+    assert stacked > best + 0.5
+    assert set(sel.weights) == {"narrow", "wide"}
+    assert all(abs(w - 0.5) < 0.05 for w in sel.weights.values())
+    assert isinstance(sel.model, NetworkEnsemble)
+
+
+def test_auto_keeps_the_best_where_the_crossfitted_choice_wins(monkeypatch):
+    x, y, x_val, y_val = _split(*_outlier_data())
+    monkeypatch.setattr(selection_module, "crossfitted_combination", lambda rows: (-1.0, -1.2))
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=4, candidates=_candidates(), calibrate=False, combine="auto"
+    )
+    assert sel.combine_crossfit == (-1.0, -1.2)
+    assert sel.weights == {sel.candidate.name: 1.0}
+    assert sel.model is sel.models[sel.candidate.name]
+
+
+def test_a_stacked_model_is_calibrated_as_a_whole():
+    """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1), fitted
+    where the cross-fitted score of the mixture rises."""
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
+    wide = [
+        VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
+        VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
+    ]
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, combine="stack")
+    raw, calibrated = sel.crossfit
+    assert sel.calibrated == (calibrated > raw)
+    scale = predictive_scale_of(sel.model)
+    assert (float(scale) != 1.0) == sel.calibrated
+    if isinstance(sel.model, NetworkEnsemble):
+        assert all(float(m.head.predictive_scale) == 1.0 for m in sel.model.members)
 
 
 def test_one_dimensional_targets_are_one_output():
