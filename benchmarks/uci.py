@@ -1079,8 +1079,9 @@ def _score(predict, x: Tensor, y: Tensor, y_std: float) -> dict[str, float]:
 
 
 def log_target_std(name: str, split: int) -> float:
-    """``log y_std`` of a split: the training targets' standard deviation that the metrics
-    convert standardised log densities to original units with."""
+    """``log y_std`` of a split: the standard deviation of the training split's targets
+    (training and validation rows, as the data loader standardises) that the metrics convert
+    standardised log densities to original units with."""
     from pyro_gpn.data.uci_regression import load_uci_regression
 
     data = load_uci_regression(name, DATA_DIR, split=split, seed=0, download=False)

@@ -122,9 +122,11 @@ RULES = ("best", "one_se", "equal", "stack", "auto")
 
 def _rule_weights(cell: dict, rule: str) -> dict[str, float]:
     """The mixture weights over the candidates that ``rule`` gives from a cell's validation
-    rows: ``best`` (the highest mean validation log density), ``one_se`` (the first candidate in
-    the portfolio's order whose mean is within one standard error of the paired per-row
-    difference to the best's: Breiman et al. 1984's rule), ``equal`` (every candidate, equal
+    rows: ``best`` (the highest mean validation log density), ``one_se`` (a paired
+    one-standard-error rule: the first candidate in the portfolio's order, the recommendation
+    first, whose mean is within one standard error of the per-row difference to the best's, as
+    ``loo``'s ``se_diff``; after Breiman et al. 1984, who prefer the simplest model within one
+    standard error of the best's own estimate), ``equal`` (every candidate, equal
     weights), ``stack`` (:func:`pyro_gpn.inference.stacking_weights`, the floor of
     ``select_vgpn`` applied) and ``auto`` (``stack`` where the cell's cross-fitted stacked score
     is higher, else ``best``)."""
@@ -143,8 +145,11 @@ def _rule_weights(cell: dict, rule: str) -> dict[str, float]:
     if rule == "one_se":
         for k, name in enumerate(names):
             diff = val[:, best] - val[:, k]
-            if float(diff.mean()) <= float(diff.std() / math.sqrt(diff.shape[0])):
+            if diff.shape[0] > 1 and float(diff.mean()) <= float(
+                diff.std() / math.sqrt(diff.shape[0])
+            ):
                 return {name: 1.0}
+        return {names[best]: 1.0}  # one row: no standard error
     if rule == "equal":
         return {n: 1.0 / len(names) for n in names}
     if rule == "auto":

@@ -6,11 +6,11 @@ sets, the configurations chosen per set on their validation rows on 7 of 9
 (``docs/results/uci.md`` sections 26-27). :func:`select_vgpn` makes that choice itself: it
 fits every candidate of a portfolio (by default :data:`~pyro_gpn.recommended.VGPN_PORTFOLIO`,
 the configurations those validation rows chose) on the same training rows, scores each on the
-same validation rows, and keeps the best -- or, with ``combine="stack"``, keeps them all and
-mixes their predictives with the stacking weights the validation rows give
-(:func:`~pyro_gpn.inference.stacking_weights`; the winner's curse of a choice made on a few
-dozen rows, ``docs/results/uci.md`` sections 28-29). Then it fits the predictive scale of what
-it keeps if that raises the cross-fitted validation score
+same validation rows, and keeps the best -- or, with ``combine="stack"``, mixes their
+predictives with the stacking weights the validation rows give, keeping the networks whose
+weight is not negligible (:func:`~pyro_gpn.inference.stacking_weights`; against the winner's
+curse of a choice made on a few dozen rows, ``docs/results/uci.md`` sections 28-29). Then it
+fits the predictive scale of what it keeps if that raises the cross-fitted validation score
 (:func:`~pyro_gpn.inference.crossfitted_scores`). The validation rows stop each fit and choose
 among the fits; they are never test rows.
 """
@@ -53,18 +53,13 @@ class VGPNSelection:
     """What :func:`select_vgpn` returns.
 
     Attributes:
-        model: the chosen candidate's fitted network (its best state), or with
-            ``combine="stack"`` the :class:`~pyro_gpn.models.NetworkEnsemble` of the candidates
-            the stacking weights keep (the network itself when they keep one); its predictive
-            scale fitted where ``calibrated``.
-        candidate: the candidate with the best validation score (with ``combine="stack"``,
-            the one of highest single score, whatever its weight).
-        weights: the mixture weight of every candidate that ``model`` holds, by name
-            (``{candidate.name: 1.0}`` for a single network).
-        combine_crossfit: with ``combine="auto"``, the cross-fitted validation log-likelihood
-            ``(best, stacked)`` (:func:`~pyro_gpn.inference.crossfitted_combination`) that
-            decided; else ``None``.
-        models: every candidate's fitted network that finished, by name.
+        model: the best candidate's fitted network (its best state), or, where the candidates
+            were stacked (``combine="stack"``, or ``"auto"`` deciding so), the
+            :class:`~pyro_gpn.models.NetworkEnsemble` of the candidates the stacking weights
+            keep (the network itself when they keep one); its predictive scale fitted where
+            ``calibrated`` (a single network's in place: the same object as in ``models``).
+        candidate: the candidate with the best validation score (where stacked, the one of
+            highest single score, whatever its weight).
         scores: every candidate's validation log-likelihood (mean log predictive density per
             row, uncalibrated, in the units of the data given), by name, in the order fitted;
             ``-inf`` for a candidate whose fit failed (``errors``).
@@ -73,18 +68,21 @@ class VGPNSelection:
         errors: the candidates whose fit raised ``FloatingPointError`` or
             ``torch.linalg.LinAlgError``, or whose validation log-likelihood was not finite, with
             the message (their score is ``-inf``).
-        crossfit: the chosen network's cross-fitted validation log-likelihood
+        crossfit: ``model``'s cross-fitted validation log-likelihood
             ``(uncalibrated, calibrated)``, or ``None`` when calibration was not considered.
-        calibrated: whether the chosen network's predictive scale was fitted.
+        calibrated: whether ``model``'s predictive scale was fitted.
         num_train, num_val: the training rows every candidate was fitted on, and the
             validation rows.
+        weights: the mixture weight of every candidate that ``model`` holds, by name
+            (``{candidate.name: 1.0}`` for a single network).
+        combine_crossfit: with ``combine="auto"`` and two or more candidates with a finite
+            score, the cross-fitted validation log-likelihood ``(best, stacked)``
+            (:func:`~pyro_gpn.inference.crossfitted_combination`) that decided; else ``None``.
+        models: the fitted network of every candidate with a finite validation score, by name.
     """
 
     model: VariationalGPN | NetworkEnsemble
     candidate: VGPNCandidate
-    weights: dict[str, float] = field(default_factory=dict)
-    combine_crossfit: tuple[float, float] | None = None
-    models: dict[str, VariationalGPN] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
     fits: dict[str, VGPNFit] = field(default_factory=dict)
     fit_seconds: dict[str, float] = field(default_factory=dict)
@@ -93,6 +91,9 @@ class VGPNSelection:
     calibrated: bool = False
     num_train: int = 0
     num_val: int = 0
+    weights: dict[str, float] = field(default_factory=dict)
+    combine_crossfit: tuple[float, float] | None = None
+    models: dict[str, VariationalGPN] = field(default_factory=dict)
 
 
 def _head(candidate, num_outputs: int):
@@ -169,7 +170,7 @@ def select_vgpn(
     log: Callable[[str], None] | None = None,
 ) -> VGPNSelection:
     """Fit a portfolio of Bayesian GPN configurations and keep the one the validation rows
-    score highest (regression).
+    score highest, or their stacked mixture (regression).
 
     Every candidate is a :class:`~pyro_gpn.models.VariationalGPN` of sizes
     ``[M, width_factor * H_1, ..., width_factor * H_K, D]`` with the candidate's head and

@@ -74,7 +74,7 @@ def stacking_weights(
     if not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and tol >= 0):
         raise ValueError(f"tol must be a non-negative number, got {tol!r}")
     num_rows, num_models = log_p.shape
-    log_w = torch.full((num_models,), -math.log(num_models), dtype=log_p.dtype)
+    log_w = torch.full((num_models,), -math.log(num_models), dtype=log_p.dtype, device=log_p.device)
     score = -math.inf
     for _ in range(max_steps):
         joint = log_p + log_w  # [S, K]
@@ -102,7 +102,8 @@ def crossfitted_combination(log_densities: Tensor) -> tuple[float, float]:
     :func:`~pyro_gpn.inference.crossfitted_scores`).
 
     Args:
-        log_densities: ``[S, K]`` held-out log densities (:func:`stacking_weights`), ``S >= 2``.
+        log_densities: ``[S, K]`` held-out log densities (:func:`stacking_weights`), ``S >= 2``;
+            a model with no finite density on one half takes no part in that half's fit.
 
     Returns:
         ``(best, stacked)``: the cross-fitted mean log density of the model chosen on the other
@@ -116,5 +117,8 @@ def crossfitted_combination(log_densities: Tensor) -> tuple[float, float]:
         share = len(score_rows) / log_p.shape[0]
         chosen = int(torch.argmax(fit.mean(0)))
         best += share * float(held[:, chosen].mean())
-        stacked += share * _mixed_score(held, stacking_weights(fit))
+        usable = torch.isfinite(fit).any(0)  # a model without mass on this half: weight 0
+        weights = torch.zeros(log_p.shape[1], dtype=log_p.dtype, device=log_p.device)
+        weights[usable] = stacking_weights(fit[:, usable])
+        stacked += share * _mixed_score(held, weights)
     return best, stacked

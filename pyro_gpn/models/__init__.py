@@ -9,7 +9,8 @@
   ``Trace_ELBO`` or :class:`~pyro_gpn.inference.ClosedFormELBO` (route 4);
 * :class:`SampledTargetsGPN` -- the variational model's targets, weights and noise sampled
   (NUTS), activations in closed form; posterior size independent of the rows;
-* :class:`NetworkEnsemble` -- the equal-weight mixture of fitted networks' predictives;
+* :class:`NetworkEnsemble` -- the mixture of fitted networks' predictives, equal-weight or
+  weighted (stacking);
 * :class:`FixedActivationNet` -- tanh networks with (fast) dropout, the paper's baselines.
 """
 

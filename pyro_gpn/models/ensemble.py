@@ -101,8 +101,11 @@ class NetworkEnsemble(nn.Module):
         head = members[0].head
         width = head.num_outputs if self.task == "regression" else 1
         dtype = head.predictive_scale.dtype if hasattr(head, "predictive_scale") else None
-        self.register_buffer("predictive_scale", torch.ones(width, dtype=dtype))
-        self.register_buffer("mixture_weights", _mixture_weights(weights, len(members), dtype))
+        device = next(iter(members[0].parameters()), torch.empty(0)).device
+        self.register_buffer("predictive_scale", torch.ones(width, dtype=dtype, device=device))
+        self.register_buffer(
+            "mixture_weights", _mixture_weights(weights, len(members), dtype).to(device)
+        )
 
     @property
     def task(self) -> str:

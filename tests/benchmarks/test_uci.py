@@ -353,3 +353,26 @@ def test_stacked_cell_records_rows_that_rebuild_its_own_metrics(monkeypatch):
     for name, row in rows.items():  # every candidate's validation mean is its recorded score
         mean = sum(row["val_log_density"]) / len(row["val_log_density"])
         assert mean == pytest.approx(fit["candidate_val_log_lik_std"][name], abs=1e-5)
+
+
+def test_candidate_rows_are_the_uncalibrated_predictive_and_leave_the_scale_as_it_was():
+    """A calibrated network's rows are those of its predictive at scale 1 (the rules mix the
+    candidates as fitted), its scale is restored afterwards, and the distribution function at
+    each test target is the Gaussian predictive's by scipy."""
+    from pyro_gpn.models import VariationalGPN
+
+    data = _small_yacht()
+    torch.manual_seed(0)
+    net = VariationalGPN([data.num_features, 6, 1])
+    with torch.no_grad():
+        plain_val = net.log_predictive(data.x_val, data.y_val).double()
+        pred = net.predict(data.x_test)
+    net.head.predictive_scale.fill_(1.5)
+    rows = uci.candidate_rows({"net": net}, data)["net"]
+    assert float(net.head.predictive_scale) == 1.5
+    np.testing.assert_allclose(rows["val_log_density"], plain_val.numpy(), rtol=0, atol=1e-12)
+    expected = stats.norm.cdf(
+        data.y_test.reshape(-1).numpy(), pred.mean.reshape(-1).numpy(), pred.std.reshape(-1).numpy()
+    )
+    np.testing.assert_allclose(rows["test_cdf"], expected, rtol=0, atol=1e-5)
+    assert len(rows["test_log_density"]) == data.x_test.shape[0]

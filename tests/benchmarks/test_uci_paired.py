@@ -203,3 +203,28 @@ def test_rules_table_reads_every_cell_of_a_set(tmp_path, capsys):
     assert row[0] == "| wine" and row[1] == "2"
     assert row[7] == "0.00 ± 0.00"  # the cell's own test log-likelihood
     assert row[-2:] == ["-1.000", "-0.500 |"]
+
+
+def test_one_se_passes_over_a_first_candidate_outside_one_standard_error_and_stack_mixes():
+    """``a`` is behind the best (``c``) by more than one paired standard error, ``b`` within
+    it: the rule keeps ``b``. The stacked rule's metrics are its weights' mixture by hand."""
+    import math
+
+    import pytest
+
+    from benchmarks.uci_paired import _rule_weights, rule_metrics
+
+    cell = _stack_cell(0)
+    rows = cell["candidate_rows"]
+    rows["a"]["val_log_density"] = [-3.0, -3.0, -3.0, -3.0]  # c - a: 3, 1, 3, 2.5
+    rows["b"]["val_log_density"] = [-0.5, -1.0, -0.5, -1.0]  # c - b: 0.5, -1, 0.5, 0.5
+    assert _rule_weights(cell, "one_se") == {"b": 1.0}
+    weights = _rule_weights(cell, "stack")
+    got = rule_metrics(cell, "stack", log_y_std=0.25)
+    dens = {n: rows[n]["test_log_density"] for n in weights}
+    expected = [
+        math.log(sum(w * math.exp(dens[n][i]) for n, w in weights.items())) for i in range(3)
+    ]
+    assert got["log_lik"] == pytest.approx(sum(expected) / 3 - 0.25, abs=1e-12)
+    cdf = [sum(w * rows[n]["test_cdf"][i] for n, w in weights.items()) for i in range(3)]
+    assert got["coverage90"] == pytest.approx(sum(0.05 <= c <= 0.95 for c in cdf) / 3)

@@ -272,8 +272,7 @@ def test_stack_mixes_the_candidates_by_their_stacking_weights():
     log_w = torch.tensor([math.log(sel.weights[n]) for n in names], dtype=torch.float64)
     torch.testing.assert_close(got, torch.logsumexp(own + log_w[:, None], 0), rtol=0, atol=1e-5)
     assert float(got.mean()) >= max(sel.scores.values()) - 1e-6
-    if len(names) > 1:
-        assert isinstance(sel.model, NetworkEnsemble)
+    assert len(names) > 1 and isinstance(sel.model, NetworkEnsemble)
     assert sel.candidate.name == max(sel.scores, key=sel.scores.get)
 
 
@@ -312,20 +311,27 @@ def test_auto_keeps_the_best_where_the_crossfitted_choice_wins(monkeypatch):
     assert sel.model is sel.models[sel.candidate.name]
 
 
-def test_a_stacked_model_is_calibrated_as_a_whole():
-    """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1), fitted
-    where the cross-fitted score of the mixture rises."""
+def test_a_stacked_model_is_calibrated_as_a_whole(monkeypatch):
+    """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1): fitted
+    with ``calibrate=True``, and with ``"auto"`` where the mixture's cross-fitted score rises
+    (two networks whose noise is held wide by the warm-up, on data with little noise)."""
     x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
     wide = [
         VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
         VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
     ]
-    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, combine="stack")
-    raw, calibrated = sel.crossfit
-    assert sel.calibrated == (calibrated > raw)
-    scale = predictive_scale_of(sel.model)
-    assert (float(scale) != 1.0) == sel.calibrated
-    if isinstance(sel.model, NetworkEnsemble):
+    halves = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: halves)
+    for calibrate in (True, "auto"):
+        sel = select_vgpn(
+            x, y, x_val, y_val, hidden=4, candidates=wide, combine="stack", calibrate=calibrate
+        )
+        assert isinstance(sel.model, NetworkEnsemble)
+        assert sel.weights == {"wide_noise": 0.5, "wider": 0.5}
+        if calibrate == "auto":
+            raw, calibrated = sel.crossfit
+            assert calibrated > raw + 0.02 and sel.calibrated
+        assert float(predictive_scale_of(sel.model)) < 0.9
         assert all(float(m.head.predictive_scale) == 1.0 for m in sel.model.members)
 
 

@@ -117,3 +117,15 @@ def test_crossfitted_combination_is_its_two_halves_by_hand():
     assert stacked == pytest.approx(expected_stacked, abs=1e-6)
     with pytest.raises(ValueError, match="S >= 2"):
         crossfitted_combination(log_p[:1])
+
+
+def test_crossfitting_leaves_out_a_model_without_mass_on_one_half():
+    """A model finite on the odd rows only takes no part in the fit on the even half."""
+    log_p = torch.as_tensor(_gaussian_rows(1, rows=20))
+    log_p[0::2, 3] = -math.inf
+    best, stacked = crossfitted_combination(log_p)
+    assert math.isfinite(stacked)
+    odd_fit = stacking_weights(log_p[1::2])
+    even_fit = torch.cat([stacking_weights(log_p[0::2, :3]), torch.zeros(1, dtype=log_p.dtype)])
+    expected = 0.5 * _mixed(log_p[1::2], even_fit) + 0.5 * _mixed(log_p[0::2], odd_fit)
+    assert stacked == pytest.approx(expected, abs=1e-12)

@@ -168,30 +168,32 @@ def test_bad_weights_are_named(weights, match):
 # --------------------------------------------------------------------- the mixture's own scale
 
 
-def _numpy_mixture(members, x):
-    """Every member's components together, equal weight across members: weights ``[KT]`` and
-    means and standard deviations ``[KT, S]`` (numpy, output 0)."""
+def _numpy_mixture(members, x, shares=None):
+    """Every member's components together, member ``k`` weighted ``shares[k]`` (``None``:
+    equally): weights ``[KT]`` and means and standard deviations ``[KT, S]`` (numpy, output 0)."""
+    shares = [1 / len(members)] * len(members) if shares is None else shares
     ws, ms, vs = [], [], []
-    for net in members:
+    for net, share in zip(members, shares):
         with torch.no_grad():
             w, m, v = (t.numpy() for t in net.head.predictive_mixture(net.hidden(x)))
-        ws.append(w / len(members))
+        ws.append(w * share)
         ms.append(m[..., 0])
         vs.append(v[..., 0])
     return np.concatenate(ws), np.concatenate(ms), np.sqrt(np.concatenate(vs))
 
 
+@pytest.mark.parametrize("mixing", [None, (0.2, 0.5, 0.3)])
 @pytest.mark.parametrize("head", ["gaussian", "heteroscedastic"])
 @pytest.mark.parametrize("scale", [0.6, 1.7])
-def test_scaled_mixture_is_the_mixture_stretched_about_its_mean(head, scale):
+def test_scaled_mixture_is_the_mixture_stretched_about_its_mean(head, scale, mixing):
     """``log p_s(y) = log p_1(m + (y - m) / s) - log s`` with ``m`` the mixture's mean, by scipy
     over the members' components; the moments scale by ``s``; the components agree."""
     members = _members(head)
     x, y = _rows()
-    ensemble = NetworkEnsemble(members)
+    ensemble = NetworkEnsemble(members, mixing)
     plain = ensemble.predict(x)
     ensemble.predictive_scale.fill_(scale)
-    w, m, sd = _numpy_mixture(members, x)
+    w, m, sd = _numpy_mixture(members, x, mixing)
     centre = (w[:, None] * m).sum(0)
     u = centre + (y.numpy()[:, 0] - centre) / scale
     expected = special.logsumexp(
