@@ -56,7 +56,9 @@ def test_selection_keeps_the_candidate_its_validation_rows_score_highest():
     """On data with outliers Student-t noise wins by a wide margin; the kept network is that
     candidate's, and its validation score is the recorded one."""
     x, y, x_val, y_val = _split(*_outlier_data())
-    sel = select_vgpn(x, y, x_val, y_val, hidden=6, candidates=_candidates(), calibrate=False)
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=6, candidates=_candidates(), calibrate=False, combine="best"
+    )
     assert list(sel.scores) == ["gaussian", "het", "t4"]
     assert sel.candidate.name == max(sel.scores, key=sel.scores.get) == "t4"
     assert sel.scores["t4"] > sel.scores["gaussian"] + 0.5
@@ -163,6 +165,7 @@ def test_a_failed_candidate_is_recorded_and_the_others_compete(monkeypatch):
     sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_candidates(), calibrate=False)
     assert sel.scores["t4"] == -math.inf and "step 3" in sel.errors["t4"]
     assert sel.candidate.name in ("gaussian", "het") and "t4" not in sel.fits
+    assert "t4" not in sel.models and "t4" not in sel.weights  # nor in the stacked mixture
     only = [c for c in _candidates() if c.name == "t4"]
     with pytest.raises(ValueError, match="every candidate's fit failed"):
         select_vgpn(x, y, x_val, y_val, hidden=4, candidates=only, calibrate=False)
@@ -357,6 +360,7 @@ def test_a_candidate_with_a_non_finite_score_cannot_win(monkeypatch):
     assert sel.scores["t4"] == -math.inf and "t4" in sel.fits
     assert sel.errors["t4"] == "validation log-likelihood nan"
     assert sel.candidate.name != "t4"
+    assert "t4" not in sel.models and "t4" not in sel.weights  # nor in the stacked mixture
 
 
 def test_the_default_portfolio_works_at_any_depth(monkeypatch):
