@@ -1345,6 +1345,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(published_table(out, "ensembles"))
         print("\n**the library's own choice (`bgpn_auto`) against the published rows**\n")
         print(published_table(out, "bgpn_auto"))
+        print("\n**the library's stacked portfolio (`bgpn_stack`) against the published rows**\n")
+        print(published_table(out, "bgpn_stack"))
         if a.json:
             _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0

@@ -183,11 +183,11 @@ def select_vgpn(
     dropped), or the best one is kept (``"best"``), or whichever of the two scores higher
     cross-fitted on the validation rows (``"auto"``,
     :func:`~pyro_gpn.inference.crossfitted_combination`).
-    With ``calibrate="auto"`` the predictive scale of what is kept is then fitted on the
-    validation rows when that raises their cross-fitted score
-    (:func:`~pyro_gpn.inference.crossfitted_scores`; the stacking weights stay those fitted on
-    all the rows). Cost: the candidates' fits, one after another (the default portfolio: 8
-    fits); a stacked model's prediction costs one forward pass per network it keeps.
+    With ``calibrate="auto"`` the predictive scale of a single kept network is then fitted on
+    the validation rows when that raises their cross-fitted score
+    (:func:`~pyro_gpn.inference.crossfitted_scores`); a stacked mixture is left as stacked.
+    Cost: the candidates' fits, one after another (the default portfolio: 8 fits); a stacked
+    model's prediction costs one forward pass per network it keeps.
 
     Args:
         x, y: ``[S, M]`` training inputs and ``[S, D]`` (or ``[S]``) real targets, best
@@ -201,7 +201,10 @@ def select_vgpn(
         calibrate: ``"auto"`` (above; needs 4 validation rows), ``True`` (always fit the scale;
             2 rows) or ``False`` (never). ``"auto"`` adopts any cross-fitted gain, however
             small; on small validation sets the scale mostly lost
-            (``docs/results/uci.md`` section 17), and this rule then declines it.
+            (``docs/results/uci.md`` section 17), and this rule then declines it. ``"auto"``
+            leaves a stacked mixture of two or more networks unscaled: its weights, fitted on
+            the same validation rows, already set its spread there, and the cross-fitted check
+            holds them fixed, so it would judge the scale in-sample (section 29).
         combine: ``"stack"`` (the default), ``"best"`` or ``"auto"`` (above; ``"stack"`` and
             ``"auto"`` need 2 validation rows). On the small UCI sets stacking scored higher
             than the single best candidate on the cross-fitted validation rows of every set and
@@ -355,7 +358,10 @@ def select_vgpn(
         num_train=int(x.shape[0]),
         num_val=int(x_val.shape[0]),
     )
-    if calibrate is not False:
+    # a stacked mixture's weights were fitted on all the validation rows: the cross-fitted
+    # check would hold them fixed and judge the scale on rows that already chose the spread
+    stacked = isinstance(model, NetworkEnsemble)
+    if calibrate is True or (calibrate == "auto" and not stacked):
         with validation(False):
             if calibrate == "auto":
                 out.crossfit = crossfitted_scores(model, x_val, y_val)

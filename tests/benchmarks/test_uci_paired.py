@@ -154,6 +154,8 @@ def _stack_cell(split: int) -> dict:
         "split": split,
         "test": {"log_lik": 0.0, "coverage90": 1.0, "rmse": 1.0},
         "combine_crossfit_std": [-1.0, -0.5],
+        "weights": {"a": 0.5, "c": 0.5},
+        "calibrated": False,
         "candidate_rows": {
             n: {"val_log_density": r["val"], "test_log_density": r["test"], "test_cdf": r["cdf"]}
             for n, r in rows.items()
@@ -228,3 +230,17 @@ def test_one_se_passes_over_a_first_candidate_outside_one_standard_error_and_sta
     assert got["log_lik"] == pytest.approx(sum(expected) / 3 - 0.25, abs=1e-12)
     cdf = [sum(w * rows[n]["test_cdf"][i] for n, w in weights.items()) for i in range(3)]
     assert got["coverage90"] == pytest.approx(sum(0.05 <= c <= 0.95 for c in cdf) / 3)
+
+
+def test_library_metrics_rebuild_a_mixture_that_an_earlier_rule_calibrated():
+    """Today's ``calibrate="auto"`` leaves a stacked mixture unscaled: a cell whose mixture was
+    calibrated by the earlier rule is rebuilt by the ``stack`` rule; a cell that kept one
+    network, or calibrated nothing, is read as it is."""
+    from benchmarks.uci_paired import library_metrics, rule_metrics
+
+    cell = _stack_cell(0)
+    assert library_metrics(cell, 0.0) is cell["test"]  # not calibrated
+    cell["calibrated"] = True
+    assert library_metrics(cell, 0.3) == rule_metrics(cell, "stack", 0.3)
+    cell["weights"] = {"c": 1.0}  # one network, calibrated as the library still does
+    assert library_metrics(cell, 0.3) is cell["test"]
