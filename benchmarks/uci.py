@@ -1204,9 +1204,23 @@ def published_table(out: Path, model: str = "bgpn") -> str:
     """Markdown: ``model``'s test log-likelihood (mean ± s.e. over the splits that ran, listed)
     beside the published rows (:data:`PUBLISHED`), and whether it is ahead of each (``+``: the
     mean is higher). ``model="chosen"``: each set's validation choice (:data:`CHOSEN`);
-    ``"ensembles"``: its five-network mixture where adopted (:data:`ENSEMBLES`), else that. Sets
-    where the model did not run are left out."""
+    ``"ensembles"``: its five-network mixture where adopted (:data:`ENSEMBLES`), else that;
+    ``"bgpn_stack_library"``: the library's rule today on the ``bgpn_stack`` cells
+    (:func:`benchmarks.uci_paired.library_metrics`). Sets where the model did not run are left
+    out."""
     cells = load_cells(out)
+    if model == "bgpn_stack_library":
+        from benchmarks.uci_paired import library_metrics
+
+        cells = [
+            {
+                **c,
+                "model": model,
+                "test": library_metrics(c, log_target_std(c["set"], int(c["split"]))),
+            }
+            for c in cells
+            if c["model"] == "bgpn_stack"
+        ]
     lines = [
         f"| set | {model} (splits) | " + " | ".join(PUBLISHED_COLUMNS) + " |",
         "| --- | --- |" + " --- |" * len(PUBLISHED_COLUMNS),
@@ -1347,6 +1361,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(published_table(out, "bgpn_auto"))
         print("\n**the library's stacked portfolio (`bgpn_stack`) against the published rows**\n")
         print(published_table(out, "bgpn_stack"))
+        print(
+            "\n**the same with today's rule (`bgpn_stack_library`) against the published rows**\n"
+        )
+        print(published_table(out, "bgpn_stack_library"))
         if a.json:
             _atomic_json(Path(a.json), aggregate(out, Path(a.diag)))
         return 0

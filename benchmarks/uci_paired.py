@@ -36,13 +36,32 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 
 
+#: the pseudo-column of the library's rule today on the ``bgpn_stack`` cells
+#: (:func:`library_metrics`; test rows only)
+LIBRARY = "bgpn_stack_library"
+
+
 def _cells(runs: Path, model: str, name: str, rows: str = "test") -> dict[int, dict]:
-    """``{split: metrics}`` of one column on one set: its ``rows`` (``"test"`` or ``"val"``)."""
+    """``{split: metrics}`` of one column on one set: its ``rows`` (``"test"`` or ``"val"``);
+    :data:`LIBRARY`: :func:`library_metrics` of the ``bgpn_stack`` cells."""
     out = {}
-    for path in sorted(runs.glob(f"{model}__{name}__*.json")):
+    library = model == LIBRARY
+    if library and rows != "test":
+        raise SystemExit(f"{LIBRARY} has test metrics only")
+    for path in sorted(runs.glob(f"{'bgpn_stack' if library else model}__{name}__*.json")):
         cell = json.loads(path.read_text())
-        out[int(cell["split"])] = cell[rows]
+        split = int(cell["split"])
+        out[split] = library_metrics(cell, _log_y_std(name, split)) if library else cell[rows]
     return out
+
+
+def _log_y_std(name: str, split: int) -> float:
+    """:func:`benchmarks.uci.log_target_std` (imported on use, as :func:`chosen_columns`)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.uci import log_target_std
+
+    return log_target_std(name, split)
 
 
 def _mean_se(values: list[float]) -> str:
@@ -203,10 +222,7 @@ def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
     log-likelihood (standardised) of choosing and of stacking that ``auto`` decides by:
     a markdown table. ``log_y_std(set, split)`` gives the split's ``log y_std`` (``None``: from
     the data set, :func:`benchmarks.uci.log_target_std`)."""
-    if log_y_std is None:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-        from benchmarks.uci import log_target_std as log_y_std
+    log_y_std = log_y_std or _log_y_std
     keys = (*RULES, "cell", "library")
     head = ["set", "splits", *keys, *(f"cov. {k}" for k in keys)]
     head += ["val. crossfit best", "val. crossfit stack"]

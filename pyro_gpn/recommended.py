@@ -10,7 +10,8 @@ learning rate and its schedule, step budget, validation hold-out and stopping ru
 GPN reads :data:`GPN`: :class:`~pyro_gpn.GPNNet`'s layers and ``pyro-gpn train`` (``--init``).
 No single setting is best on every regression problem: :data:`VGPN_PORTFOLIO` holds the
 configurations the UCI sets' validation rows chose one set at a time, and
-:func:`~pyro_gpn.inference.select_vgpn` chooses among them on a new problem's validation rows.
+:func:`~pyro_gpn.inference.select_vgpn` fits them all on a new problem and mixes them with the
+stacking weights of its validation rows (or keeps the best).
 Each value was chosen on validation data (never on test splits); the measurements are in
 ``docs/results/uci.md``, ``docs/results/demo.md`` and ``docs/results/routes.md``.
 
@@ -222,7 +223,8 @@ class VGPNCandidate:
 #: the configurations the validation rows of the nine UCI regression sets chose, one set after
 #: another (``benchmarks/uci.py``'s ``CHOSEN``, ``docs/results/uci.md`` sections 5-24), with
 #: near twins merged, and the recommendation itself first: a portfolio for
-#: :func:`~pyro_gpn.inference.select_vgpn` to choose from on a new problem's validation rows
+#: :func:`~pyro_gpn.inference.select_vgpn` to stack (or choose from) on a new problem's
+#: validation rows
 #: (zero-shot portfolios of configurations chosen on earlier problems: Feurer et al. 2022,
 #: "Auto-Sklearn 2.0", JMLR 23). No test row of any set took part in any of these choices.
 VGPN_PORTFOLIO: tuple[VGPNCandidate, ...] = (

@@ -244,3 +244,22 @@ def test_library_metrics_rebuild_a_mixture_that_an_earlier_rule_calibrated():
     assert library_metrics(cell, 0.3) == rule_metrics(cell, "stack", 0.3)
     cell["weights"] = {"c": 1.0}  # one network, calibrated as the library still does
     assert library_metrics(cell, 0.3) is cell["test"]
+
+
+def test_the_library_pseudo_column_reads_the_stacked_cells(tmp_path, monkeypatch):
+    """``bgpn_stack_library`` in a paired table is :func:`library_metrics` of each
+    ``bgpn_stack`` cell (here one whose mixture an earlier rule calibrated: rebuilt)."""
+    import pytest
+
+    from benchmarks import uci_paired
+    from benchmarks.uci_paired import LIBRARY, paired_table, rule_metrics
+
+    monkeypatch.setattr(uci_paired, "_log_y_std", lambda name, split: 0.0)
+    cell = {**_stack_cell(0), "calibrated": True}
+    (tmp_path / "bgpn_stack__wine__00.json").write_text(json.dumps(cell))
+    _cell(tmp_path, "other", "wine", 0, -1.0)
+    row = paired_table(tmp_path, [LIBRARY, "other"], {}).splitlines()[2].split(" | ")
+    expected = rule_metrics(cell, "stack", 0.0)["log_lik"]
+    assert float(row[2]) == pytest.approx(expected, abs=0.005)
+    with pytest.raises(SystemExit, match="test metrics only"):
+        paired_table(tmp_path, [LIBRARY, "other"], {}, rows="val")
