@@ -30,6 +30,8 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +53,10 @@ def _cells(runs: Path, model: str, name: str, rows: str = "test") -> dict[int, d
     for path in sorted(runs.glob(f"{'bgpn_stack' if library else model}__{name}__*.json")):
         cell = json.loads(path.read_text())
         split = int(cell["split"])
-        out[split] = library_metrics(cell, _log_y_std(name, split)) if library else cell[rows]
+        if library:
+            out[split] = library_metrics(cell, partial(_log_y_std, name, split))
+        else:
+            out[split] = cell[rows]
     return out
 
 
@@ -203,15 +208,23 @@ def rule_metrics(cell: dict, rule: str, log_y_std: float) -> dict[str, float]:
     }
 
 
-def library_metrics(cell: dict, log_y_std: float) -> dict[str, float]:
+def library_metrics(cell: dict, log_y_std: Callable[[], float]) -> dict[str, float]:
     """What :func:`pyro_gpn.inference.select_vgpn` returns today for a cell's networks: the
     stacked mixture left unscaled where it holds two or more networks (``calibrate="auto"``
-    since section 29; cells run before that calibrated some mixtures, and the ``stack`` rule
-    rebuilds them unscaled), the cell's own metrics where it kept one network (calibrated or
-    not by the same rule as then) or did not calibrate."""
+    since ``docs/results/uci.md`` section 29; cells run before that calibrated some mixtures,
+    and the ``stack`` rule rebuilds them unscaled: the same networks, checked, and the same
+    mean, so the cell's RMSE), the cell's own metrics where it kept one network (calibrated or
+    not by the same rule as then) or did not calibrate. ``log_y_std()`` is called only for a
+    rebuild (it may load the data set)."""
     if len(cell["weights"]) == 1 or not cell["calibrated"]:
         return cell["test"]
-    return rule_metrics(cell, "stack", log_y_std)
+    if set(_rule_weights(cell, "stack")) != set(cell["weights"]):
+        raise SystemExit(
+            f"{cell.get('set')} split {cell.get('split')}: today's stacking keeps "
+            f"{sorted(_rule_weights(cell, 'stack'))}, the cell kept {sorted(cell['weights'])}: "
+            "its metrics cannot be rebuilt from the recorded rows"
+        )
+    return {**rule_metrics(cell, "stack", log_y_std()), "rmse": cell["test"]["rmse"]}
 
 
 def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
@@ -240,7 +253,9 @@ def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
             for rule in RULES
         }
         metrics["cell"] = [c["test"] for c in cells]
-        metrics["library"] = [library_metrics(c, log_y_std(name, int(c["split"]))) for c in cells]
+        metrics["library"] = [
+            library_metrics(c, partial(log_y_std, name, int(c["split"]))) for c in cells
+        ]
         row = [name, str(len(cells))]
         row += [_mean_se([m["log_lik"] for m in metrics[k]]) for k in keys]
         row += [f"{statistics.mean(m['coverage90'] for m in metrics[k]):.2f}" for k in keys]

@@ -10,9 +10,9 @@ same validation rows, and mixes their predictives with the stacking weights the 
 rows give, keeping the networks whose weight is not negligible (the default,
 ``combine="stack"``; :func:`~pyro_gpn.inference.stacking_weights`), or keeps the single best
 (``combine="best"``; the winner's curse of a choice made on a few dozen rows is why stacking is
-the default, ``docs/results/uci.md`` sections 28-29). Then it fits the predictive scale of what
-it keeps if that raises the cross-fitted validation score
-(:func:`~pyro_gpn.inference.crossfitted_scores`). The validation rows stop each fit and choose
+the default, ``docs/results/uci.md`` sections 28-29). Where it keeps a single network it then
+fits that network's predictive scale if that raises the cross-fitted validation score
+(:func:`~pyro_gpn.inference.crossfitted_scores`); a stacked mixture is left unscaled. The validation rows stop each fit and choose
 among the fits; they are never test rows.
 """
 
@@ -170,8 +170,8 @@ def select_vgpn(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> VGPNSelection:
-    """Fit a portfolio of Bayesian GPN configurations and keep the one the validation rows
-    score highest, or their stacked mixture (regression).
+    """Fit a portfolio of Bayesian GPN configurations and mix them by their stacking weights
+    on the validation rows, or keep the one those rows score highest (regression).
 
     Every candidate is a :class:`~pyro_gpn.models.VariationalGPN` of sizes
     ``[M, width_factor * H_1, ..., width_factor * H_K, D]`` with the candidate's head and
@@ -224,7 +224,7 @@ def select_vgpn(
     Example::
 
         >>> sel = select_vgpn(x_train, y_train)  # doctest: +SKIP
-        >>> sel.candidate.name, sel.scores  # doctest: +SKIP
+        >>> sel.weights, sel.scores  # doctest: +SKIP
         >>> prediction = sel.model.predict(x_test)  # doctest: +SKIP
     """
     from ..recommended import VGPN, VGPN_PORTFOLIO

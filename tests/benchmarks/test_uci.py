@@ -376,3 +376,30 @@ def test_candidate_rows_are_the_uncalibrated_predictive_and_leave_the_scale_as_i
     )
     np.testing.assert_allclose(rows["test_cdf"], expected, rtol=0, atol=1e-5)
     assert len(rows["test_log_density"]) == data.x_test.shape[0]
+
+
+def test_published_table_of_the_library_rule_rebuilds_only_calibrated_mixtures(
+    tmp_path, monkeypatch
+):
+    """``published_table(out, "bgpn_stack_library")``: the ``bgpn_stack`` cells with today's
+    rule; a cell whose mixture was calibrated is rebuilt from its rows (loading the split's
+    target scale), the others are read as they are."""
+    import json
+
+    from tests.benchmarks.test_uci_paired import _stack_cell
+
+    loaded = []
+    monkeypatch.setattr(uci, "log_target_std", lambda name, split: loaded.append(split) or 0.0)
+    for split, calibrated in ((0, False), (1, True)):
+        cell = {**_stack_cell(split), "model": "bgpn_stack", "set": "wine"}
+        cell["calibrated"] = calibrated
+        cell["test"] = {"log_lik": -0.5, "coverage90": 0.9, "rmse": 1.0}
+        cell["weights"] = dict.fromkeys(("a", "c"), 0.5)
+        (tmp_path / f"bgpn_stack__wine__{split:02d}.json").write_text(json.dumps(cell))
+    row = uci.published_table(tmp_path, "bgpn_stack_library").splitlines()[2]
+    from benchmarks.uci_paired import rule_metrics
+
+    rebuilt = rule_metrics(_stack_cell(1), "stack", 0.0)["log_lik"]
+    mean = (-0.5 + rebuilt) / 2
+    assert row.startswith(f"| wine | {mean:.2f} ± ") and "[0,1]" in row
+    assert loaded == [1]

@@ -236,14 +236,24 @@ def test_library_metrics_rebuild_a_mixture_that_an_earlier_rule_calibrated():
     """Today's ``calibrate="auto"`` leaves a stacked mixture unscaled: a cell whose mixture was
     calibrated by the earlier rule is rebuilt by the ``stack`` rule; a cell that kept one
     network, or calibrated nothing, is read as it is."""
-    from benchmarks.uci_paired import library_metrics, rule_metrics
+    import pytest
+
+    from benchmarks.uci_paired import _rule_weights, library_metrics, rule_metrics
+
+    def no_data():
+        raise AssertionError("the target scale is loaded only for a rebuild")
 
     cell = _stack_cell(0)
-    assert library_metrics(cell, 0.0) is cell["test"]  # not calibrated
+    assert library_metrics(cell, no_data) is cell["test"]  # not calibrated
     cell["calibrated"] = True
-    assert library_metrics(cell, 0.3) == rule_metrics(cell, "stack", 0.3)
+    cell["weights"] = dict.fromkeys(_rule_weights(cell, "stack"), 0.5)
+    rebuilt = library_metrics(cell, lambda: 0.3)
+    assert rebuilt == {**rule_metrics(cell, "stack", 0.3), "rmse": cell["test"]["rmse"]}
+    cell["weights"] = {"a": 0.2, "b": 0.8}  # networks today's stacking would not keep
+    with pytest.raises(SystemExit, match="cannot be rebuilt"):
+        library_metrics(cell, lambda: 0.3)
     cell["weights"] = {"c": 1.0}  # one network, calibrated as the library still does
-    assert library_metrics(cell, 0.3) is cell["test"]
+    assert library_metrics(cell, no_data) is cell["test"]
 
 
 def test_the_library_pseudo_column_reads_the_stacked_cells(tmp_path, monkeypatch):

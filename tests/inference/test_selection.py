@@ -337,6 +337,24 @@ def test_a_stacked_model_is_calibrated_as_a_whole_only_when_asked(monkeypatch):
     assert float(predictive_scale_of(auto.model)) == 1.0
 
 
+def test_a_stack_of_one_network_is_calibrated_as_a_single_network(monkeypatch):
+    """Where the stacking weights keep one network, ``"auto"`` treats it as a single network:
+    its own scale, fitted where the cross-fitted score rises."""
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
+    wide = [
+        VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
+        VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
+    ]
+    one = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: one)
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide)
+    assert not isinstance(sel.model, NetworkEnsemble) and sel.model is sel.models["wide_noise"]
+    assert sel.weights == {"wide_noise": 1.0}
+    raw, calibrated = sel.crossfit
+    assert calibrated > raw and sel.calibrated
+    assert float(sel.model.head.predictive_scale) < 0.9
+
+
 def test_one_dimensional_targets_are_one_output():
     x, y, x_val, y_val = _split(*_outlier_data(120, share=0.0))
     sel = select_vgpn(
