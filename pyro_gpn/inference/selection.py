@@ -12,8 +12,8 @@ rows give, keeping the networks whose weight is not negligible (the default,
 (``combine="best"``; the winner's curse of a choice made on a few dozen rows is why stacking is
 the default, ``docs/results/uci.md`` sections 28-29). Where it keeps a single network it then
 fits that network's predictive scale if that raises the cross-fitted validation score
-(:func:`~pyro_gpn.inference.crossfitted_scores`); a stacked mixture is left unscaled. The validation rows stop each fit and choose
-among the fits; they are never test rows.
+(:func:`~pyro_gpn.inference.crossfitted_scores`); a stacked mixture is left unscaled. The
+validation rows stop each fit and choose among the fits; they are never test rows.
 """
 
 from __future__ import annotations
