@@ -45,16 +45,24 @@ LIBRARY = "bgpn_stack_library"
 
 def _cells(runs: Path, model: str, name: str, rows: str = "test") -> dict[int, dict]:
     """``{split: metrics}`` of one column on one set: its ``rows`` (``"test"`` or ``"val"``);
-    :data:`LIBRARY`: :func:`library_metrics` of the ``bgpn_stack`` cells."""
+    :data:`LIBRARY`: :func:`library_metrics` of the ``bgpn_stack`` cells; ``MODEL:RULE`` (e.g.
+    ``bgpn_stack:best``): :func:`rule_metrics` of a rule of :data:`RULES` on ``MODEL``'s cells
+    (both test rows only)."""
     out = {}
-    library = model == LIBRARY
-    if library and rows != "test":
-        raise SystemExit(f"{LIBRARY} has test metrics only")
-    for path in sorted(runs.glob(f"{'bgpn_stack' if library else model}__{name}__*.json")):
+    cells_of, rule = (model.split(":", 1) + [None])[:2] if ":" in model else (model, None)
+    if model == LIBRARY:
+        cells_of = "bgpn_stack"
+    if (model == LIBRARY or rule) and rows != "test":
+        raise SystemExit(f"{model} has test metrics only")
+    if rule is not None and rule not in RULES:
+        raise SystemExit(f"{model}: the rule must be one of {', '.join(RULES)}")
+    for path in sorted(runs.glob(f"{cells_of}__{name}__*.json")):
         cell = json.loads(path.read_text())
         split = int(cell["split"])
-        if library:
+        if model == LIBRARY:
             out[split] = library_metrics(cell, partial(_log_y_std, name, split))
+        elif rule is not None:
+            out[split] = rule_metrics(cell, rule, _log_y_std(name, split))
         else:
             out[split] = cell[rows]
     return out

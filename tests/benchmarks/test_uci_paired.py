@@ -273,3 +273,23 @@ def test_the_library_pseudo_column_reads_the_stacked_cells(tmp_path, monkeypatch
     assert float(row[2]) == pytest.approx(expected, abs=0.005)
     with pytest.raises(SystemExit, match="test metrics only"):
         paired_table(tmp_path, [LIBRARY, "other"], {}, rows="val")
+
+
+def test_a_rule_pseudo_column_reads_the_rule_on_the_cells(tmp_path, monkeypatch):
+    import pytest
+
+    from benchmarks import uci_paired
+    from benchmarks.uci_paired import paired_table, rule_metrics
+
+    monkeypatch.setattr(uci_paired, "_log_y_std", lambda name, split: 0.0)
+    (tmp_path / "bgpn_stack__wine__00.json").write_text(json.dumps(_stack_cell(0)))
+    row = paired_table(tmp_path, ["bgpn_stack:best", "bgpn_stack:equal"], {}).splitlines()[2]
+    values = row.split(" | ")
+    assert float(values[2]) == pytest.approx(
+        rule_metrics(_stack_cell(0), "best", 0.0)["log_lik"], abs=0.005
+    )
+    assert float(values[3]) == pytest.approx(
+        rule_metrics(_stack_cell(0), "equal", 0.0)["log_lik"], abs=0.005
+    )
+    with pytest.raises(SystemExit, match="the rule must be one of"):
+        paired_table(tmp_path, ["bgpn_stack:median", "bgpn_stack:best"], {})
