@@ -314,16 +314,21 @@ def test_auto_keeps_the_best_where_the_crossfitted_choice_wins(monkeypatch):
     assert sel.model is sel.models[sel.candidate.name]
 
 
+def _too_wide_pair():
+    """Two networks whose noise the warm-up holds at its (wide) start throughout."""
+    return [
+        VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
+        VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
+    ]
+
+
 def test_a_stacked_model_is_calibrated_as_a_whole_only_when_asked(monkeypatch):
     """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1), fitted
     with ``calibrate=True`` (two networks whose noise is held wide by the warm-up, on data with
     little noise: the scale falls below 1); ``"auto"`` leaves a stacked mixture unscaled, its
     weights having been fitted on the same rows."""
     x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
-    wide = [
-        VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
-        VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
-    ]
+    wide = _too_wide_pair()
     halves = torch.tensor([0.5, 0.5], dtype=torch.float64)
     monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: halves)
     forced = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, calibrate=True)
@@ -341,10 +346,7 @@ def test_a_stack_of_one_network_is_calibrated_as_a_single_network(monkeypatch):
     """Where the stacking weights keep one network, ``"auto"`` treats it as a single network:
     its own scale, fitted where the cross-fitted score rises."""
     x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
-    wide = [
-        VGPNCandidate("wide_noise", fit={"num_steps": 60, "noise_warmup": 60}),
-        VGPNCandidate("wider", fit={"num_steps": 50, "noise_warmup": 50}),
-    ]
+    wide = _too_wide_pair()
     one = torch.tensor([1.0, 0.0], dtype=torch.float64)
     monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: one)
     sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide)
