@@ -159,13 +159,12 @@ def _rule_weights(cell: dict, rule: str) -> dict[str, float]:
     first, whose mean is within one standard error of the per-row difference to the best's, as
     ``loo``'s ``se_diff``; after Breiman et al. 1984, who prefer the simplest model within one
     standard error of the best's own estimate), ``equal`` (every candidate, equal
-    weights), ``stack`` (:func:`pyro_gpn.inference.stacking_weights`, the floor of
-    ``select_vgpn`` applied) and ``auto`` (``stack`` where the cell's cross-fitted stacked score
-    is higher, else ``best``)."""
+    weights), ``stack`` (``select_vgpn``'s own rule,
+    :func:`pyro_gpn.inference.selection.stacked_weights`) and ``auto`` (``stack`` where the
+    cell's cross-fitted stacked score is higher, else ``best``)."""
     import torch
 
-    from pyro_gpn.inference import stacking_weights
-    from pyro_gpn.inference.selection import MIN_STACKING_WEIGHT
+    from pyro_gpn.inference.selection import stacked_weights
 
     rows = cell["candidate_rows"]
     names = list(rows)
@@ -189,9 +188,7 @@ def _rule_weights(cell: dict, rule: str) -> dict[str, float]:
         rule = "stack" if crossfit_stacked > crossfit_best else "best"
         return _rule_weights(cell, rule)
     if rule == "stack":
-        weights = stacking_weights(val)
-        kept = {n: float(w) for n, w in zip(names, weights) if w >= MIN_STACKING_WEIGHT}
-        return {n: w / sum(kept.values()) for n, w in kept.items()}
+        return stacked_weights(names, val)
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 

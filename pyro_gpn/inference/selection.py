@@ -97,6 +97,17 @@ class VGPNSelection:
     models: dict[str, VariationalGPN] = field(default_factory=dict)
 
 
+def stacked_weights(names: Sequence[str], log_densities: Tensor) -> dict[str, float]:
+    """The mixture weights a stacked selection keeps, by name: the stacking weights of the
+    ``[S, K]`` validation log densities of the ``K`` named candidates
+    (:func:`~pyro_gpn.inference.stacking_weights`), those below :data:`MIN_STACKING_WEIGHT`
+    dropped and the rest renormalised."""
+    weights = stacking_weights(log_densities)
+    kept = {n: float(w) for n, w in zip(names, weights) if w >= MIN_STACKING_WEIGHT}
+    total = sum(kept.values())
+    return {name: w / total for name, w in kept.items()}
+
+
 def _head(candidate, num_outputs: int):
     from ..heads import HeteroscedasticGaussianHead, StudentTHead
 
@@ -337,10 +348,7 @@ def select_vgpn(
         if combine == "auto":
             combine_crossfit = crossfitted_combination(log_densities)
         if combine == "stack" or combine_crossfit[1] > combine_crossfit[0]:
-            weights = stacking_weights(log_densities)
-            kept = {n: float(w) for n, w in zip(models, weights) if w >= MIN_STACKING_WEIGHT}
-            total = sum(kept.values())
-            kept = {name: w / total for name, w in kept.items()}
+            kept = stacked_weights(list(models), log_densities)
     if len(kept) == 1:
         model = models[next(iter(kept))]
     else:
