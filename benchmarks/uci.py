@@ -166,6 +166,7 @@ MODELS = (
     *(m + PLL for m in BGPN_MODELS if m not in ("bgpn_trace", "bgpn_issue")),
     "bgpn_auto",
     "bgpn_stack",
+    "bgpn_select",
     "clt",
     "mcdrop",
     "ensemble",
@@ -581,18 +582,22 @@ def candidate_rows(models: dict, data) -> dict[str, dict[str, list[float]]]:
 
 
 def fit_bgpn_auto(data, seed: int, combine: str = "best") -> dict:
-    """The Bayesian GPN as the library chooses it itself (``bgpn_auto``; ``bgpn_stack``:
-    ``combine="stack"``): :func:`pyro_gpn.inference.select_vgpn` with its default portfolio
+    """The Bayesian GPN as the library chooses it itself (``bgpn_auto``; ``bgpn_stack`` and
+    ``bgpn_select``: ``combine="stack"``, the default, run by the code of ``uci.md`` sections
+    29 and 30: a stacked mixture left unscaled, and its scale cross-fitted with the stacking
+    inside, :func:`pyro_gpn.inference.crossfitted_stacked_scores`):
+    :func:`pyro_gpn.inference.select_vgpn` with its default portfolio
     (:data:`pyro_gpn.recommended.VGPN_PORTFOLIO`) on the split's training rows, every candidate
     stopped and scored on the split's validation rows, the benchmark's width (50 units, 100 for
     protein) and the library's mini-batch rule. The cell records every candidate's validation
     score and time, the choice (the stacking weights) and whether the predictive scale was
-    fitted; ``fit_s`` and ``epochs`` are the sums over the candidates that finished (a failed
-    candidate's time is in ``candidate_s`` only), ``chosen_fit_s``, ``chosen_epochs``,
-    ``steps`` and ``best_step`` the best single candidate's. ``bgpn_stack`` also records
+    fitted (with the cross-fitted scores that decided, ``crossfit_std``); ``fit_s`` and
+    ``epochs`` are the sums over the candidates that finished (a failed candidate's time is in
+    ``candidate_s`` only), ``chosen_fit_s``, ``chosen_epochs``, ``steps`` and ``best_step``
+    the best single candidate's. A stacked column also records
     :func:`candidate_rows`, and the cross-fitted validation score of choosing against stacking
     (:func:`pyro_gpn.inference.crossfitted_combination`)."""
-    from pyro_gpn.inference import crossfitted_combination, select_vgpn
+    from pyro_gpn.inference import crossfitted_combination, predictive_scale_of, select_vgpn
     from pyro_gpn.models import NetworkEnsemble
     from pyro_gpn.recommended import VGPN
 
@@ -634,6 +639,7 @@ def fit_bgpn_auto(data, seed: int, combine: str = "best") -> dict:
         "candidate_errors": selection.errors,
         "crossfit_std": selection.crossfit,
         "calibrated": selection.calibrated,
+        "predictive_scale": predictive_scale_of(model).tolist(),
         "fit_s": sum(f.wall_time for f in selection.fits.values()),
         "chosen_fit_s": chosen.wall_time,
         "epochs": sum(f.num_steps for f in selection.fits.values()) / steps_per_epoch,
@@ -1097,8 +1103,8 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     if model.removesuffix(PLL) in BGPN_MODELS:
         fit = fit_bgpn(data, bgpn_config(model, name), seed + split)
-    elif model in ("bgpn_auto", "bgpn_stack"):
-        fit = fit_bgpn_auto(data, seed + split, "stack" if model == "bgpn_stack" else "best")
+    elif model in ("bgpn_auto", "bgpn_stack", "bgpn_select"):
+        fit = fit_bgpn_auto(data, seed + split, "best" if model == "bgpn_auto" else "stack")
     elif model == "clt":
         fit = fit_clt(data, seed + split)
     elif model == "mcdrop":

@@ -10,7 +10,7 @@ from .closed_form import (
 )
 from .distributed import DistContext, init_distributed
 from .mcmc import NUTSResult, run_nuts
-from .selection import VGPNSelection, select_vgpn
+from .selection import VGPNSelection, crossfitted_stacked_scores, select_vgpn
 from .stacking import crossfitted_combination, stacking_weights
 from .svi import SVIResult, fit_svi
 from .trainer import TrainConfig, Trainer, TrainResult, evaluate, seed_everything
@@ -28,6 +28,7 @@ __all__ = [
     "closed_form_elbo",
     "crossfitted_combination",
     "crossfitted_scores",
+    "crossfitted_stacked_scores",
     "evaluate",
     "fit_predictive_scale",
     "fit_svi",

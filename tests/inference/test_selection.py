@@ -1,21 +1,26 @@
 """Choosing the Bayesian GPN's configuration on validation rows: ``select_vgpn``, its portfolio
-(``pyro_gpn.recommended.VGPN_PORTFOLIO``) and ``crossfitted_scores``.
+(``pyro_gpn.recommended.VGPN_PORTFOLIO``), ``crossfitted_scores`` and
+``crossfitted_stacked_scores``.
 
 References that do not share the code under test: a candidate's score against a plain
 ``fit_vgpn`` of the same network and seed; the cross-fitted scores against the two halves
-written out by hand with the Gaussian scale's closed form ``sqrt(mean(z^2))``; the portfolio
+written out by hand with the Gaussian scale's closed form ``sqrt(mean(z^2))``; the stacked
+mixture's cross-fitted scores against scipy's optimisers and normal density; the portfolio
 against the benchmark's per-set choices (``benchmarks/uci.py``'s ``CHOSEN``).
 """
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from pyro_gpn.heads import GaussianHead, StudentTHead
 from pyro_gpn.inference import (
     VGPNFit,
+    crossfitted_combination,
     crossfitted_scores,
+    crossfitted_stacked_scores,
     fit_vgpn,
     predictive_scale_of,
     select_vgpn,
@@ -322,24 +327,141 @@ def _too_wide_pair():
     ]
 
 
-def test_a_stacked_model_is_calibrated_as_a_whole_only_when_asked(monkeypatch):
-    """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1), fitted
-    with ``calibrate=True`` (two networks whose noise is held wide by the warm-up, on data with
-    little noise: the scale falls below 1); ``"auto"`` leaves a stacked mixture unscaled, its
-    weights having been fitted on the same rows."""
+def test_a_stacked_model_is_calibrated_as_a_whole(monkeypatch):
+    """The scale of a stacked mixture is the ensemble's (its members keep theirs at 1). Two
+    networks whose noise is held wide by the warm-up, on data with little noise: the scale falls
+    below 1 with ``calibrate=True``; ``"auto"`` fits the same scale, because the score
+    cross-fitted with the stacking inside rises; ``False`` leaves it at 1."""
     x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
     wide = _too_wide_pair()
     halves = torch.tensor([0.5, 0.5], dtype=torch.float64)
     monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: halves)
     forced = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, calibrate=True)
     assert isinstance(forced.model, NetworkEnsemble) and forced.calibrated
-    assert forced.weights == {"wide_noise": 0.5, "wider": 0.5}
+    assert forced.weights == {"wide_noise": 0.5, "wider": 0.5} and forced.crossfit is None
     assert float(predictive_scale_of(forced.model)) < 0.9
     assert all(float(m.head.predictive_scale) == 1.0 for m in forced.model.members)
     auto = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide)
-    assert isinstance(auto.model, NetworkEnsemble)
-    assert not auto.calibrated and auto.crossfit is None
-    assert float(predictive_scale_of(auto.model)) == 1.0
+    assert isinstance(auto.model, NetworkEnsemble) and auto.calibrated
+    raw, calibrated = auto.crossfit
+    assert calibrated > raw + 0.02
+    assert float(predictive_scale_of(auto.model)) == pytest.approx(
+        float(predictive_scale_of(forced.model)), rel=1e-6
+    )
+    assert all(float(m.head.predictive_scale) == 1.0 for m in auto.model.members)
+    never = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=wide, calibrate=False)
+    assert float(predictive_scale_of(never.model)) == 1.0 and never.crossfit is None
+
+
+def test_auto_leaves_a_stacked_model_unscaled_where_its_crossfitted_score_falls(monkeypatch):
+    x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
+    halves = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: halves)
+    seen = []
+
+    def falls(models, log_densities, xs, ys):
+        seen.append((list(models), tuple(log_densities.shape), xs.shape[0]))
+        return (-1.0, -1.5)
+
+    monkeypatch.setattr(selection_module, "crossfitted_stacked_scores", falls)
+    sel = select_vgpn(x, y, x_val, y_val, hidden=4, candidates=_too_wide_pair())
+    assert seen == [(["wide_noise", "wider"], (60, 2), 60)]
+    assert isinstance(sel.model, NetworkEnsemble)
+    assert sel.crossfit == (-1.0, -1.5) and not sel.calibrated
+    assert float(predictive_scale_of(sel.model)) == 1.0
+
+
+def _gaussian_pair(rows: int = 41):
+    """Two untrained networks with Gaussian predictives of different means, and rows drawn
+    from the first network's predictive on most even rows and from the second's on most odd
+    ones (so the two halves stack them with different weights), at 1.5 times its spread (so
+    the mixture's fitted scale is above 1)."""
+    torch.manual_seed(0)
+    first = VariationalGPN([2, 4, 1], head=GaussianHead(1, noise_std_init=0.3))
+    torch.manual_seed(1)
+    second = VariationalGPN([2, 4, 1], head=GaussianHead(1, noise_std_init=0.3))
+    gen = torch.Generator().manual_seed(2)
+    x = torch.rand(rows, 2, generator=gen) * 4 - 2
+    with torch.no_grad():
+        a, b = first.predict(x), second.predict(x)
+    index = torch.arange(rows)[:, None]
+    from_first = (index % 2 == 0) != (index % 10 < 2)  # 4 in 5 even rows, 1 in 5 odd ones
+    mean = torch.where(from_first, a.mean, b.mean)
+    sd = torch.where(from_first, a.std, b.std)
+    y = mean + 1.5 * sd * torch.randn(rows, 1, generator=gen)
+    return {"first": first, "second": second}, x, y
+
+
+def test_crossfitted_stacked_scores_against_the_halves_written_out():
+    """Two Gaussian predictives: on each half the stacking weights (scipy's SLSQP over the
+    simplex) and then the mixture's scale (scipy's bounded scalar search over the log density
+    of the stretched mixture, written with scipy's normal density) are fitted, and the other
+    half scored at scale 1 and at that scale; the members' scales stay at 1."""
+    from scipy import optimize, stats
+
+    models, x, y = _gaussian_pair()
+    with torch.no_grad():
+        preds = [models[n].predict(x) for n in models]
+        rows = torch.stack([models[n].log_predictive(x, y).double() for n in models], 1)
+    mean = torch.stack([p.mean[:, 0] for p in preds], 1).double().numpy()  # [S, 2]
+    sd = torch.stack([p.std[:, 0] for p in preds], 1).double().numpy()
+    target = y[:, 0].double().numpy()
+
+    def mixture_log_density(w, s, idx):
+        centre = (w * mean[idx]).sum(1)
+        u = centre + (target[idx] - centre) / s
+        dens = (w * stats.norm.pdf(u[:, None], mean[idx], sd[idx])).sum(1)
+        return np.log(dens) - np.log(s)
+
+    halves = [np.arange(0, 41, 2), np.arange(1, 41, 2)]
+    want_raw = want_cal = 0.0
+    for fit_rows, score_rows in (halves, halves[::-1]):
+        res = optimize.minimize(
+            lambda w, idx=fit_rows: -mixture_log_density(w, 1.0, idx).mean(),
+            np.array([0.5, 0.5]),
+            method="SLSQP",
+            bounds=[(0, 1)] * 2,
+            constraints={"type": "eq", "fun": lambda w: w.sum() - 1},
+            options={"ftol": 1e-14},
+        )
+        w = res.x.clip(0) / res.x.clip(0).sum()
+        scale = optimize.minimize_scalar(
+            lambda t, w=w, idx=fit_rows: -mixture_log_density(w, np.exp(t), idx).mean(),
+            bounds=(np.log(1e-2), np.log(1e2)),
+            method="bounded",
+            options={"xatol": 1e-10},
+        )
+        share = len(score_rows) / 41
+        want_raw += share * mixture_log_density(w, 1.0, score_rows).mean()
+        want_cal += share * mixture_log_density(w, np.exp(scale.x), score_rows).mean()
+    raw, calibrated = crossfitted_stacked_scores(models, rows, x, y)
+    assert raw == pytest.approx(want_raw, abs=1e-5)
+    assert calibrated == pytest.approx(want_cal, abs=1e-4)
+    assert all(float(m.head.predictive_scale) == 1.0 for m in models.values())
+
+
+def test_crossfitted_stacked_scores_at_scale_one_is_the_crossfitted_stack():
+    """Its uncalibrated score is the stacked score of ``crossfitted_combination`` on the same
+    halves (no weight below the floor here)."""
+    models, x, y = _gaussian_pair(40)
+    with torch.no_grad():
+        rows = torch.stack([models[n].log_predictive(x, y).double() for n in models], 1)
+    raw, _ = crossfitted_stacked_scores(models, rows, x, y)
+    assert raw == pytest.approx(crossfitted_combination(rows)[1], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "rows, x_rows, match",
+    [
+        ((40, 3), 40, "one column per model"),
+        ((40, 2), 41, "one row of log_densities"),
+        ((3, 2), 3, "at least 4"),
+    ],
+)
+def test_crossfitted_stacked_scores_refuses_bad_shapes(rows, x_rows, match):
+    models, x, y = _gaussian_pair(41)
+    with pytest.raises(ValueError, match=match):
+        crossfitted_stacked_scores(models, torch.zeros(rows), x[:x_rows], y[:x_rows])
 
 
 def test_a_stack_of_one_network_is_calibrated_as_a_single_network(monkeypatch):
