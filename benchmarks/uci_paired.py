@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
 
 
-#: the pseudo-column of the library's rule today on the ``bgpn_stack`` cells
-#: (:func:`library_metrics`; test rows only)
+#: the pseudo-column of section 29's library rule (a stacked mixture left unscaled) on the
+#: ``bgpn_stack`` cells (:func:`library_metrics`; test rows only); the library's rule since
+#: section 30 is the ``bgpn_select`` column's own
 LIBRARY = "bgpn_stack_library"
 
 
@@ -214,13 +215,15 @@ def rule_metrics(cell: dict, rule: str, log_y_std: float) -> dict[str, float]:
 
 
 def library_metrics(cell: dict, log_y_std: Callable[[], float]) -> dict[str, float]:
-    """What :func:`pyro_gpn.inference.select_vgpn` returns today for a cell's networks: the
-    stacked mixture left unscaled where it holds two or more networks (``calibrate="auto"``
-    since ``docs/results/uci.md`` section 29; cells run before that calibrated some mixtures,
-    and the ``stack`` rule rebuilds them unscaled: the same networks, checked, and the same
-    mean, so the cell's RMSE), the cell's own metrics where it kept one network (calibrated or
-    not by the same rule as then) or did not calibrate. ``log_y_std()`` is called only for a
-    rebuild (it may load the data set)."""
+    """What :func:`pyro_gpn.inference.select_vgpn` returned by section 29's rule for a
+    ``bgpn_stack`` cell's networks: the stacked mixture left unscaled where it holds two or more
+    networks, the cell's own metrics where it kept one network (calibrated or not by the same
+    rule as then) or calibrated nothing. Cells run before that rule calibrated some mixtures;
+    the ``stack`` rule rebuilds them unscaled (the same networks, checked, and the same mean, so
+    the cell's RMSE). ``log_y_std()`` is called only for a rebuild (it may load the data set).
+    Since ``docs/results/uci.md`` section 30 the library fits a mixture's scale where a
+    cross-fit with the stacking inside gains, which the recorded rows cannot rebuild: the
+    ``bgpn_select`` cells follow that rule."""
     if len(cell["weights"]) == 1 or not cell["calibrated"]:
         return cell["test"]
     if set(_rule_weights(cell, "stack")) != set(cell["weights"]):
@@ -235,13 +238,14 @@ def library_metrics(cell: dict, log_y_std: Callable[[], float]) -> dict[str, flo
 def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
     """Per set, the test log-likelihood (mean ± standard error over the splits) and mean 90 %
     coverage of every rule of :data:`RULES` (:func:`rule_metrics`), then those of the cell
-    itself (``stack`` with the calibration of the code it ran), of the library's rule today
-    (:func:`library_metrics`), and the mean cross-fitted validation
+    itself (``stack`` with the calibration of the code it ran: for ``bgpn_select`` the
+    library's rule today), of section 29's rule (``s29``, :func:`library_metrics`), and the
+    mean cross-fitted validation
     log-likelihood (standardised) of choosing and of stacking that ``auto`` decides by:
     a markdown table. ``log_y_std(set, split)`` gives the split's ``log y_std`` (``None``: from
     the data set, :func:`benchmarks.uci.log_target_std`)."""
     log_y_std = log_y_std or _log_y_std
-    keys = (*RULES, "cell", "library")
+    keys = (*RULES, "cell", "s29")
     head = ["set", "splits", *keys, *(f"cov. {k}" for k in keys)]
     head += ["val. crossfit best", "val. crossfit stack"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -258,7 +262,7 @@ def rules_table(runs: Path, model: str = "bgpn_stack", log_y_std=None) -> str:
             for rule in RULES
         }
         metrics["cell"] = [c["test"] for c in cells]
-        metrics["library"] = [
+        metrics["s29"] = [
             library_metrics(c, partial(log_y_std, name, int(c["split"]))) for c in cells
         ]
         row = [name, str(len(cells))]

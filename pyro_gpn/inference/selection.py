@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -131,10 +132,13 @@ def crossfitted_stacked_scores(
 
     Args:
         models: the ``K`` fitted networks, by name, in the column order of ``log_densities``.
-        log_densities: ``[S, K]``: each network's log predictive density of each validation
-            row at its own scale (a network with no finite density on a half gets weight 0
-            there).
-        x_val, y_val: the ``S >= 4`` validation rows (2 per half for the scale).
+        log_densities: ``[S, K]``: each network's own log predictive density of each
+            validation row at its own scale. They set each half's weights (a network with no
+            finite density on a half gets weight 0 there); both scores are computed from the
+            mixture's own predictive.
+        x_val, y_val: the ``S >= 4`` validation rows ``[S, M]`` (2 per half for the scale) and
+            their targets, as the networks' ``log_predictive`` takes them (``[S, D]`` or
+            ``[S]``).
 
     Returns:
         ``(uncalibrated, calibrated)``: the cross-fitted mean log predictive density of the
@@ -142,15 +146,21 @@ def crossfitted_stacked_scores(
     """
     names = list(models)
     check_ndim("log_densities", check_tensor("log_densities", log_densities), 2)
+    check_ndim("x_val", check_tensor("x_val", x_val), 2)
+    check_tensor("y_val", y_val)
     if log_densities.shape[1] != len(names):
         raise ValueError(
             f"log_densities must have one column per model ({len(names)}), got "
             f"{tuple(log_densities.shape)}"
         )
-    if x_val.shape[0] < 4 or log_densities.shape[0] != x_val.shape[0]:
+    if x_val.shape[0] < 4:
         raise ValueError(
-            f"need at least 4 validation rows and one row of log_densities per row of x_val, "
-            f"got {x_val.shape[0]} and {log_densities.shape[0]}"
+            f"x_val needs at least 4 rows to cross-fit (2 per half), got {x_val.shape[0]}"
+        )
+    if log_densities.shape[0] != x_val.shape[0] or y_val.shape[0] != x_val.shape[0]:
+        raise ValueError(
+            f"log_densities and y_val must have one row per row of x_val ({x_val.shape[0]}), "
+            f"got {log_densities.shape[0]} and {y_val.shape[0]}"
         )
     halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
@@ -163,7 +173,9 @@ def crossfitted_stacked_scores(
         x_score, y_score = x_val[score_rows], y_val[score_rows]
         with torch.no_grad():
             raw += share * float(mixture.log_predictive(x_score, y_score).mean())
-            fit_predictive_scale(mixture, x_val[fit_rows], y_val[fit_rows])
+            with warnings.catch_warnings():  # a scale at a bound: the check only scores it
+                warnings.simplefilter("ignore")
+                fit_predictive_scale(mixture, x_val[fit_rows], y_val[fit_rows])
             calibrated += share * float(mixture.log_predictive(x_score, y_score).mean())
     return raw, calibrated
 

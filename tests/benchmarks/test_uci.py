@@ -338,6 +338,7 @@ def test_stacked_cell_records_rows_that_rebuild_its_own_metrics(monkeypatch):
     data = _small_yacht(rows=120)
     fit = uci.fit_bgpn_auto(data, 0, combine="stack")
     assert set(fit["candidate_rows"]) == {"gaussian", "het", "t4"} and not fit["calibrated"]
+    assert fit["predictive_scale"] == [1.0]
     assert fit["weights"] == pytest.approx({"gaussian": 0.2, "het": 0.5, "t4": 0.3})
     score = uci._score(fit["predict"], data.x_test, data.y_test, float(data.y_std))
     rows = fit["candidate_rows"]
@@ -353,6 +354,18 @@ def test_stacked_cell_records_rows_that_rebuild_its_own_metrics(monkeypatch):
     for name, row in rows.items():  # every candidate's validation mean is its recorded score
         mean = sum(row["val_log_density"]) / len(row["val_log_density"])
         assert mean == pytest.approx(fit["candidate_val_log_lik_std"][name], abs=1e-5)
+
+
+def test_the_closed_bgpn_stack_column_takes_no_new_cells(monkeypatch):
+    """``bgpn_stack`` holds section 29's rule, which the library no longer follows: a new cell
+    is refused before any data is loaded (``bgpn_select`` runs today's rule)."""
+    monkeypatch.setattr(
+        "pyro_gpn.data.uci_regression.load_uci_regression",
+        lambda *a, **k: pytest.fail("no data should be loaded"),
+    )
+    with pytest.raises(SystemExit, match="run bgpn_select"):
+        uci.run_cell("bgpn_stack", "wine", 0)
+    assert "bgpn_select" in uci.MODELS
 
 
 def test_candidate_rows_are_the_uncalibrated_predictive_and_leave_the_scale_as_it_was():
@@ -381,8 +394,8 @@ def test_candidate_rows_are_the_uncalibrated_predictive_and_leave_the_scale_as_i
 def test_published_table_of_the_library_rule_rebuilds_only_calibrated_mixtures(
     tmp_path, monkeypatch
 ):
-    """``published_table(out, "bgpn_stack_library")``: the ``bgpn_stack`` cells with today's
-    rule; a cell whose mixture was calibrated is rebuilt from its rows (loading the split's
+    """``published_table(out, "bgpn_stack_library")``: the ``bgpn_stack`` cells with section
+    29's rule; a cell whose mixture was calibrated is rebuilt from its rows (loading the split's
     target scale), the others are read as they are."""
     import json
 

@@ -233,8 +233,8 @@ def test_one_se_passes_over_a_first_candidate_outside_one_standard_error_and_sta
 
 
 def test_library_metrics_rebuild_a_mixture_that_an_earlier_rule_calibrated():
-    """Today's ``calibrate="auto"`` leaves a stacked mixture unscaled: a cell whose mixture was
-    calibrated by the earlier rule is rebuilt by the ``stack`` rule; a cell that kept one
+    """Section 29's ``calibrate="auto"`` left a stacked mixture unscaled: a cell whose mixture
+    was calibrated by the earlier rule is rebuilt by the ``stack`` rule; a cell that kept one
     network, or calibrated nothing, is read as it is."""
     import pytest
 

@@ -354,6 +354,8 @@ def test_a_stacked_model_is_calibrated_as_a_whole(monkeypatch):
 
 
 def test_auto_leaves_a_stacked_model_unscaled_where_its_crossfitted_score_falls(monkeypatch):
+    """The nested check gets every fitted network and its validation rows, and a fall in its
+    calibrated score leaves the mixture at scale 1."""
     x, y, x_val, y_val = _split(*_outlier_data(share=0.0))
     halves = torch.tensor([0.5, 0.5], dtype=torch.float64)
     monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: halves)
@@ -450,11 +452,28 @@ def test_crossfitted_stacked_scores_at_scale_one_is_the_crossfitted_stack():
     assert raw == pytest.approx(crossfitted_combination(rows)[1], abs=1e-6)
 
 
+def test_crossfitted_stacked_scores_gives_no_weight_where_a_model_has_no_mass():
+    """A network whose density is ``-inf`` on the even rows takes no part in the mixture
+    stacked there: the odd rows are scored by the other network alone; the even rows by the
+    mixture stacked on the odd rows, where both have mass."""
+    models, x, y = _gaussian_pair(40)
+    with torch.no_grad():
+        rows = torch.stack([models[n].log_predictive(x, y).double() for n in models], 1)
+    given = rows.clone()
+    given[0::2, 1] = -math.inf
+    raw, _ = crossfitted_stacked_scores(models, given, x, y)
+    odd_alone = float(rows[1::2, 0].mean())
+    w = stacking_weights(rows[1::2])
+    even_mixed = float(torch.logsumexp(rows[0::2] + w.log(), 1).mean())
+    assert 0.0 < float(w.min()) and float(w.max()) < 1.0
+    assert raw == pytest.approx(0.5 * odd_alone + 0.5 * even_mixed, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "rows, x_rows, match",
     [
         ((40, 3), 40, "one column per model"),
-        ((40, 2), 41, "one row of log_densities"),
+        ((40, 2), 41, "one row per row of x_val"),
         ((3, 2), 3, "at least 4"),
     ],
 )
@@ -462,6 +481,8 @@ def test_crossfitted_stacked_scores_refuses_bad_shapes(rows, x_rows, match):
     models, x, y = _gaussian_pair(41)
     with pytest.raises(ValueError, match=match):
         crossfitted_stacked_scores(models, torch.zeros(rows), x[:x_rows], y[:x_rows])
+    with pytest.raises(ValueError, match="y_val must have one row per row of x_val"):
+        crossfitted_stacked_scores(models, torch.zeros(41, 2), x, y[:40])
 
 
 def test_a_stack_of_one_network_is_calibrated_as_a_single_network(monkeypatch):
