@@ -186,6 +186,14 @@ def predictive_scale_of(model) -> Tensor:
     return _CalibrationTarget.of(model).scale
 
 
+def crossfit_halves(num_rows: int) -> tuple[tuple[Tensor, Tensor, float], ...]:
+    """The two folds every cross-fitted check here uses: the even and the odd rows of
+    ``num_rows``, each fitting once and scoring once: ``((fit_rows, score_rows, share), ...)``,
+    ``share`` the scored half's fraction of the rows (its weight in the cross-fitted mean)."""
+    even, odd = (torch.arange(start, num_rows, 2) for start in (0, 1))
+    return (even, odd, len(odd) / num_rows), (odd, even, len(even) / num_rows)
+
+
 def crossfitted_scores(
     model,
     x_val: Tensor,
@@ -227,12 +235,10 @@ def crossfitted_scores(
 
     scale = predictive_scale_of(model)
     kept = scale.clone()
-    halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
     try:
-        for fit_rows, score_rows in (halves, halves[::-1]):
+        for fit_rows, score_rows, share in crossfit_halves(x_val.shape[0]):
             x_score, y_score = x_val[score_rows], y_val[score_rows]
-            share = len(score_rows) / x_val.shape[0]
             fit_predictive_scale(model, x_val[fit_rows], y_val[fit_rows])  # sets the scale
             calibrated += share * score(x_score, y_score)
             scale.fill_(1.0)

@@ -33,7 +33,7 @@ from .._validation import check_finite, check_ndim, check_tensor
 from ..models.ensemble import NetworkEnsemble
 from ..models.variational import VariationalGPN
 from ..settings import validation
-from .calibration import crossfitted_scores, fit_predictive_scale
+from .calibration import crossfit_halves, crossfitted_scores, fit_predictive_scale
 from .closed_form import VGPNFit, fit_settings, fit_vgpn, holdout
 from .stacking import crossfitted_combination, stacking_weights
 
@@ -162,14 +162,12 @@ def crossfitted_stacked_scores(
             f"log_densities and y_val must have one row per row of x_val ({x_val.shape[0]}), "
             f"got {log_densities.shape[0]} and {y_val.shape[0]}"
         )
-    halves = [torch.arange(start, x_val.shape[0], 2) for start in (0, 1)]
     raw, calibrated = 0.0, 0.0
-    for fit_rows, score_rows in (halves, halves[::-1]):
+    for fit_rows, score_rows, share in crossfit_halves(x_val.shape[0]):
         fit = log_densities[fit_rows]
         usable = [k for k in range(len(names)) if bool(torch.isfinite(fit[:, k]).any())]
         kept = stacked_weights([names[k] for k in usable], fit[:, usable])
         mixture = NetworkEnsemble([models[name] for name in kept], list(kept.values()))
-        share = len(score_rows) / x_val.shape[0]
         x_score, y_score = x_val[score_rows], y_val[score_rows]
         with torch.no_grad():
             raw += share * float(mixture.log_predictive(x_score, y_score).mean())

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_ndim, check_tensor
+from .calibration import crossfit_halves
 
 __all__ = ["crossfitted_combination", "stacking_weights"]
 
@@ -110,11 +111,9 @@ def crossfitted_combination(log_densities: Tensor) -> tuple[float, float]:
         half, and of the mixture stacked on the other half.
     """
     log_p = _check_log_densities(log_densities, 2)
-    halves = [torch.arange(start, log_p.shape[0], 2) for start in (0, 1)]
     best, stacked = 0.0, 0.0
-    for fit_rows, score_rows in (halves, halves[::-1]):
+    for fit_rows, score_rows, share in crossfit_halves(log_p.shape[0]):
         fit, held = log_p[fit_rows], log_p[score_rows]
-        share = len(score_rows) / log_p.shape[0]
         chosen = int(torch.argmax(fit.mean(0)))
         best += share * float(held[:, chosen].mean())
         usable = torch.isfinite(fit).any(0)  # a model without mass on this half: weight 0
