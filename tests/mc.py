@@ -46,13 +46,8 @@ def assert_mcmc_mean(
     must reach, so that the tolerance cannot widen unnoticed when the chains mix worse. Returns
     ``|error| / mcse``.
     """
-    import arviz as az
-
-    values = draws.detach().cpu().double().numpy()
-    dataset = az.convert_to_dataset(values.reshape(*values.shape[:2], -1))
-    mcse = torch.as_tensor(az.mcse(dataset, method="mean")["x"].values)
-    ess = torch.as_tensor(az.ess(dataset, method="mean")["x"].values)
-    err = (draws.double().mean((0, 1)).reshape(-1) - expected.double().reshape(-1)).abs()
+    mean, mcse, ess = _mcmc_mean_and_mcse(draws)
+    err = (mean - expected.double().reshape(-1)).abs()
     z = err / mcse
     label = f"{name}: " if name else ""
     assert bool((ess >= min_ess).all()), (
@@ -63,6 +58,54 @@ def assert_mcmc_mean(
         f"(max |err| {err.max().item():.3g}, ESS of the mean >= {ess.min().item():.0f})"
     )
     return z.reshape(draws.shape[2:])
+
+
+def _mcmc_mean_and_mcse(draws: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean, ArviZ ``mcse(method="mean")`` and ESS of the mean of ``draws [chains, draws, *shape]``,
+    each flattened over ``shape``."""
+    import arviz as az
+
+    values = draws.detach().cpu().double().numpy()
+    dataset = az.convert_to_dataset(values.reshape(*values.shape[:2], -1))
+    mcse = torch.as_tensor(az.mcse(dataset, method="mean")["x"].values)
+    ess = torch.as_tensor(az.ess(dataset, method="mean")["x"].values)
+    return draws.double().mean((0, 1)).reshape(-1), mcse, ess
+
+
+def mcmc_runs_difference(draws_a: Tensor, draws_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Two independent Markov-chain runs ``[chains, draws, *shape]`` (the same ``shape``):
+    ``|mean_a - mean_b| / sqrt(mcse_a^2 + mcse_b^2)`` (ArviZ's mcse of each run from its own
+    chains' ESS; the runs are independent, so their errors add in quadrature), the smaller of
+    the two runs' ESS of the mean and ``|mean_a - mean_b|``, each flattened over ``shape``."""
+    assert draws_a.shape[2:] == draws_b.shape[2:], (
+        f"runs of different shapes: {tuple(draws_a.shape)} and {tuple(draws_b.shape)}"
+    )
+    mean_a, mcse_a, ess_a = _mcmc_mean_and_mcse(draws_a)
+    mean_b, mcse_b, ess_b = _mcmc_mean_and_mcse(draws_b)
+    difference = (mean_a - mean_b).abs()
+    z = difference / (mcse_a.square() + mcse_b.square()).sqrt()
+    return z, torch.minimum(ess_a, ess_b), difference
+
+
+def assert_mcmc_runs_agree(
+    draws_a: Tensor, draws_b: Tensor, n_se: float = 4.0, min_ess: float = 0.0, name: str = ""
+) -> Tensor:
+    """Assert two independent Markov-chain runs ``[chains, draws, *shape]`` estimate the same
+    mean, elementwise, within ``n_se`` combined Monte Carlo standard errors
+    (:func:`mcmc_runs_difference`). ``min_ess``: the ESS of the mean every element must reach in
+    each run, checked first, so that a run that mixes worse cannot pass by widening the
+    tolerance. Returns ``|difference| / combined mcse``."""
+    z, ess, difference = mcmc_runs_difference(draws_a, draws_b)
+    label = f"{name}: " if name else ""
+    assert bool((ess >= min_ess).all()), (
+        f"{label}ESS of the mean {ess.min().item():.0f} < {min_ess}"
+    )
+    assert not bool((z > n_se).any()), (
+        f"{label}runs disagree: max |difference| / mcse = {z.max().item():.2f} "
+        f"(max |difference| {difference.max().item():.3g}, "
+        f"ESS of the mean >= {ess.min().item():.0f})"
+    )
+    return z.reshape(draws_a.shape[2:])
 
 
 def assert_mc_covariance(samples: Tensor, expected: Tensor, n_se: float = 5.0, atol: float = 1e-8):
