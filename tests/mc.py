@@ -49,15 +49,24 @@ def assert_mcmc_mean(
     mean, mcse, ess = _mcmc_mean_and_mcse(draws)
     err = (mean - expected.double().reshape(-1)).abs()
     z = err / mcse
-    label = f"{name}: " if name else ""
+    _assert_within_mcse(
+        z, ess, err, n_se, min_ess, f"{name}: " if name else "", "MCMC disagreement"
+    )
+    return z.reshape(draws.shape[2:])
+
+
+def _assert_within_mcse(
+    z: Tensor, ess: Tensor, err: Tensor, n_se: float, min_ess: float, label: str, failure: str
+) -> None:
+    """The ESS floor first (so that a worse-mixing run cannot pass on a wider tolerance), then
+    ``z = |err| / mcse <= n_se`` elementwise."""
     assert bool((ess >= min_ess).all()), (
         f"{label}ESS of the mean {ess.min().item():.0f} < {min_ess}"
     )
     assert not bool((z > n_se).any()), (
-        f"{label}MCMC disagreement: max |err| / mcse = {z.max().item():.2f} "
+        f"{label}{failure}: max |err| / mcse = {z.max().item():.2f} "
         f"(max |err| {err.max().item():.3g}, ESS of the mean >= {ess.min().item():.0f})"
     )
-    return z.reshape(draws.shape[2:])
 
 
 def _mcmc_mean_and_mcse(draws: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,14 +105,8 @@ def assert_mcmc_runs_agree(
     each run, checked first, so that a run that mixes worse cannot pass by widening the
     tolerance. Returns ``|difference| / combined mcse``."""
     z, ess, difference = mcmc_runs_difference(draws_a, draws_b)
-    label = f"{name}: " if name else ""
-    assert bool((ess >= min_ess).all()), (
-        f"{label}ESS of the mean {ess.min().item():.0f} < {min_ess}"
-    )
-    assert not bool((z > n_se).any()), (
-        f"{label}runs disagree: max |difference| / mcse = {z.max().item():.2f} "
-        f"(max |difference| {difference.max().item():.3g}, "
-        f"ESS of the mean >= {ess.min().item():.0f})"
+    _assert_within_mcse(
+        z, ess, difference, n_se, min_ess, f"{name}: " if name else "", "runs disagree"
     )
     return z.reshape(draws_a.shape[2:])
 
