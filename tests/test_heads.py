@@ -34,14 +34,28 @@ def test_gaussian_head_expected_nll_matches_monte_carlo():
     torch.testing.assert_close(nll, mc, rtol=5e-3, atol=5e-3)
 
 
-def test_gaussian_head_predictive_and_prediction_add_the_noise():
+@pytest.mark.parametrize("cov", [False, True], ids=["meanvar", "cov"])
+@pytest.mark.parametrize("scale", [None, (1.0, 2.0, 0.5)], ids=["unscaled", "scaled"])
+def test_gaussian_head_predictive_and_prediction_add_the_noise(cov, scale):
+    """``F + eps``: the noise variance 0.25 added to every output's variance, times the
+    predictive scale about the mean (each against a value written out, not the head's code)."""
     head = GaussianHead(3, noise_std_init=0.5, dtype=DT)
-    features = _features(cov=True)
+    s = torch.ones(3, dtype=DT)
+    if scale is not None:
+        s = torch.tensor(scale, dtype=DT)
+        head.predictive_scale.copy_(s)
+    features = _features(cov=cov)
+    expected_var = (features.variance + 0.25) * s.square()
     predictive = head.predictive(features)
-    torch.testing.assert_close(predictive.cov, features.cov + 0.25 * torch.eye(3, dtype=DT))
+    torch.testing.assert_close(predictive.mean, features.mean)
+    torch.testing.assert_close(predictive.variance, expected_var)
+    if cov:
+        expected_cov = (features.cov + 0.25 * torch.eye(3, dtype=DT)) * torch.outer(s, s)
+        torch.testing.assert_close(predictive.cov, expected_cov)
     prediction = head.predict(features)
     assert prediction.task == "regression"
-    torch.testing.assert_close(prediction.std, predictive.variance.sqrt())
+    torch.testing.assert_close(prediction.mean, features.mean)
+    torch.testing.assert_close(prediction.std, expected_var.sqrt())
     with pytest.raises(AttributeError, match="classification"):
         _ = prediction.probs
 

@@ -262,10 +262,14 @@ def test_activation_moments_match_monte_carlo(mode):
     var = torch.rand(m, n, dtype=DT, generator=gen) * 0.5 + 0.1
     inputs = Moments(mean, cov=cov)
     got = activation_moments(inputs if mode == "cov" else inputs.diagonal(), loc, var, mode)
-    xs = torch.distributions.MultivariateNormal(mean, cov).sample((k,))  # [K, S, M]
+    # every draw from the test's own generator (not the global one: the same draws whatever
+    # ran before)
+    eps = torch.randn(k, s, m, 1, dtype=DT, generator=gen)
+    xs = mean + (torch.linalg.cholesky(cov) @ eps).squeeze(-1)  # [K, S, M]
     if mode == "meanvar":  # the diagonal mode sees independent inputs
-        xs = mean + cov.diagonal(dim1=-2, dim2=-1).sqrt() * torch.randn(k, s, m, dtype=DT)
-    ws = loc + var.sqrt() * torch.randn(k, m, n, dtype=DT)  # one W per draw, shared by samples
+        xs = mean + cov.diagonal(dim1=-2, dim2=-1).sqrt() * eps.squeeze(-1)
+    # one W per draw, shared by samples
+    ws = loc + var.sqrt() * torch.randn(k, m, n, dtype=DT, generator=gen)
     acts = xs @ ws  # [K, S, N]
     assert_mc_mean(acts, got.mean, n_se=4.5)
     assert_mc_variance(acts, got.variance, n_se=4.5)

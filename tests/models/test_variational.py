@@ -133,17 +133,23 @@ def test_prior_predictive_is_the_gp_prior(whiten):
 
 
 def test_predict_agrees_with_predictive_moments_for_one_layer():
-    """One layer with observed inputs: the propagated moments are exact."""
+    """One layer with observed inputs: the propagated moments are exact, the head's noise
+    included (large enough here, about half the variance, that the draws resolve it)."""
     config = dict(sizes=[2, 2], head="gaussian")
-    vgpn = _net(config, targets_scale_init=0.5, weight_scale_init=0.8)
+    vgpn = _net(config, targets_scale_init=0.5, weight_scale_init=0.8, noise_std_init=0.8)
     x, _ = _data(config, batch=5)
     samples = vgpn.sample_predictive(x, num_samples=4000)
     assert samples["obs"].shape == (4000, 5, 2)
     assert samples["layer0.weight"].shape == (4000, 1, 2, 2)  # q(W) reaches the predictive
     assert samples["layer0.targets"].shape == (4000, 1, 2, 5)  # plate-aligned
     moments = vgpn(x)
+    features = vgpn.hidden(x)
+    torch.testing.assert_close(moments.var, features.var + vgpn.head.noise_std.square())
     assert_mc_mean(samples["obs"], moments.mean, n_se=4.5)
     assert_mc_variance(samples["obs"], moments.var, n_se=4.5)
+    # the draws resolve the noise: the noise-free variance is rejected
+    with pytest.raises(AssertionError):
+        assert_mc_variance(samples["obs"], features.var, n_se=4.5)
 
 
 def test_predict_softmax_shapes_and_moments():
