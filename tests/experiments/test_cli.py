@@ -59,11 +59,24 @@ def test_train_then_evaluate_on_bundled_yacht(tmp_path, capsys):
     assert evaluated == pytest.approx(test, rel=1e-5)
 
 
-def test_train_tanh_baseline_and_resume(tmp_path, capsys):
+def test_train_tanh_baseline_and_resume(tmp_path, capsys, monkeypatch):
+    from pyro_gpn.inference.trainer import Trainer
+
+    loaded = []  # the checkpoints the trainer continued from (a restart would load none)
+    load = Trainer._load_checkpoint
+
+    def spy(self):
+        checkpoint = load(self)
+        loaded.append(None if checkpoint is None else checkpoint["result"]["epochs"])
+        return checkpoint
+
+    monkeypatch.setattr(Trainer, "_load_checkpoint", spy)
     out = tmp_path / "tanh"
     base = ["train", "yacht", "--model", "tanh-fastdropout", "--sizes", "4", "--quiet"]
     assert main([*base, "--max-epochs", "1", "--out", str(out)]) == 0
+    assert loaded == []
     assert main([*base, "--max-epochs", "2", "--out", str(out), "--resume"]) == 0
+    assert loaded == [1]
     result = json.loads((out / "result.json").read_text())
     assert result["epochs"] == 2 and result["settings"]["input_dropout"] is None
     hidden_only = tmp_path / "hidden-only"

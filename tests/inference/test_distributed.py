@@ -48,8 +48,8 @@ def _data():
     return x, y
 
 
-def _model(kind: str):
-    torch.manual_seed(0)
+def _model(kind: str, init_seed: int = 0):
+    torch.manual_seed(init_seed)
     if kind == "dense":
         return GPNNet([16, 5, 3], mode="meanvar", head="softmax")
     blocks = [GPNConv2d(1, 3, 3, (4, 4), padding=1), MomentAvgPool2d(2), MomentFlatten()]
@@ -60,17 +60,17 @@ def _config(**kwargs):
     return TrainConfig(batch_size=16, lr=1e-2, seed=3, progress=False, patience=2, **kwargs)
 
 
-def _train(kind: str, epochs: int = EPOCHS, out_dir=None, resume: bool = False):
-    model = _model(kind)
+def _train(kind: str, epochs: int = EPOCHS, out_dir=None, resume: bool = False, init_seed: int = 0):
+    model = _model(kind, init_seed)
     x, y = _data()
     trainer = Trainer(model, _config(max_epochs=epochs, out_dir=out_dir))
     result = trainer.fit((x, y), (x[:20], y[:20]), resume=resume)
     return model.state_dict(), result.history
 
 
-def _svi(num_steps: int = SVI_STEPS, seed: int = 3, **kwargs):
+def _svi(num_steps: int = SVI_STEPS, seed: int = 3, init_seed: int = 0, **kwargs):
     pyro.clear_param_store()
-    torch.manual_seed(0)
+    torch.manual_seed(init_seed)
     x, y = _data()
     target = (x[:, :1] - x[:, 1:2]).double()
     vgpn = VariationalGPN([16, 4, 1], num_data=ROWS)
@@ -115,7 +115,7 @@ def _local_guide(x, y, num_data=None):
         pyro.sample("z", pdist.Normal(slope * x, 0.3))
 
 
-def _monte_carlo_svi(num_steps: int, **kwargs):
+def _monte_carlo_svi(num_steps: int, seed: int = 3, **kwargs):
     """Trace_ELBO on _local_model: batches of 9 split 5 / 4 between the two ranks."""
     pyro.clear_param_store()
     x = torch.arange(40, dtype=torch.float64)
@@ -127,7 +127,7 @@ def _monte_carlo_svi(num_steps: int, **kwargs):
         num_steps=num_steps,
         batch_size=9,
         lr=0.05,
-        seed=3,
+        seed=seed,
         progress=False,
         **kwargs,
     )
@@ -182,17 +182,24 @@ def _worker(rank: int, world: int, job: str, out: str, timeout: float) -> None:
             _slow_down_checkpoints(0.5)
         _svi(SVI_STEPS // 2, out_dir=out + ".svi", checkpoint_every=10)
         written = load_torch(f"{out}.svi/svi_checkpoint.pt")["step"]
-        result = (*_svi(out_dir=out + ".svi", checkpoint_every=10, resume=True), written)
+        # from another initialisation: a restart instead of a resumption would not repeat the run
+        resumed = _svi(out_dir=out + ".svi", checkpoint_every=10, resume=True, init_seed=99)
+        result = (*resumed, written)
     elif job == "svi_monte_carlo":
         straight = _monte_carlo_svi(12)
         seen = list(SEEN)
         private = f"{out}.mc{rank}"  # rank 1's folder stays empty: rank 0's is not shared
         _monte_carlo_svi(5, out_dir=private, checkpoint_every=2)
         torch.manual_seed(100 + rank)  # scrambled: the checkpoint must restore every rank's
-        result = straight, _monte_carlo_svi(12, out_dir=private, resume=True), seen
+        # and another seed (a resumption may change it: the restored generators replace it), so
+        # that a restart instead of a resumption would draw other batches
+        resumed = _monte_carlo_svi(12, seed=11, out_dir=private, resume=True)
+        fresh = _monte_carlo_svi(12, seed=11)  # what a restart would give
+        result = straight, resumed, seen, fresh
     elif job == "resume":  # rank 1's folder stays empty: rank 0's is not shared
         _train("dense", epochs=2, out_dir=f"{out}.run{rank}")
-        result = _train("dense", epochs=4, out_dir=f"{out}.run{rank}", resume=True)
+        # from another initialisation: a restart instead of a resumption would not repeat the run
+        result = _train("dense", epochs=4, out_dir=f"{out}.run{rank}", resume=True, init_seed=99)
     elif job == "locked":
         result = _claim_locked_folder(out)
     elif job == "rank0_only":  # out_dir on rank 0 alone, None on rank 1
@@ -271,6 +278,8 @@ def test_distributed_resume_continues_the_run(tmp_path):
         assert _max_difference(rank_state, state) <= 1e-5
     assert (tmp_path / "state.run0" / "checkpoint.pt").exists()
     assert not (tmp_path / "state.run1").exists()
+    # the resumed runs' initialisation, trained from scratch, ends elsewhere
+    assert _max_difference(_train("dense", epochs=4, init_seed=99)[0], state) > 1e-3
 
 
 def test_distributed_fit_svi_resume_continues_the_run(tmp_path):
@@ -286,6 +295,8 @@ def test_distributed_fit_svi_resume_continues_the_run(tmp_path):
         assert rank_losses == pytest.approx(losses, rel=1e-6)
     saved = torch.load(tmp_path / "state.svi" / "svi_checkpoint.pt", weights_only=True)
     assert saved["step"] == SVI_STEPS
+    # the resumed calls' initialisation, trained from scratch, ends elsewhere
+    assert _max_difference(_svi(seed=batch_seed(3), init_seed=99)[0], state) > 1e-3
 
 
 def test_distributed_fit_svi_resume_restores_every_rank(tmp_path):
@@ -294,7 +305,7 @@ def test_distributed_fit_svi_resume_restores_every_rank(tmp_path):
     disjoint), and a resumption from rank 0's checkpoint -- rank 1's own folder stays empty --
     with scrambled generators repeats the uninterrupted 2-process run exactly, on both ranks."""
     ranks = _spawn("svi_monte_carlo", tmp_path)
-    (straight_0, resumed_0, seen_0), (straight_1, resumed_1, seen_1) = ranks
+    (straight_0, resumed_0, seen_0, fresh_0), (straight_1, resumed_1, seen_1, _) = ranks
     assert len(seen_0) == len(seen_1) > 12
     for a, b in zip(seen_0, seen_1, strict=True):
         assert (len(a), len(b)) == (5, 4) and not set(a) & set(b), (a, b)
@@ -311,6 +322,8 @@ def test_distributed_fit_svi_resume_restores_every_rank(tmp_path):
         assert resumed_losses == pytest.approx(losses, rel=0, abs=1e-12)
         assert _max_difference(again, params) <= 1e-12
     assert straight_0[1] == pytest.approx(straight_1[1], rel=1e-12)  # the global loss
+    # a restart with the resumed call's seed would have drawn other batches
+    assert max(abs(a - b) for a, b in zip(fresh_0[1], straight_0[1], strict=True)) > 1e-3
     assert (tmp_path / "state.mc0" / "svi_checkpoint.pt").exists()
     assert not (tmp_path / "state.mc1").exists()
 

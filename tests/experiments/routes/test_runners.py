@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from pyro_gpn.data import synthetic_1d
 from pyro_gpn.experiments.routes import (
@@ -98,12 +99,25 @@ def test_nuts_is_skipped_with_the_reason_when_data_is_too_large(tiny_data):
     assert "skipped: " in result.to_markdown()
 
 
-def test_both_nuts_routes_see_the_same_subsample(tiny_data):
+def test_both_nuts_routes_see_the_same_subsample(tiny_data, monkeypatch):
     """``nuts_subsample`` bounds both NUTS routes' rows (the ``compare`` budget), the same
     seeded rows for each."""
+    from pyro_gpn.experiments.routes import runners
+
+    seen = {}  # the rows each route sampled with
+    pick = runners._nuts_rows
+
+    def spy(ctx, out):
+        x, y = pick(ctx, out)
+        seen[out.route] = (x.clone(), y.clone())
+        return x, y
+
+    monkeypatch.setattr(runners, "_nuts_rows", spy)
     budget = RouteBudget(**{**TINY.__dict__, "nuts_subsample": 7})
     result = compare_routes(tiny_data, routes=("nuts", "sampled-u"), budget=budget, grid_size=10)
     assert result["nuts"].num_train == result["sampled-u"].num_train == 7
+    (x_a, y_a), (x_b, y_b) = seen["nuts"], seen["sampled-u"]
+    assert x_a.shape[0] == 7 and torch.equal(x_a, x_b) and torch.equal(y_a, y_b)
 
 
 def test_sampled_u_route_samples_the_budgets_network(tiny_data):
