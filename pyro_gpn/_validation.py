@@ -2,11 +2,12 @@
 
 Every public entry point checks its tensors here so that bad input raises a ``ValueError`` that
 names the argument, instead of a NaN or a wrong shape travelling silently through the network.
-Form checks (:func:`check_tensor`, :func:`check_ndim`, :func:`check_shape`) always run; value
+Form checks (:func:`check_tensor`, :func:`check_ndim`, :func:`check_shape`,
+:func:`check_per_unit`) and checks of Python numbers (:func:`check_number`) always run; value
 checks (:func:`check_finite`, :func:`check_nonnegative`, :func:`check_positive`,
-:func:`check_psd`) read the tensor back to the host -- a device synchronisation -- and run only
-while :func:`pyro_gpn.settings.is_validation_enabled` (on by default, off inside the training
-loops).
+:func:`check_psd`, and :func:`check_values` for several tensors in one synchronisation) read the
+tensor back to the host -- a device synchronisation -- and run only while
+:func:`pyro_gpn.settings.is_validation_enabled` (on by default, off inside the training loops).
 
 **The dtype and device rule** (:func:`as_input`, applied at every public module boundary:
 layers, :class:`~pyro_gpn.GPNNet` and its heads' losses and predictions, the Pyro models,
@@ -49,13 +50,16 @@ __all__ = [
     "check_inputs",
     "check_parameter_dtype",
     "check_parameters_finite",
+    "check_per_unit",
     "check_same_dtype_device",
     "check_ndim",
     "check_nonnegative",
+    "check_number",
     "check_positive",
     "check_psd",
     "check_shape",
     "check_tensor",
+    "check_values",
 ]
 
 
@@ -84,6 +88,92 @@ def check_shape(name: str, value: Tensor, shape: Sequence[int | None]) -> Tensor
         pretty = tuple("*" if s is None else s for s in shape)
         raise ValueError(f"{name} must have shape {pretty}, got {tuple(value.shape)}")
     return value
+
+
+def check_per_unit(
+    name: str,
+    value: Tensor,
+    num_units: int,
+    trailing: Sequence[int | None] = (),
+    note: str = "",
+    owner: str = "",
+) -> Tensor:
+    """Check a per-unit parameter ``[N | 1, *trailing]``: a leading dimension of ``num_units``
+    (one entry per unit) or 1 (one shared by every unit), then ``trailing`` (``None`` entries
+    match any size). Shapes only: no device synchronisation.
+
+    Args:
+        name: the argument's name, for messages.
+        value: the tensor.
+        num_units: ``N``.
+        trailing: the shape after the leading dimension.
+        note: appended to the message (where a trailing size comes from).
+        owner: the argument ``N`` comes from, for the message.
+
+    Raises:
+        ValueError: naming ``name``, the shape wanted and the shape given (and ``note``).
+    """
+    if (
+        value.dim() != 1 + len(trailing)
+        or value.shape[0] not in (num_units, 1)
+        or any(want is not None and got != want for got, want in zip(value.shape[1:], trailing))
+    ):
+        dims = ", ".join(["*" if s is None else str(s) for s in trailing])
+        pretty = f"({num_units} | 1{', ' + dims if dims else ''})"
+        units = f"the {num_units} units of {owner}" if owner else f"{num_units} units"
+        extra = f"; {note}" if note else ""
+        raise ValueError(
+            f"{name} must have shape {pretty} (a row for each of {units} or 1 shared"
+            f"{extra}), got {tuple(value.shape)}"
+        )
+    return value
+
+
+def check_number(name: str, value: object, positive: bool = False) -> float:
+    """``value`` as a float if it is a finite real number, non-negative (``positive``: greater
+    than 0); a ``TypeError`` for other types, a ``ValueError`` naming ``name`` otherwise. Python
+    numbers only (no device synchronisation): always checked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        want = "positive" if positive else "non-negative"
+        raise ValueError(f"{name} must be {want} and finite, got {value!r}")
+    return number
+
+
+def check_values(
+    finite: dict[str, Tensor | None] | None = None,
+    nonnegative: dict[str, Tensor | None] | None = None,
+    positive: dict[str, Tensor | None] | None = None,
+) -> None:
+    """:func:`check_finite`, :func:`check_nonnegative` and :func:`check_positive` on several
+    tensors in one device synchronisation (a stacked all-good flag; the individual checks run
+    only to name the offender). ``None`` entries are skipped. Like them, runs only while
+    :func:`pyro_gpn.settings.is_validation_enabled`, and not while a JIT trace is recorded
+    (where a check would be baked into the trace as a constant).
+    """
+    if not settings.is_validation_enabled() or torch.jit.is_tracing():
+        return
+    groups = (
+        (finite or {}, check_finite, lambda t: torch.isfinite(t).all()),
+        (nonnegative or {}, check_nonnegative, lambda t: (torch.isfinite(t) & (t >= 0)).all()),
+        (positive or {}, check_positive, lambda t: (torch.isfinite(t) & (t > 0)).all()),
+    )
+    items = [
+        (name, value.detach(), check, good)
+        for values, check, good in groups
+        for name, value in values.items()
+        if value is not None and value.numel() > 0 and value.device.type != "meta"
+    ]
+    if not items:
+        return
+    if len({value.device for _, value, _, _ in items}) == 1:
+        flags = torch.stack([good(value) for _, value, _, good in items])
+        if bool(flags.all()):
+            return
+    for name, value, check, _ in items:
+        check(name, value)
 
 
 def check_finite(name: str, value: Tensor) -> Tensor:

@@ -2163,6 +2163,179 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         requires=("data",),
     )
     add("cli/train-sizes-zero", E, "value", lambda t: _cli(*TRAIN, "--sizes", "0"), ["--sizes"])
+
+    # ------------------------------------------------------------ pure moment functions, kernels
+    from pyro_gpn.kernels import gpn_kernel, squared_exponential
+    from pyro_gpn.moments import (
+        expected_cross_kernel_product,
+        expected_kernel,
+        response_moments,
+        virtual_observation_weights,
+    )
+
+    f64 = torch.float64
+    grid = torch.linspace(-2, 2, 5, dtype=f64).expand(3, 5).clone()
+    scales, variances = torch.full((3,), 0.5, dtype=f64), torch.full((3, 5), 0.1, dtype=f64)
+    targets = torch.randn(3, 5, dtype=f64, generator=torch.Generator().manual_seed(4))
+    acts = Moments(_data(4, 3).double(), var=_data(4, 3, seed=5).double().abs())
+
+    def _vow(**bad):
+        args = {"inducing_points": grid, "targets": targets, "target_variances": variances}
+        return virtual_observation_weights(**{**args, "lengthscales": scales, **bad})
+
+    def _respond(moments=acts, **bad):
+        kappa, beta = _vow()
+        args = {"inducing_points": grid, "lengthscales": scales, "beta": beta}
+        return response_moments(moments, **{**args, "variance_reduction": kappa, **bad})
+
+    E = "response_moments"
+    add(
+        "response_moments/beta-wide",
+        E,
+        "shape",
+        lambda t: _respond(beta=torch.randn(3, 7, dtype=f64)),
+        ["beta"],
+        note="fused CPU backend read past beta's end: garbage (3.3e87) different on every call",
+    )
+    add(
+        "response_moments/activations-4-units",
+        E,
+        "shape",
+        lambda t: _respond(Moments(_data(4, 4).double(), var=_data(4, 4).double().abs())),
+        ["activations"],
+        note="fused CPU backend: NaN or 0 for the unit without parameters",
+    )
+    add(
+        "response_moments/activations-2-units",
+        E,
+        "shape",
+        lambda t: _respond(Moments(_data(4, 2).double(), var=_data(4, 2).double().abs())),
+        ["activations"],
+    )
+    add(
+        "response_moments/kappa-shape",
+        E,
+        "shape",
+        lambda t: _respond(variance_reduction=torch.eye(4, dtype=f64).expand(3, 4, 4)),
+        ["variance_reduction"],
+    )
+    add(
+        "response_moments/lengthscales-shape",
+        E,
+        "shape",
+        lambda t: _respond(lengthscales=torch.ones(5, dtype=f64)),
+        ["lengthscales"],
+    )
+    add(
+        "response_moments/noise-negative",
+        E,
+        "value",
+        lambda t: _respond(noise_var=-torch.ones(3, dtype=f64)),
+        ["noise_var"],
+    )
+    add(
+        "response_moments/mixed-dtype",
+        E,
+        "dtype",
+        lambda t: _respond(Moments(_data(4, 3), var=_data(4, 3, seed=5).abs())),
+        ["inducing_points", "activations.mean"],
+    )
+    E = "virtual_observation_weights"
+    add(
+        "virtual_observation_weights/inducing-points-1d",
+        E,
+        "shape",
+        lambda t: _vow(inducing_points=grid[0]),
+        ["inducing_points"],
+    )
+    add(
+        "virtual_observation_weights/targets-shape",
+        E,
+        "shape",
+        lambda t: _vow(targets=targets[:, :4]),
+        ["targets"],
+    )
+    add(
+        "virtual_observation_weights/variances-negative",
+        E,
+        "value",
+        lambda t: _vow(target_variances=-variances),
+        ["target_variances"],
+    )
+    add(
+        "virtual_observation_weights/jitter-negative",
+        E,
+        "value",
+        lambda t: _vow(jitter=-1.0),
+        ["jitter"],
+    )
+    add(
+        "virtual_observation_weights/mixed-dtype",
+        E,
+        "dtype",
+        lambda t: _vow(targets=targets.float()),
+        ["targets"],
+    )
+    E = "expected_kernel"
+    add(
+        "expected_kernel/var-negative",
+        E,
+        "value",
+        lambda t: expected_kernel(acts.mean, -acts.var, grid, scales),
+        ["var"],
+    )
+    add(
+        "expected_kernel/mixed-dtype",
+        E,
+        "dtype",
+        lambda t: expected_kernel(acts.mean.float(), acts.var, grid, scales),
+        ["var", "inducing_points", "mean"],
+    )
+    add(
+        "expected_cross_kernel_product/cov-not-psd",
+        "expected_cross_kernel_product",
+        "value",
+        lambda t: expected_cross_kernel_product(
+            acts.mean, -torch.diag_embed(acts.var), grid, scales
+        ),
+        ["cov"],
+    )
+    E = "kernels"
+    add(
+        "squared_exponential/lengthscale-zero",
+        E,
+        "value",
+        lambda t: squared_exponential(torch.zeros(2, 1), torch.ones(2, 1), 0.0),
+        ["lengthscale"],
+    )
+    add(
+        "squared_exponential/nan",
+        E,
+        "nan",
+        lambda t: squared_exponential(torch.tensor([[math.nan]]), torch.zeros(1, 1), 1.0),
+        ["a"],
+    )
+    add(
+        "gpn_kernel/weight-shape",
+        E,
+        "shape",
+        lambda t: gpn_kernel(torch.randn(3, 2), None, torch.randn(3, 4)),
+        ["weight"],
+    )
+    add(
+        "gpn_kernel/lengthscale-negative",
+        E,
+        "value",
+        lambda t: gpn_kernel(torch.randn(3, 2), None, torch.randn(2, 4), -torch.ones(4)),
+        ["lengthscale"],
+    )
+    add(
+        "gpn_kernel/nan-x",
+        E,
+        "nan",
+        lambda t: gpn_kernel(torch.full((3, 2), math.nan), None, torch.randn(2, 4)),
+        ["x"],
+    )
     return cases
 
 

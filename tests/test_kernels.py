@@ -1,5 +1,9 @@
+import math
+
+import pytest
 import torch
 
+from pyro_gpn import settings
 from pyro_gpn.kernels import gpn_kernel, squared_exponential
 
 
@@ -22,3 +26,57 @@ def test_gpn_kernel_projects_before_squaring():
         torch.testing.assert_close(k[n], torch.exp(-proj / (2 * ls[n] ** 2)))
     kxx = gpn_kernel(x, None, w[:, 0])
     assert torch.linalg.eigvalsh(kxx.double()).min() > -1e-6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((torch.zeros(2), torch.ones(3), 0.0), "lengthscale must be positive"),
+        ((torch.zeros(2), torch.ones(3), -1.0), "lengthscale must be positive"),
+        ((torch.zeros(2), torch.ones(3), math.nan), "lengthscale must be positive"),
+        ((torch.zeros(2), torch.ones(3), torch.tensor(0.0)), "lengthscale must be positive"),
+        ((torch.tensor([math.nan]), torch.ones(3), 1.0), "a contains NaN"),
+        ((torch.zeros(2), torch.ones(3, dtype=torch.float64), 1.0), "b has dtype"),
+        ((torch.zeros(2, 2), torch.ones(3, 3), 1.0), "do not broadcast: a \\(2,\\), b \\(3,\\)"),
+        ((torch.zeros(4, 2), torch.ones(4, 3), torch.ones(3)), "do not broadcast"),
+        ((torch.tensor(0.0), torch.ones(3), 1.0), "a must have shape"),
+    ],
+)
+def test_squared_exponential_refuses_bad_arguments_naming_them(args, message):
+    with pytest.raises(ValueError, match=message):
+        squared_exponential(*args)
+    with pytest.raises(TypeError, match="lengthscale must be a real number"):
+        squared_exponential(torch.zeros(2), torch.ones(3), "1")
+
+
+def test_gpn_kernel_refuses_bad_arguments_naming_them():
+    x, w = torch.randn(3, 2), torch.randn(2, 4)
+    with pytest.raises(ValueError, match="weight \\(3, 4\\) projects M = 3 inputs but x has 2"):
+        gpn_kernel(x, None, torch.randn(3, 4))  # a raw matmul error before
+    with pytest.raises(ValueError, match="x2 has 3 columns"):
+        gpn_kernel(x, torch.randn(5, 3), w)
+    with pytest.raises(ValueError, match="lengthscale must be positive"):
+        gpn_kernel(x, None, w, 0.0)
+    with pytest.raises(ValueError, match="lengthscale must be positive"):
+        gpn_kernel(x, None, w, -torch.ones(4))  # NaN before
+    with pytest.raises(ValueError, match="lengthscale and the units"):
+        gpn_kernel(x, None, w, torch.ones(3))
+    with pytest.raises(ValueError, match="x contains NaN"):
+        gpn_kernel(torch.full((3, 2), math.nan), None, w)
+    with pytest.raises(ValueError, match="x must have shape"):
+        gpn_kernel(torch.randn(2), None, torch.randn(2))
+    with pytest.raises(ValueError, match="weight has dtype"):
+        gpn_kernel(x, None, w.double())
+    with settings.validation(False):  # value checks follow the switch, shape checks do not
+        assert torch.isnan(gpn_kernel(torch.full((3, 2), math.nan), None, w)).all()
+        with pytest.raises(ValueError, match="projects M = 3"):
+            gpn_kernel(x, None, torch.randn(3, 4))
+
+
+def test_gpn_kernel_takes_batches_of_weights_and_lengthscales():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(5, 3, generator=g), torch.randn(4, 3, 2, generator=g)
+    ls = torch.rand(4, 2, generator=g) + 0.5
+    k = gpn_kernel(x, None, w, ls)
+    assert k.shape == (4, 2, 5, 5)
+    torch.testing.assert_close(k[1, 0], gpn_kernel(x, None, w[1, :, 0], ls[1, 0]))

@@ -200,3 +200,46 @@ def test_numpy_labels_are_accepted_by_the_loss():
     net = _net()
     labels = np.array([0, 1, 0, 1, 0, 1])
     torch.testing.assert_close(net.loss(_x(), labels), net.loss(_x(), torch.from_numpy(labels)))
+
+
+# ---------------------------------------------------------------------------------- helpers
+def test_check_per_unit_takes_n_or_one_rows_and_names_the_argument():
+    from pyro_gpn._validation import check_per_unit
+
+    check_per_unit("beta", torch.zeros(3, 5), 3, (5,))
+    check_per_unit("beta", torch.zeros(1, 5), 3, (5,))
+    check_per_unit("lengthscales", torch.zeros(1), 3)
+    for bad in (torch.zeros(2, 5), torch.zeros(3, 4), torch.zeros(5), torch.zeros(3, 5, 1)):
+        with pytest.raises(ValueError, match=r"beta must have shape \(3 \| 1, 5\).*of activations"):
+            check_per_unit("beta", bad, 3, (5,), owner="activations")
+
+
+def test_check_number_takes_finite_numbers_only():
+    from pyro_gpn._validation import check_number
+
+    assert check_number("jitter", 0) == 0.0
+    assert check_number("lengthscale", 0.5, positive=True) == 0.5
+    for bad, positive in ((-1e-9, False), (math.inf, False), (math.nan, False), (0.0, True)):
+        with pytest.raises(ValueError, match="must be"):
+            check_number("jitter", bad, positive=positive)
+    with pytest.raises(TypeError, match="jitter must be a real number, got str"):
+        check_number("jitter", "0.1")
+
+
+def test_check_values_synchronises_once_and_names_the_offender():
+    from pyro_gpn._validation import check_values
+    from tests.syncs import count_syncs
+
+    good = {"finite": {"a": torch.zeros(3)}, "positive": {"b": torch.ones(2), "c": None}}
+    with count_syncs() as counter:
+        check_values(**good, nonnegative={"d": torch.zeros(4)})
+    assert counter["n"] == 1
+    with pytest.raises(ValueError, match="d must be non-negative"):
+        check_values(**good, nonnegative={"d": -torch.ones(4)})
+    with pytest.raises(ValueError, match="b must be positive"):
+        check_values(positive={"b": torch.zeros(2)})
+    with pytest.raises(ValueError, match="a contains NaN"):
+        check_values(finite={"a": torch.tensor([math.nan])})
+    with settings.validation(False), count_syncs() as counter:
+        check_values(nonnegative={"d": -torch.ones(4)})
+    assert counter["n"] == 0

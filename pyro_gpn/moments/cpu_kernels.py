@@ -66,6 +66,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from .._validation import check_ndim, check_per_unit, check_shape
 from .backend import numba_available
 
 __all__ = [
@@ -324,6 +325,31 @@ class _VirtualObservations(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------------
+def _check_shapes(
+    mu: Tensor,
+    v: Tensor | None,
+    V: Tensor,
+    lam: Tensor,
+    beta: Tensor,
+    C: Tensor | None = None,
+    noise_var: Tensor | None = None,
+) -> None:
+    """The shapes the compiled loops index by (they read past an array's end otherwise): Python
+    comparisons only, no device synchronisation."""
+    check_ndim("mu", mu, 2)
+    num_units = mu.shape[1]
+    if v is not None:
+        check_shape("v", v, tuple(mu.shape))
+    check_per_unit("V", V, num_units, (None,), owner="mu")
+    points = f"R = {V.shape[1]} inducing points as in V"
+    check_per_unit("lam", lam, num_units, owner="mu")
+    check_per_unit("beta", beta, num_units, (V.shape[1],), points, "mu")
+    if C is not None:
+        check_per_unit("C", C, num_units, (V.shape[1], V.shape[1]), points, "mu")
+    if noise_var is not None:
+        check_per_unit("noise_var", noise_var, num_units, owner="mu")
+
+
 def cpu_response_mean(mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta: Tensor) -> Tensor:
     """Output means ``sqrt(lambda^2 / c_1) sum_r beta_r exp(-(mu - V_r)^2 / (2 c_1))``.
 
@@ -336,7 +362,11 @@ def cpu_response_mean(mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta
 
     Returns:
         ``[S, N]`` in ``mu``'s dtype, differentiable w.r.t. ``mu``, ``v``, ``lam``, ``beta``.
+
+    Raises:
+        ValueError: naming the argument, for shapes that do not fit together.
     """
+    _check_shapes(mu, v, V, lam, beta)
     return _MeanVar.apply(mu, v, V, lam, beta, None, None)
 
 
@@ -362,7 +392,11 @@ def cpu_response_meanvar(
     Returns:
         ``(mean, var)`` ``[S, N]`` in ``mu``'s dtype, differentiable w.r.t. every input but
         ``V``.
+
+    Raises:
+        ValueError: naming the argument, for shapes that do not fit together.
     """
+    _check_shapes(mu, v, V, lam, beta, C, noise_var)
     return _MeanVar.apply(mu, v, V, lam, beta, C, noise_var)
 
 

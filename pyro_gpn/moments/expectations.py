@@ -41,11 +41,58 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import (
+    check_ndim,
+    check_per_unit,
+    check_psd,
+    check_same_dtype_device,
+    check_shape,
+    check_tensor,
+    check_values,
+)
+
 __all__ = ["expected_cross_kernel_product", "expected_kernel", "expected_kernel_product"]
 
 
 def _zero_if_none(var: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros_like(like) if var is None else var
+
+
+def _check_arguments(
+    mean: Tensor,
+    second: tuple[str, Tensor | None],
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+) -> None:
+    """Shapes ``mean [S, N]``, ``var [S, N]`` or ``cov [S, N, N]`` (``second``),
+    ``inducing_points [N | 1, R]`` (or ``[R]``) and ``lengthscales [N | 1]``, one dtype and
+    device; while validation is on, finite ``mean`` and ``inducing_points``, a non-negative
+    ``var`` or a symmetric positive semi-definite ``cov``, positive ``lengthscales``."""
+    check_tensor("mean", mean)
+    check_ndim("mean", mean, 2)
+    num_samples, num_units = mean.shape
+    name, value = second
+    if value is not None or name == "cov":
+        check_tensor(name, value)
+        wanted = (num_samples, num_units) + ((num_units,) if name == "cov" else ())
+        check_shape(name, value, wanted)
+    check_tensor("inducing_points", inducing_points)
+    if inducing_points.dim() != 1:  # [R]: shared by every unit, as [1, R]
+        check_per_unit("inducing_points", inducing_points, num_units, (None,), owner="mean")
+    check_tensor("lengthscales", lengthscales)
+    check_per_unit("lengthscales", lengthscales, num_units, owner="mean")
+    check_same_dtype_device(
+        "mean",
+        mean,
+        {name: value, "inducing_points": inducing_points, "lengthscales": lengthscales},
+    )
+    check_values(
+        finite={"mean": mean, "inducing_points": inducing_points},
+        nonnegative={"var": value} if name == "var" else None,
+        positive={"lengthscales": lengthscales},
+    )
+    if name == "cov":
+        check_psd("cov", value)
 
 
 def expected_kernel(
@@ -61,7 +108,15 @@ def expected_kernel(
 
     Returns:
         ``[S, N, R]``.
+
+    Raises:
+        TypeError: if an argument is not a tensor.
+        ValueError: naming the argument, for shapes that do not fit together or mixed dtypes
+            or devices; while :func:`pyro_gpn.settings.is_validation_enabled`, for non-finite
+            ``mean`` or ``inducing_points``, a negative ``var`` or non-positive
+            ``lengthscales``.
     """
+    _check_arguments(mean, ("var", var), inducing_points, lengthscales)
     var = _zero_if_none(var, mean)
     ls2 = lengthscales.square()
     c = (ls2 + var).unsqueeze(-1)  # [S, N, 1]
@@ -80,7 +135,15 @@ def expected_kernel_product(
 
     Returns:
         ``[S, N, R, R]``.
+
+    Raises:
+        TypeError: if an argument is not a tensor.
+        ValueError: naming the argument, for shapes that do not fit together or mixed dtypes
+            or devices; while :func:`pyro_gpn.settings.is_validation_enabled`, for non-finite
+            ``mean`` or ``inducing_points``, a negative ``var`` or non-positive
+            ``lengthscales``.
     """
+    _check_arguments(mean, ("var", var), inducing_points, lengthscales)
     var = _zero_if_none(var, mean)
     ls2 = lengthscales.square()
     c = (ls2 + 2 * var)[..., None, None]  # [S, N, 1, 1]
@@ -107,7 +170,15 @@ def expected_cross_kernel_product(
         ``[S, N, N, R, R]`` indexed ``[s, n, m, r, t]``. Memory grows as ``S N^2 R^2``: use it
         for small problems and tests; :func:`pyro_gpn.moments.propagate.response_moments`
         contracts it in chunks.
+
+    Raises:
+        TypeError: if an argument is not a tensor.
+        ValueError: naming the argument, for shapes that do not fit together or mixed dtypes
+            or devices; while :func:`pyro_gpn.settings.is_validation_enabled`, for non-finite
+            ``mean`` or ``inducing_points``, a ``cov`` that is not symmetric positive
+            semi-definite or non-positive ``lengthscales``.
     """
+    _check_arguments(mean, ("cov", cov), inducing_points, lengthscales)
     num_units = mean.shape[-1]
     ls = lengthscales.expand(num_units)
     V = inducing_points.expand(num_units, -1)

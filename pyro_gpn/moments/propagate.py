@@ -57,6 +57,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .._validation import (
+    check_ndim,
+    check_per_unit,
+    check_same_dtype_device,
+    check_tensor,
+    check_values,
+)
 from . import cross
 from .backend import TRITON_MEANVAR_DTYPES, select_backend
 from .cross import COV_CHUNK_ELEMENTS
@@ -165,21 +172,32 @@ def response_moments(
         :class:`Moments` of the outputs: ``mean`` only, ``mean`` and ``var``, or ``mean`` and
         ``cov`` (diagonal when the activations carry no covariance, since the units' activation
         functions are independent GPs).
+
+    Raises:
+        TypeError: if ``activations`` is not :class:`Moments` or an argument is not a tensor.
+        ValueError: naming the argument, for an unknown ``mode``; a missing
+            ``variance_reduction``; shapes that do not fit together (every per-unit argument
+            has ``N`` rows, ``N`` the activations' units, or 1, and ``R`` inducing points as
+            ``inducing_points``): checked always, as nothing else stops the fused kernels from
+            reading past an argument's end; mixed dtypes or devices; and, while
+            :func:`pyro_gpn.settings.is_validation_enabled`, non-positive ``lengthscales`` or a
+            negative ``noise_var``.
     """
     _check_mode(mode)
     if mode != "mean" and variance_reduction is None:
         raise ValueError(f"variance_reduction is required in mode {mode!r}")
     if variance_inner is not None and variance_cholesky is None:
         raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
-    num_points = inducing_points.shape[-1]
-    for name, factor in (
-        ("variance_cholesky", variance_cholesky),
-        ("variance_inner", variance_inner),
-    ):
-        if factor is not None and tuple(factor.shape[-2:]) != (num_points, num_points):
-            raise ValueError(
-                f"{name} must be [N | 1, {num_points}, {num_points}], got {tuple(factor.shape)}"
-            )
+    _check_response_arguments(
+        activations,
+        inducing_points,
+        lengthscales,
+        beta,
+        variance_reduction,
+        noise_var,
+        variance_cholesky,
+        variance_inner,
+    )
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()
@@ -237,6 +255,68 @@ def response_moments(
     response = (inducing_points, lengthscales, beta, variance_reduction)
     factors = (variance_cholesky, variance_inner, equidistant)
     return _from_closed_form(activations, out_mean, out_var, noise_var, mode, response, factors)
+
+
+def _check_response_arguments(
+    activations: Moments,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor | None,
+    noise_var: Tensor | None,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+) -> None:
+    """The argument checks of :func:`response_moments`: types, shapes, dtypes and devices
+    (Python comparisons of shapes, no device synchronisation: the layers call it every step),
+    and the values of ``lengthscales`` and ``noise_var`` in one synchronisation while
+    validation is on (off inside the training loops)."""
+    if not isinstance(activations, Moments):
+        raise TypeError(f"activations must be Moments, got {type(activations).__name__}")
+    mean = activations.mean
+    check_tensor("activations.mean", mean)
+    check_ndim("activations.mean", mean, 2)
+    num_units = mean.shape[-1]
+    owner = "activations"
+    check_tensor("inducing_points", inducing_points)
+    check_per_unit("inducing_points", inducing_points, num_units, (None,), owner=owner)
+    num_points = inducing_points.shape[-1]
+    points = f"R = {num_points} inducing points as in inducing_points"
+    check_tensor("lengthscales", lengthscales)
+    check_per_unit("lengthscales", lengthscales, num_units, owner=owner)
+    check_tensor("beta", beta)
+    check_per_unit("beta", beta, num_units, (num_points,), points, owner)
+    optional = {
+        "variance_reduction": variance_reduction,
+        "variance_cholesky": variance_cholesky,
+        "variance_inner": variance_inner,
+    }
+    for name, matrix in optional.items():
+        if matrix is None:
+            continue
+        check_tensor(name, matrix)
+        if tuple(matrix.shape[-2:]) != (num_points, num_points):
+            raise ValueError(
+                f"{name} must be [N | 1, {num_points}, {num_points}], got {tuple(matrix.shape)}"
+            )
+        check_per_unit(name, matrix, num_units, (num_points, num_points), points, owner)
+    if noise_var is not None:
+        check_tensor("noise_var", noise_var)
+        check_per_unit("noise_var", noise_var, num_units, owner=owner)
+    check_same_dtype_device(
+        "activations.mean",
+        mean,
+        {
+            "activations.var": activations.var,
+            "activations.cov": activations.cov,
+            "inducing_points": inducing_points,
+            "lengthscales": lengthscales,
+            "beta": beta,
+            **optional,
+            "noise_var": noise_var,
+        },
+    )
+    check_values(positive={"lengthscales": lengthscales}, nonnegative={"noise_var": noise_var})
 
 
 def _from_closed_form(

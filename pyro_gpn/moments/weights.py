@@ -7,7 +7,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kernels import squared_exponential
+from .._validation import (
+    check_ndim,
+    check_number,
+    check_per_unit,
+    check_same_dtype_device,
+    check_tensor,
+    check_values,
+)
+from ..kernels import _squared_exponential
 from .backend import cpu_parameter_kernels
 
 __all__ = [
@@ -46,7 +54,17 @@ def virtual_observation_weights(
         (``docs/results/accuracy.md``) it gives ``alpha^T kappa alpha`` more accurately than
         ``cholesky_inverse`` when ``K + S`` is ill-conditioned; where that matters the variance
         path uses ``L`` instead.
+
+    Raises:
+        TypeError: if an argument is not a tensor (``jitter`` not a real number).
+        ValueError: naming the argument, for shapes that do not fit together (every argument
+            has ``G`` rows or 1, and ``R`` inducing points as ``inducing_points``), mixed
+            dtypes or devices, or a negative or non-finite ``jitter`` (all checked always); and
+            while :func:`pyro_gpn.settings.is_validation_enabled`, non-finite
+            ``inducing_points`` or ``targets``, negative ``target_variances`` or non-positive
+            ``lengthscales``; or if ``K(V, V) + diag(S)`` is not positive definite.
     """
+    _check_weight_arguments(inducing_points, targets, target_variances, lengthscales, jitter)
     if not with_cholesky and cpu_parameter_kernels(
         inducing_points, targets, target_variances, lengthscales
     ):
@@ -59,7 +77,7 @@ def virtual_observation_weights(
             return (kappa if with_kappa else None), beta
         except NotPositiveDefinite:
             pass  # the reference path below retries with more jitter
-    gram = squared_exponential(inducing_points, inducing_points, lengthscales)
+    gram = _squared_exponential(inducing_points, inducing_points, lengthscales)
     gram = gram + torch.diag_embed(target_variances + jitter)
     chol = safe_cholesky(gram)
     beta = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)
@@ -70,6 +88,61 @@ def virtual_observation_weights(
     if with_cholesky:
         return kappa, beta, chol
     return kappa, beta
+
+
+def _check_weight_arguments(
+    inducing_points: Tensor,
+    targets: Tensor,
+    target_variances: Tensor,
+    lengthscales: Tensor,
+    jitter: float,
+) -> None:
+    """The argument checks of :func:`virtual_observation_weights`: types, shapes, dtypes,
+    devices and ``jitter`` (no device synchronisation: the parametric layers call it every
+    step), and the tensors' values in one synchronisation while validation is on."""
+    check_tensor("inducing_points", inducing_points)
+    if inducing_points.dim() != 2:
+        raise ValueError(
+            "inducing_points must have shape [N | 1, R] (one row per activation function, or "
+            f"one shared: V[None] for a [R] tensor V), got {tuple(inducing_points.shape)}"
+        )
+    check_tensor("targets", targets)
+    check_ndim("targets", targets, 2)
+    check_tensor("target_variances", target_variances)
+    check_ndim("target_variances", target_variances, 2)
+    check_tensor("lengthscales", lengthscales)
+    check_ndim("lengthscales", lengthscales, 1)
+    rows = {
+        "inducing_points": inducing_points.shape[0],
+        "targets": targets.shape[0],
+        "target_variances": target_variances.shape[0],
+        "lengthscales": lengthscales.shape[0],
+    }
+    if len(set(rows.values()) - {1}) > 1:
+        given = ", ".join(f"{name} {size}" for name, size in rows.items())
+        raise ValueError(
+            f"the arguments' numbers of rows disagree ({given}): each must be G (one per "
+            "activation function) or 1 (shared)"
+        )
+    groups = max(rows.values())
+    num_points = inducing_points.shape[-1]
+    points = f"R = {num_points} inducing points as in inducing_points"
+    check_per_unit("inducing_points", inducing_points, groups, (num_points,))
+    check_per_unit("targets", targets, groups, (num_points,), points)
+    check_per_unit("target_variances", target_variances, groups, (num_points,), points)
+    check_per_unit("lengthscales", lengthscales, groups)
+    scalar = isinstance(jitter, Tensor) and jitter.numel() == 1
+    check_number("jitter", jitter.item() if scalar else jitter)
+    check_same_dtype_device(
+        "inducing_points",
+        inducing_points,
+        {"targets": targets, "target_variances": target_variances, "lengthscales": lengthscales},
+    )
+    check_values(
+        finite={"inducing_points": inducing_points, "targets": targets},
+        nonnegative={"target_variances": target_variances},
+        positive={"lengthscales": lengthscales},
+    )
 
 
 def safe_cholesky(matrix: Tensor, max_tries: int = 4) -> Tensor:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from pyro_gpn import settings
 from pyro_gpn.moments.backend import backend, numba_available
 from pyro_gpn.moments.gaussian import Moments
 from pyro_gpn.moments.propagate import response_moments, virtual_observation_weights
@@ -206,8 +207,12 @@ def test_not_positive_definite_raises():
     _, _, V, U, _, lam, _ = make(1, 2, 6, seed=1)
     with pytest.raises(torch.linalg.LinAlgError, match="positive definite"):
         cpu_virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
-    # the dispatching function falls back to the reference path, which raises its own error
-    with pytest.raises(ValueError, match="not positive definite"):
+    # negative target variances are refused up front while validation is on; without the value
+    # checks the dispatching function falls back to the reference path, which raises its own
+    # error
+    with pytest.raises(ValueError, match="target_variances must be non-negative"):
+        virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
+    with settings.validation(False), pytest.raises(ValueError, match="not positive definite"):
         virtual_observation_weights(V, U, torch.full_like(U, -10.0), lam)
 
 
@@ -459,3 +464,23 @@ def test_runs_of_equal_activations_match_reference(pattern):
     assert (out_f[0][1:5] == out_f[0][0]).all()
     if pattern == "alternate":
         assert (out_f[1][9:29:2] != out_f[1][10:30:2]).all()
+
+
+def test_the_kernels_refuse_shapes_they_would_read_past():
+    """The compiled loops index every argument by the activations' units and ``V``'s ``R``: a
+    wider ``beta`` read past its end (garbage, different on every call)."""
+    g = torch.Generator().manual_seed(0)
+    mu, v = torch.randn(4, 3, dtype=F64, generator=g), torch.rand(4, 3, dtype=F64, generator=g)
+    V = torch.linspace(-2, 2, 5, dtype=F64).expand(3, 5).clone()
+    lam, C = torch.full((3,), 0.5, dtype=F64), torch.eye(5, dtype=F64).expand(3, 5, 5)
+    beta = torch.randn(3, 5, dtype=F64, generator=g)
+    with pytest.raises(ValueError, match=r"beta must have shape \(3 \| 1, 5\)"):
+        cpu_response_meanvar(mu, v, V, lam, torch.randn(3, 7, dtype=F64), C)
+    with pytest.raises(ValueError, match="the 4 units of mu"):
+        cpu_response_mean(torch.randn(4, 4, dtype=F64), None, V, lam, beta)
+    with pytest.raises(ValueError, match="C must have shape"):
+        cpu_response_meanvar(mu, v, V, lam, beta, C[:, :4, :4])
+    with pytest.raises(ValueError, match="noise_var must have shape"):
+        cpu_response_meanvar(mu, v, V, lam, beta, C, torch.ones(5, dtype=F64))
+    with pytest.raises(ValueError, match="v must have shape"):
+        cpu_response_meanvar(mu, v[:, :2], V, lam, beta, C)

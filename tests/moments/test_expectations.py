@@ -76,3 +76,53 @@ def test_gradcheck_expectations():
     cov_arg = cov.clone().requires_grad_()
     fn = lambda m, c, p, l: expected_cross_kernel_product(m, 0.5 * (c + c.mT), p, l)
     assert gradcheck(fn, [args[0], cov_arg, args[2], args[3]])
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"var": -1.0}, "var must be non-negative"),  # psi, Omega: NaN before
+        ({"lengthscales": torch.ones(5, dtype=DT)}, "lengthscales must have shape"),
+        ({"lengthscales": torch.zeros(4, dtype=DT)}, "lengthscales must be positive"),
+        ({"inducing_points": torch.zeros(5, 4, dtype=DT)}, "inducing_points must have shape"),
+        ({"var": torch.ones(3, 4)}, "var has dtype torch.float32 but mean"),
+        ({"mean": float("nan")}, "mean contains NaN"),
+    ],
+)
+@pytest.mark.parametrize("function", [expected_kernel, expected_kernel_product])
+def test_expected_kernels_refuse_bad_arguments_naming_them(function, bad, message):
+    mean, cov, points, ls = _setup()
+    args = {
+        "mean": mean,
+        "var": torch.diagonal(cov, dim1=-2, dim2=-1),
+        "inducing_points": points,
+        "lengthscales": ls,
+    }
+    for name in ("var", "mean"):  # a number scales the valid tensor (a sign or a NaN)
+        if isinstance(bad.get(name), float):
+            bad = {**bad, name: bad[name] * args[name]}
+    with pytest.raises(ValueError, match=message):
+        function(**{**args, **bad})
+
+
+def test_expected_cross_kernel_product_refuses_bad_covariances():
+    mean, cov, points, ls = _setup()
+    with pytest.raises(ValueError, match="cov must be positive semi-definite"):
+        expected_cross_kernel_product(mean, -cov, points, ls)  # NaN before
+    with pytest.raises(ValueError, match=r"cov must have shape \(3, 4, 4\)"):
+        expected_cross_kernel_product(mean, cov[:, :2, :2], points, ls)
+    with pytest.raises(ValueError, match="cov has dtype"):
+        expected_cross_kernel_product(mean, cov.float(), points, ls)
+
+
+def test_shared_inducing_points_may_be_one_dimensional():
+    mean, cov, points, ls = _setup(shared=True)
+    var = torch.diagonal(cov, dim1=-2, dim2=-1)
+    for function, second in (
+        (expected_kernel, var),
+        (expected_kernel_product, var),
+        (expected_cross_kernel_product, cov),
+    ):
+        torch.testing.assert_close(
+            function(mean, second, points[0], ls), function(mean, second, points, ls)
+        )

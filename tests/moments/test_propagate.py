@@ -15,6 +15,7 @@ from pyro_gpn.moments import (
     response_moments,
     virtual_observation_weights,
 )
+from pyro_gpn.moments.backend import backend, numba_available
 from tests.mc import assert_mc_covariance, assert_mc_mean, assert_mc_variance, random_covariance
 
 DT = torch.float64
@@ -225,3 +226,106 @@ def test_covariance_matches_materialised_lambda(shared):
     expected = expected - out.mean.unsqueeze(-1) * out.mean.unsqueeze(-2)
     off = ~torch.eye(n, dtype=torch.bool)
     torch.testing.assert_close(out.cov[:, off], expected[:, off])
+
+
+# ---------------------------------------------------------------------------------- bad arguments
+_BACKENDS = ["reference", "auto"] + (["cpu"] if numba_available() else [])
+
+
+def _three_units(seed=0):
+    points, ls, beta, kappa, noise_var, *_ = _params(seed, N=3, R=5)
+    mean, cov = _inputs(seed, S=4, N=3)
+    acts = Moments(mean, var=torch.diagonal(cov, dim1=-2, dim2=-1).clone())
+    return acts, points, ls, beta, kappa, noise_var
+
+
+@pytest.mark.parametrize("name", _BACKENDS)
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        # beta wider than the inducing points: the fused kernels read past its end (garbage
+        # such as 3.3e87, different on every call)
+        ({"beta": torch.randn(3, 7, dtype=DT)}, r"beta must have shape \(3 \| 1, 5\)"),
+        ({"beta": torch.randn(3, 4, dtype=DT)}, r"beta must have shape \(3 \| 1, 5\)"),
+        ({"variance_reduction": torch.eye(4, dtype=DT).expand(3, 4, 4)}, "variance_reduction"),
+        ({"variance_reduction": torch.eye(5, dtype=DT).expand(2, 5, 5)}, "variance_reduction"),
+        ({"lengthscales": torch.ones(5, dtype=DT)}, "lengthscales must have shape"),
+        ({"noise_var": torch.ones(5, dtype=DT)}, "noise_var must have shape"),
+        ({"inducing_points": torch.linspace(-2, 2, 5, dtype=DT)}, "inducing_points"),
+        ({"beta": torch.randn(3, 5)}, "beta has dtype torch.float32 but activations.mean"),
+        ({"lengthscales": torch.zeros(3, dtype=DT)}, "lengthscales must be positive"),
+        ({"noise_var": -torch.ones(3, dtype=DT)}, "noise_var must be non-negative"),
+    ],
+)
+def test_response_moments_refuses_bad_parameters_naming_them(name, bad, message):
+    acts, points, ls, beta, kappa, noise_var = _three_units()
+    args = {
+        "inducing_points": points,
+        "lengthscales": ls,
+        "beta": beta,
+        "variance_reduction": kappa,
+        "noise_var": noise_var,
+    }
+    with backend(name), pytest.raises(ValueError, match=message):
+        response_moments(acts, **{**args, **bad})
+
+
+@pytest.mark.parametrize("name", _BACKENDS)
+@pytest.mark.parametrize("units", [2, 4])
+@pytest.mark.parametrize("mode", ["mean", "meanvar", "cov"])
+def test_response_moments_refuses_activations_of_another_width(name, units, mode):
+    """4 activation units against 3-unit parameters gave NaN or 0 on the fused backend, 2 units
+    a silent [S, 2] result."""
+    _, points, ls, beta, kappa, noise_var = _three_units()
+    g = torch.Generator().manual_seed(5)
+    mean = torch.randn(4, units, dtype=DT, generator=g)
+    acts = Moments(mean, var=torch.rand(4, units, dtype=DT, generator=g))
+    with backend(name), pytest.raises(ValueError, match=f"the {units} units of activations"):
+        response_moments(acts, points, ls, beta, kappa, noise_var, mode)
+
+
+def test_response_moments_checks_shapes_always_and_values_under_validation():
+    from pyro_gpn import settings
+
+    acts, points, ls, beta, kappa, noise_var = _three_units()
+    with pytest.raises(TypeError, match="activations must be Moments"):
+        response_moments(acts.mean, points, ls, beta, kappa)
+    with settings.validation(False):
+        with pytest.raises(ValueError, match="beta must have shape"):
+            response_moments(acts, points, ls, beta[:, :4], kappa)
+        response_moments(acts, points, ls, beta, kappa, -noise_var)  # no value read
+    # one shared activation function serves any number of units
+    shared = response_moments(acts, points[:1], ls[:1], beta[:1], kappa[:1], noise_var[:1])
+    alone = response_moments(
+        Moments(acts.mean[:, :1], var=acts.var[:, :1]), points[:1], ls[:1], beta[:1], kappa[:1]
+    )
+    torch.testing.assert_close(shared.mean[:, :1], alone.mean)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"inducing_points": torch.linspace(-2, 2, 5, dtype=DT)}, "inducing_points must have"),
+        ({"targets": torch.randn(3, 4, dtype=DT)}, r"targets must have shape \(3 \| 1, 5\)"),
+        ({"target_variances": torch.ones(2, 5, dtype=DT)}, "rows disagree.*target_variances 2"),
+        ({"lengthscales": torch.ones(5, dtype=DT)}, "rows disagree.*lengthscales 5"),
+        ({"lengthscales": torch.ones(3, 1, dtype=DT)}, "lengthscales must have 1 dim"),
+        ({"targets": torch.randn(3, 5)}, "targets has dtype torch.float32 but inducing_points"),
+        ({"jitter": -1.0}, "jitter must be non-negative"),
+        ({"jitter": float("nan")}, "jitter must be non-negative"),
+        ({"target_variances": -torch.ones(3, 5, dtype=DT)}, "target_variances must be non-neg"),
+        ({"lengthscales": torch.zeros(3, dtype=DT)}, "lengthscales must be positive"),
+        ({"targets": torch.full((3, 5), float("nan"), dtype=DT)}, "targets contains NaN"),
+    ],
+)
+@pytest.mark.parametrize("with_cholesky", [False, True])
+def test_virtual_observation_weights_refuse_bad_arguments_naming_them(bad, message, with_cholesky):
+    points, ls, _, _, _, targets, variances = _params(N=3, R=5)
+    args = {
+        "inducing_points": points,
+        "targets": targets,
+        "target_variances": variances,
+        "lengthscales": ls,
+    }
+    with pytest.raises(ValueError, match=message):
+        virtual_observation_weights(**{**args, **bad}, with_cholesky=with_cholesky)
