@@ -133,6 +133,8 @@ class GPNNet(GPNModule):
         if not isinstance(head, (str, Head)):
             raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
         self.sizes = sizes = check_sizes(sizes, head)
+        if any(isinstance(s, bool) for s in sizes):  # bools are ints to isinstance
+            raise ValueError(f"sizes must be positive integers, not bools, got {sizes}")
         self.mode = mode
         if layer is GPNLayer:
             layer_kwargs.setdefault("targets_init", GPN.targets_init)
@@ -277,16 +279,8 @@ class GPNNet(GPNModule):
         return self.head.log_predictive(self.hidden(x), y, calibrated=calibrated)
 
     def _target(self, y: Tensor) -> Tensor:
-        """Targets at the boundary: NumPy arrays become tensors, floating targets take the
-        parameters' dtype (integer labels stay integers); on the parameters' device."""
-        weight = self.layers[0].weight
-        if isinstance(y, np.ndarray):
-            y = torch.from_numpy(np.ascontiguousarray(y))
-        if isinstance(y, Tensor):
-            check_device("y", y, weight.device, "the network's parameters are")
-            if y.is_floating_point() and y.dtype != weight.dtype:
-                y = y.to(weight.dtype)
-        return y
+        """Targets at the boundary (:func:`as_target`)."""
+        return as_target(y, self.layers[0].weight)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """The paper's deterministic training objective, averaged over the samples.
@@ -325,6 +319,19 @@ class GPNNet(GPNModule):
 
     def extra_repr(self) -> str:
         return f"sizes={self.sizes}, mode={self.mode!r}"
+
+
+def as_target(y: object, like: Tensor) -> object:
+    """Targets at a network's boundary: NumPy arrays become tensors, floating targets take
+    ``like``'s dtype (integer labels stay integers); a tensor on another device than ``like``
+    raises ``ValueError`` naming ``y``. Anything else is returned for the head to refuse."""
+    if isinstance(y, np.ndarray):
+        y = torch.from_numpy(np.ascontiguousarray(y))
+    if isinstance(y, Tensor):
+        check_device("y", y, like.device, "the network's parameters are")
+        if y.is_floating_point() and y.dtype != like.dtype:
+            y = y.to(like.dtype)
+    return y
 
 
 def _num_rows(x: object) -> int | None:

@@ -33,7 +33,7 @@ from .layers.variational import VariationalTargets
 from .losses import target_variance_penalty
 from .moments.gaussian import Moments
 from .moments.propagate import MODES, Mode
-from .network import input_moments
+from .network import _num_rows, as_target, input_moments
 from .pyro_module import GPNModule
 from .recommended import VGPN
 
@@ -191,13 +191,23 @@ class GPNSequential(GPNModule):
     def input_features(self) -> int:
         return math.prod(self.input_shape)
 
+    def _reference(self) -> Tensor | None:
+        """The parameter whose dtype and device inputs take: the first block's with parameters,
+        else the head's (``None`` without parameters)."""
+        return next(self.blocks.parameters(), next(self.head.parameters(), None))
+
     def hidden(self, x: Tensor, x_var: Tensor | None = None) -> Moments:
         """Moments of the last block's outputs (the head's features).
+
+        ``x`` (and ``x_var``) may be tensors or NumPy arrays in any floating dtype: they are
+        cast to the parameters' dtype and must be on the parameters' device (the rule in
+        :mod:`pyro_gpn._validation`, as for :class:`~pyro_gpn.GPNNet`); ``S = 0`` rows give
+        empty moments.
 
         Shape:
             ``x [S, F_in]`` (flat) -> :class:`Moments` ``[S, F]``.
         """
-        moments = input_moments(x, x_var)
+        moments = input_moments(x, x_var, like=self._reference())
         if moments.num_features != self.input_features:
             raise ValueError(
                 f"x must have {self.input_features} features (input_shape {self.input_shape}), "
@@ -214,11 +224,20 @@ class GPNSequential(GPNModule):
         return self.head.predictive(self.hidden(x, x_var))
 
     def expected_nll(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        """The head's expected negative log-likelihood of ``y`` under the blocks' features.
+
+        Raises:
+            ValueError: ``x`` has no rows with ``reduction="mean"`` (as
+                :meth:`pyro_gpn.GPNNet.expected_nll`), or bad ``x`` / ``y``.
+        """
+        _check_not_empty(x, reduction)
+        y = as_target(y, self._reference())
         return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
 
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
         """Per-sample ``E[log p(y_s | features)]`` ``[B]`` (the closed-form ELBO's ``L_pred``)."""
-        self.head.check_target(y, x.shape[0])
+        y = as_target(y, self._reference())
+        self.head.check_target(y, _num_rows(x))
         return -self.expected_nll(x, y, reduction="none")
 
     def log_predictive(self, x: Tensor, y: Tensor, calibrated: bool = True) -> Tensor:
@@ -230,7 +249,8 @@ class GPNSequential(GPNModule):
         Shape:
             ``x [S, F_in]``, ``y [S, N]`` (regression) or ``[S]`` labels -> ``[S]``.
         """
-        self.head.check_target(y, x.shape[0])
+        y = as_target(y, self._reference())
+        self.head.check_target(y, _num_rows(x))
         return self.head.log_predictive(self.hidden(x), y, calibrated=calibrated)
 
     def kl_divergence(self) -> Tensor:
@@ -256,8 +276,13 @@ class GPNSequential(GPNModule):
         The functions :func:`~pyro_gpn.inference.closed_form_elbo` and
         :func:`~pyro_gpn.inference.predictive_log_likelihood` name their objective
         themselves and do not read :attr:`objective`.
+
+        Raises:
+            ValueError: ``x`` has no rows (the mean over no samples is undefined, as in
+                :meth:`pyro_gpn.GPNNet.loss`), or bad ``x`` / ``y``.
         """
-        num_data = x.shape[0] if self.num_data is None else self.num_data
+        _check_not_empty(x, "mean")
+        num_data = _num_rows(x) if self.num_data is None else self.num_data
         if self.objective == "predictive":
             data = -self.log_predictive(x, y, calibrated=False).mean()
         else:
@@ -283,4 +308,13 @@ class GPNSequential(GPNModule):
         return (
             f"input_shape={self.input_shape}, mode={self.mode!r}, num_data={self.num_data}, "
             f"objective={self.objective!r}"
+        )
+
+
+def _check_not_empty(x: object, reduction: str) -> None:
+    """``ValueError`` if ``x`` has no rows and the loss is a mean over them."""
+    if reduction == "mean" and _num_rows(x) == 0:
+        raise ValueError(
+            "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
+            "(NaN); skip empty batches or use reduction='sum'"
         )

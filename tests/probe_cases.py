@@ -2336,6 +2336,190 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
         lambda t: gpn_kernel(torch.full((3, 2), math.nan), None, torch.randn(2, 4)),
         ["x"],
     )
+
+    # ------------------------------------------------------------ blocks, GPNSequential, models
+    # (the dtype rule, empty batches, unscaled inputs and constructor arguments beyond GPNNet)
+    from pyro_gpn import GPNSequential
+    from pyro_gpn._validation import UnscaledInputWarning
+    from pyro_gpn.layers import GPNConv2d, GPNRecurrent, MomentFlatten, MomentLinear
+    from pyro_gpn.models import FixedActivationNet, SampledTargetsGPN, VariationalGPN
+
+    def conv():
+        torch.manual_seed(0)
+        return GPNConv2d(1, 2, 3, input_size=5)
+
+    def rnn():
+        torch.manual_seed(0)
+        return GPNRecurrent(2, 3)
+
+    def seq():
+        torch.manual_seed(0)
+        blocks = [GPNConv2d(1, 2, 3, input_size=5), MomentFlatten()]
+        return GPNSequential(blocks, input_shape=(1, 5, 5), num_outputs=3)
+
+    def fan():
+        torch.manual_seed(0)
+        return FixedActivationNet([3, 4, 2])
+
+    def warned(result, caught):
+        if any(issubclass(w.category, UnscaledInputWarning) for w in caught):
+            return None
+        return "no UnscaledInputWarning for inputs of order 1e3"
+
+    images, sequences = _data(6, 25), _data(6, 10)
+    E = "GPNConv2d"
+    add(
+        "conv/dtype-float64",
+        E,
+        "dtype",
+        lambda t: conv()(images.double()),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: conv()(images)),
+    )
+    add(
+        "conv/numpy-input",
+        E,
+        "dtype",
+        lambda t: conv()(images.numpy()),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: conv()(images)),
+    )
+    add(
+        "conv/empty-batch",
+        E,
+        "empty",
+        lambda t: conv()(images[:0]),
+        ["inputs"],
+        expect="result",
+        check=_shape_is((0, 18)),
+    )
+    add(
+        "conv/unscaled-1e3",
+        E,
+        "scale",
+        lambda t: conv()(images * 1e3),
+        expect="result",
+        check=warned,
+    )
+    add("conv/kernel-size-float", E, "value", lambda t: GPNConv2d(1, 2, 2.5, 5), ["kernel_size"])
+    E = "GPNRecurrent"
+    add(
+        "rnn/dtype-float64",
+        E,
+        "dtype",
+        lambda t: rnn()(sequences.double()),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: rnn()(sequences)),
+    )
+    add(
+        "rnn/numpy-input",
+        E,
+        "dtype",
+        lambda t: rnn()(sequences.numpy()),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: rnn()(sequences)),
+    )
+    add(
+        "rnn/unscaled-1e3",
+        E,
+        "scale",
+        lambda t: rnn()(sequences * 1e3),
+        expect="result",
+        check=warned,
+    )
+    add(
+        "moment-linear/dtype-float64",
+        "MomentLinear",
+        "dtype",
+        lambda t: (torch.manual_seed(0), MomentLinear(3, 2))[1](x64),
+        ["inputs"],
+        expect="either",
+        check=_same_as_float32(lambda: (torch.manual_seed(0), MomentLinear(3, 2))[1](x)),
+    )
+    E = "GPNSequential"
+    add(
+        "seq/predict-float64",
+        E,
+        "dtype",
+        lambda t: seq().predict(images.double()).probs,
+        ["x"],
+        expect="either",
+        check=_same_as_float32(lambda: seq().predict(images).probs),
+    )
+    add(
+        "seq/loss-float16",
+        E,
+        "dtype",
+        lambda t: seq().loss(images.half(), _labels(6, 3)),
+        ["x"],
+        expect="either",
+        check=_same_as_float32(lambda: seq().loss(images.half().float(), _labels(6, 3))),
+    )
+    add(
+        "seq/predict-empty-batch",
+        E,
+        "empty",
+        lambda t: seq().predict(images[:0]).probs,
+        ["x"],
+        expect="result",
+        check=_shape_is((0, 3)),
+    )
+    add(
+        "seq/loss-empty-batch",
+        E,
+        "empty",
+        lambda t: seq().loss(images[:0], _labels(0, 3)),
+        ["x", "batch", "empty"],
+    )
+    E = "FixedActivationNet"
+    add(
+        "fan/predict-float64",
+        E,
+        "dtype",
+        lambda t: fan().predict(x64).probs,
+        ["x"],
+        expect="either",
+        check=_same_as_float32(lambda: fan().predict(x).probs),
+    )
+    add(
+        "fan/loss-empty-batch",
+        E,
+        "empty",
+        lambda t: fan().loss(x[:0], _labels(0)),
+        ["x", "batch", "empty"],
+    )
+    add("fan/sizes-bool", E, "value", lambda t: FixedActivationNet([3, True, 2]), ["sizes"])
+    E = "constructors"
+    add(
+        "layer/compute-dtype-float16",
+        E,
+        "value",
+        lambda t: GPNLayer(3, 2, compute_dtype=torch.float16),
+        ["compute_dtype"],
+    )
+    add(
+        "layer/compute-dtype-bfloat16",
+        E,
+        "value",
+        lambda t: GPNLayer(3, 2, compute_dtype=torch.bfloat16),
+        ["compute_dtype"],
+    )
+    add("layer/in-features-bool", E, "value", lambda t: GPNLayer(True, 3), ["in_features"])
+    add("net/sizes-bool", E, "value", lambda t: GPNNet([2, True, 1]), ["sizes"])
+    add(
+        "stgpn/dtype-int",
+        E,
+        "value",
+        lambda t: SampledTargetsGPN([2, 1], dtype=torch.int64),
+        ["dtype"],
+    )
+    add(
+        "vgpn/whiten-str", E, "value", lambda t: VariationalGPN([2, 3, 1], whiten="yes"), ["whiten"]
+    )
     return cases
 
 

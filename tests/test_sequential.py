@@ -240,3 +240,44 @@ def test_fused_and_reference_gradients_agree_for_every_parameter():
     for n, g in grads["reference"].items():
         assert float(g.abs().max()) > 0, n
         torch.testing.assert_close(grads["cpu"][n], g, rtol=1e-9, atol=1e-12, msg=n)
+
+
+def _conv_net():
+    from pyro_gpn.layers import GPNConv2d
+
+    torch.manual_seed(0)
+    return GPNSequential(
+        [GPNConv2d(1, 2, 3, input_size=(5, 5)), MomentFlatten()],
+        input_shape=(1, 5, 5),
+        num_outputs=3,
+    )
+
+
+def test_inputs_follow_the_dtype_rule():
+    """x in float64, float16 or NumPy is cast to the parameters' dtype (GPNNet's rule) in
+    predict and loss, not refused from inside conv2d."""
+    net = _conv_net()
+    x, y = torch.rand(2, 25), torch.tensor([0, 1])
+    want = net.predict(x).probs
+    for given in (x.double(), x.numpy()):
+        torch.testing.assert_close(net.predict(given).probs, want)
+        torch.testing.assert_close(net.loss(given, y), net.loss(x, y))
+    half = x.half()
+    torch.testing.assert_close(net.predict(half).probs, net.predict(half.float()).probs)
+    rnn, xs, ys = _rnn()  # float64 parameters, float32 data and float32 targets
+    torch.testing.assert_close(rnn.loss(xs.float(), ys.float()), rnn.loss(xs, ys))
+    with pytest.raises(ValueError, match="x must be a floating-point tensor"):
+        net.predict(torch.ones(2, 25, dtype=torch.long))
+
+
+def test_empty_batch_predicts_nothing_and_has_no_mean_loss():
+    """As GPNNet: 0 rows predict an empty result; the mean loss over them is refused (NaN)."""
+    net = _conv_net()
+    assert net.predict(torch.rand(0, 25)).probs.shape == (0, 3)
+    empty = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(ValueError, match="x has 0 samples"):
+        net.loss(torch.rand(0, 25), empty)
+    net.objective = "predictive"
+    with pytest.raises(ValueError, match="x has 0 samples"):
+        net.loss(torch.rand(0, 25), empty)
+    assert net.expected_nll(torch.rand(0, 25), empty, reduction="none").shape == (0,)

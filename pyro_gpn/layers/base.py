@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.distributions import constraints
 
 from .._validation import (
+    PARAMETER_DTYPES,
     as_input,
     check_device,
     check_device_available,
@@ -132,8 +133,15 @@ class GPNLayerBase(GPNModule):
             parameters' dtype, which is what the fused float32 Triton kernels need
             (:mod:`pyro_gpn.moments.backend`); use it only with well-conditioned layers. (The
             fused CPU layer, :mod:`pyro_gpn.moments.cpu_layer`, computes in float64: it serves
-            ``"mean"`` mode whatever this says, and the variances only in float64.)
+            ``"mean"`` mode whatever this says, and the variances only in float64.) Only
+            float32 and float64 are accepted.
         dtype, device: of the parameters.
+
+    Raises:
+        ValueError: a size that is not a positive integer (bools included), fewer than two
+            inducing points, an unknown ``share``, a ``compute_dtype`` other than float32,
+            float64 or ``None``, a parameter ``dtype`` other than float32 or float64, or an
+            unavailable ``device``.
 
     Attributes:
         weight: ``[M, N]``, Glorot-uniform (paper, "Initialization").
@@ -170,7 +178,7 @@ class GPNLayerBase(GPNModule):
             ("out_features", out_features),
             ("num_inducing", num_inducing),
         ):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if num_inducing < 2:
             raise ValueError(
@@ -188,11 +196,11 @@ class GPNLayerBase(GPNModule):
         ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be positive and finite, got {value}")
-        if compute_dtype is not None and not (
-            isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point
-        ):
+        if compute_dtype is not None and compute_dtype not in PARAMETER_DTYPES:
             raise ValueError(
-                f"compute_dtype must be a floating torch.dtype or None, got {compute_dtype!r}"
+                f"compute_dtype must be torch.float32, torch.float64 or None, got "
+                f"{compute_dtype!r} (the GP algebra's Cholesky factorisations need float32 or "
+                "float64)"
             )
         self.compute_dtype = compute_dtype
         factory = {

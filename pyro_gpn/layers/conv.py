@@ -35,10 +35,21 @@ Cost per layer: two convolutions (means and variances) and the dense response on
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from .._validation import check_finite, check_ndim, check_tensor
+from .._validation import (
+    as_input,
+    check_device,
+    check_finite,
+    check_inputs,
+    check_ndim,
+    check_tensor,
+)
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from .base import GPNLayerBase
@@ -53,25 +64,78 @@ CONV_MODES = ("mean", "meanvar")
 
 
 def pair(name: str, value: int | tuple[int, int], minimum: int) -> tuple[int, int]:
-    """``value`` as an ``(int, int)`` pair, each at least ``minimum`` (else ``ValueError``)."""
-    values = (value, value) if isinstance(value, int) else tuple(value)
+    """``value`` as an ``(int, int)`` pair, each at least ``minimum``.
+
+    Raises:
+        ValueError: ``value`` is neither an integer nor a pair of integers (bools and floats
+            included), or an entry is below ``minimum``.
+    """
+    message = f"{name} must be an integer >= {minimum} or a pair of them, got {value!r}"
+    if isinstance(value, int):
+        values = (value, value)
+    else:
+        try:
+            values = tuple(value)
+        except TypeError:  # a float, None, ...: not iterable
+            raise ValueError(message) from None
     if len(values) != 2 or any(
         not isinstance(v, int) or isinstance(v, bool) or v < minimum for v in values
     ):
-        raise ValueError(f"{name} must be an integer >= {minimum} or a pair of them, got {value!r}")
+        raise ValueError(message)
     return values
 
 
-def as_moments(inputs: Moments | Tensor, num_features: int, name: str = "inputs") -> Moments:
-    """Validate block inputs ``[S, num_features]`` (a tensor becomes a point mass)."""
-    if isinstance(inputs, Tensor):
-        check_tensor(name, inputs)
+def as_moments(
+    inputs: Moments | Tensor | np.ndarray,
+    num_features: int | None,
+    name: str = "inputs",
+    like: Tensor | None = None,
+    check_scale: bool = True,
+) -> Moments:
+    """Validate block inputs ``[S, num_features]`` (a tensor becomes a point mass).
+
+    Args:
+        inputs: :class:`Moments`, a floating tensor or a NumPy array ``[S, F]``.
+        num_features: the ``F`` required (``None``: any).
+        name: the argument's name, for messages.
+        like: a parameter of the block: the dtype and device rule of
+            :mod:`pyro_gpn._validation` applies, as at
+            :meth:`~pyro_gpn.layers.base.GPNLayerBase.validate_inputs` (floating inputs and
+            :class:`Moments` are cast to ``like.dtype`` and must be on ``like.device``).
+            ``None`` (a block without parameters): inputs keep their dtype.
+        check_scale: with ``like``, tensor inputs beyond ``|x| > 100`` draw an
+            :class:`~pyro_gpn._validation.UnscaledInputWarning` (GPN blocks; as a dense
+            layer does).
+
+    Raises:
+        TypeError: ``inputs`` is neither :class:`Moments`, a tensor nor a NumPy array.
+        ValueError: an integer or boolean tensor, not two dimensions, non-finite values, the
+            wrong number of features, or another device than ``like``'s.
+    """
+    if isinstance(inputs, np.ndarray) and like is None:
+        if inputs.dtype.kind not in "fiub":
+            raise TypeError(f"{name} must be numeric, got a NumPy array of dtype {inputs.dtype}")
+        inputs = torch.from_numpy(np.ascontiguousarray(inputs))
+    if isinstance(inputs, (Tensor, np.ndarray)):
+        if like is None:
+            check_tensor(name, inputs)
+        else:
+            inputs = as_input(name, inputs, like, "the block's parameters are")
         check_ndim(name, inputs, 2)
-        check_finite(name, inputs)
+        if like is not None and check_scale:
+            check_inputs(name, inputs)
+        else:
+            check_finite(name, inputs)
         inputs = Moments(inputs, validate=False)
     elif not isinstance(inputs, Moments):
-        raise TypeError(f"{name} must be Moments or a tensor, got {type(inputs).__name__}")
-    if inputs.num_features != num_features:
+        raise TypeError(
+            f"{name} must be Moments, a tensor or a NumPy array, got {type(inputs).__name__}"
+        )
+    elif like is not None:
+        check_device(name, inputs.mean, like.device, "the block's parameters are")
+        if inputs.mean.dtype != like.dtype:
+            inputs = inputs.to(like.dtype)
+    if num_features is not None and inputs.num_features != num_features:
         raise ValueError(f"{name} must have {num_features} features, got {inputs.num_features}")
     return inputs
 
@@ -179,7 +243,7 @@ class GPNConv2d(GPNLayerBase):
         Means convolve with ``W``; in ``"meanvar"`` mode the variances with ``W o W``.
         """
         check_mode(mode, self.modes, type(self).__name__)
-        inputs = as_moments(inputs, self.input_features)
+        inputs = as_moments(inputs, self.input_features, like=self.weight)
         images = (inputs.num_samples, *self.in_shape)
         kernel = self.kernel
         conv = lambda t, k: F.conv2d(t.reshape(images), k, None, self.stride, self.padding)
@@ -195,20 +259,33 @@ class GPNConv2d(GPNLayerBase):
         """Moments of the layer's outputs given the moments of its (flat) input images.
 
         Args:
-            inputs: :class:`Moments` ``[S, C_in H W]`` (independent pixels) or a tensor.
+            inputs: :class:`Moments` ``[S, C_in H W]`` (independent pixels), or a tensor (or
+                NumPy array) of observed images. Floating inputs are cast to the parameters'
+                dtype and must be on their device (the rule in :mod:`pyro_gpn._validation`);
+                inputs beyond ``|x| > 100`` draw an
+                :class:`~pyro_gpn._validation.UnscaledInputWarning`. ``S = 0`` gives empty
+                outputs.
             mode: ``"mean"`` or ``"meanvar"``.
             noise: include the output noise ``sigma^2``.
 
         Returns:
             :class:`Moments` ``[S, C_out H' W']`` (``var`` in ``"meanvar"`` mode).
+
+        Raises:
+            TypeError: ``inputs`` is neither :class:`Moments`, a tensor nor a NumPy array.
+            ValueError: an unknown ``mode``; integer, non-finite or misshapen inputs, or
+                inputs on another device than the parameters.
         """
+        check_mode(mode, self.modes, type(self).__name__)
+        inputs = as_moments(inputs, self.input_features, like=self.weight)
+        samples = inputs.num_samples
         activations = self.activations(inputs, mode)
         outputs = respond(self, activations, mode, noise)
-        samples = activations.num_samples // (self.out_shape[1] * self.out_shape[2])
         images = lambda t: t.reshape(samples, *self.out_shape[1:], self.out_channels).permute(
             0, 3, 1, 2
         )
-        flat = lambda t: None if t is None else images(t).reshape(samples, -1)
+        width = math.prod(self.out_shape)
+        flat = lambda t: None if t is None else images(t).reshape(samples, width)
         return Moments(flat(outputs.mean), var=flat(outputs.var), validate=False)
 
     def extra_repr(self) -> str:

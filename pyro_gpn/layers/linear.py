@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from .._validation import check_device_available, check_parameter_dtype
 from ..moments.gaussian import Moments
 from ..moments.propagate import MODES, Mode
 from .conv import CONV_MODES, as_moments, check_mode, conv_output_size, pair
@@ -128,7 +129,7 @@ class MomentLinear(nn.Module):
     Args:
         in_features, out_features: ``M`` and ``N``.
         bias: learn ``b [N]`` (zero-initialised).
-        dtype, device: of the parameters.
+        dtype, device: of the parameters (float32 or float64; ``None``: torch's default).
 
     Attributes:
         weight: ``[M, N]``, Glorot-uniform; bias: ``[N]`` or ``None``.
@@ -151,7 +152,10 @@ class MomentLinear(nn.Module):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        factory = {
+            "dtype": check_parameter_dtype("dtype", dtype),
+            "device": check_device_available("device", device),
+        }
         self.in_features, self.out_features = in_features, out_features
         bound = math.sqrt(6.0 / (in_features + out_features))
         self.weight = nn.Parameter(
@@ -169,8 +173,22 @@ class MomentLinear(nn.Module):
     def propagate(
         self, inputs: Moments | Tensor, mode: Mode = "meanvar", noise: bool = True
     ) -> Moments:
+        """Moments of ``X W + b``.
+
+        Args:
+            inputs: :class:`Moments` ``[S, M]``, or a tensor (or NumPy array) of observed
+                inputs; floating inputs are cast to the parameters' dtype and must be on their
+                device (the rule in :mod:`pyro_gpn._validation`).
+            mode: ``"mean"``, ``"meanvar"`` or ``"cov"``.
+            noise: unused (the block has no noise; the protocol's argument).
+
+        Raises:
+            TypeError: ``inputs`` is neither :class:`Moments`, a tensor nor a NumPy array.
+            ValueError: an unknown ``mode``; integer, non-finite or misshapen inputs, or
+                inputs on another device than the parameters.
+        """
         check_mode(mode, self.modes, "MomentLinear")
-        inputs = as_moments(inputs, self.in_features)
+        inputs = as_moments(inputs, self.in_features, like=self.weight, check_scale=False)
         if mode == "mean":
             return Moments(inputs.mean @ self.weight + _zero(self.bias), validate=False)
         if mode == "cov":

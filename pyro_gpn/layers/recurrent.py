@@ -136,7 +136,10 @@ class GPNRecurrent(GPNLayerBase):
 
         Args:
             inputs: :class:`Moments` ``[S, T D]`` (``var``; a ``cov`` is read as its diagonal)
-                or a tensor of observed sequences.
+                or a tensor (or NumPy array) of observed sequences. Floating inputs are cast to
+                the parameters' dtype and must be on their device (the rule in
+                :mod:`pyro_gpn._validation`); inputs beyond ``|x| > 100`` draw an
+                :class:`~pyro_gpn._validation.UnscaledInputWarning`.
             mode: ``"mean"``, ``"meanvar"`` or ``"cov"`` (the state's covariance over units is
                 carried through time; inputs enter by their variances).
             noise: include the output noise in the returned states (the state fed back is
@@ -145,12 +148,17 @@ class GPNRecurrent(GPNLayerBase):
         Returns:
             :class:`Moments` of ``h_T`` ``[S, N]`` (``cov`` in ``"cov"`` mode) or of every
             state ``[S, T N]`` (``var``).
+
+        Raises:
+            TypeError: ``inputs`` is neither :class:`Moments`, a tensor nor a NumPy array.
+            ValueError: an unknown ``mode``; integer or non-finite inputs, inputs that are not
+                ``[S, T D]`` with ``T >= 1``, or inputs on another device than the parameters.
         """
         check_mode(mode, self.modes, type(self).__name__)
-        features = inputs.num_features if isinstance(inputs, Moments) else inputs.shape[-1]
+        inputs = as_moments(inputs, None, like=self.weight)
+        features = inputs.num_features
         if features % self.in_features or features == 0:
             raise ValueError(f"inputs must have T * {self.in_features} features, got {features}")
-        inputs = as_moments(inputs, features)
         steps, samples = features // self.in_features, inputs.num_samples
         mean = inputs.mean.reshape(samples, steps, self.in_features)
         var = None if inputs.is_deterministic else inputs.variance.reshape(mean.shape)
@@ -168,10 +176,11 @@ class GPNRecurrent(GPNLayerBase):
         outputs = [self._drop_noise(s) if not noise else s for s in states]
         if not self.return_sequence:
             return outputs[-1]
-        mean = torch.stack([s.mean for s in outputs], 1).reshape(samples, -1)
+        width = steps * self.hidden_size
+        mean = torch.stack([s.mean for s in outputs], 1).reshape(samples, width)
         if mode == "mean":
             return Moments(mean, validate=False)
-        var = torch.stack([s.variance for s in outputs], 1).reshape(samples, -1)
+        var = torch.stack([s.variance for s in outputs], 1).reshape(samples, width)
         return Moments(mean, var=var, validate=False)
 
     def _drop_noise(self, state: Moments) -> Moments:

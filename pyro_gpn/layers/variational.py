@@ -137,6 +137,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def check_whiten(whiten: object) -> None:
+    """``ValueError`` naming ``whiten`` unless it is a bool or ``None`` (a string such as
+    ``"yes"`` or ``"false"`` would be read by its truth value)."""
+    if whiten is not None and not isinstance(whiten, bool):
+        raise ValueError(f"whiten must be True, False or None, got {whiten!r}")
+
+
 def _inverse_gram_times(whiten: bool, chol: Tensor, values: Tensor) -> Tensor:
     """``K^-1 U [..., G, R]`` for ``values [..., G, R]`` of the targets' site (``z`` with
     ``U = L z`` when ``whiten``: ``L^-T z``; ``U`` itself otherwise), ``chol`` ``L``."""
@@ -223,6 +230,7 @@ class VariationalTargets(Response):
         jitter: float = 1e-6,
     ) -> None:
         super().__init__()
+        check_whiten(whiten)
         whiten = VGPN.whiten if whiten is None else whiten
         targets_init = VGPN.targets_init if targets_init is None else targets_init
         if q_cov not in Q_COVS:

@@ -38,9 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_finite, check_shape, check_tensor
+from .._validation import as_input, check_finite, check_shape
 from ..heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
 from ..moments.gaussian import Moments
+from ..network import _num_rows, as_target
+from .nuts_inputs import integer_sizes
 
 __all__ = ["FixedActivationNet"]
 
@@ -114,7 +116,7 @@ class FixedActivationNet(nn.Module):
                 "kappa is deprecated, use unscented_kappa", DeprecationWarning, stacklevel=2
             )
             unscented_kappa = kappa
-        sizes = [int(s) for s in sizes]
+        sizes = integer_sizes(sizes)
         if len(sizes) < 2 or any(s <= 0 for s in sizes):
             raise ValueError(f"sizes must hold at least two positive widths, got {sizes}")
         if activation not in _ACTIVATIONS:
@@ -197,7 +199,7 @@ class FixedActivationNet(nn.Module):
 
     def penalty(self) -> Tensor:
         """No regulariser: a zero scalar (the interface of :class:`pyro_gpn.GPNNet`)."""
-        return self.weights[0].new_zeros(())
+        return self.maps[0][0].new_zeros(())
 
     # ------------------------------------------------------------------ propagation
     def _drop(self, moments: Moments, rate: float) -> Moments:
@@ -220,19 +222,31 @@ class FixedActivationNet(nn.Module):
         second = values.square() @ self._gh_weights
         return Moments(mean, var=(second - mean.square()).clamp_min(0.0), validate=False)
 
-    def _check_input(self, x: Tensor) -> None:
-        check_tensor("x", x)
+    def _check_input(self, x: Tensor) -> Tensor:
+        """``x`` at the boundary: the dtype and device rule of :mod:`pyro_gpn._validation`
+        (floating tensors or NumPy arrays cast to the parameters' dtype, on their device),
+        ``[S, M]``, finite."""
+        x = as_input("x", x, self.maps[0][0], "the network's parameters are")
         check_shape("x", x, (None, self.sizes[0]))
         check_finite("x", x)
+        return x
 
     def hidden(self, x: Tensor) -> Moments:
         """What the head consumes: the dropped-out last hidden layer (softmax head) or the
         noise-free outputs ``F`` (Gaussian head).
 
+        ``x`` may be a tensor or NumPy array in any floating dtype: it is cast to the
+        parameters' dtype and must be on their device (as for :class:`pyro_gpn.GPNNet`).
+
         Shape:
             ``x [S, M]`` -> :class:`Moments` ``[S, H_k]`` (softmax) or ``[S, D]`` (Gaussian).
+
+        Raises:
+            TypeError: ``x`` is neither a tensor nor a NumPy array.
+            ValueError: integer or non-finite ``x``, the wrong number of features, or another
+                device than the parameters.
         """
-        self._check_input(x)
+        x = self._check_input(x)
         moments = Moments(x, validate=False)
         rate = self.input_dropout
         hidden = zip(self.weights[: self.num_hidden], self.biases[: self.num_hidden], strict=True)
@@ -254,7 +268,18 @@ class FixedActivationNet(nn.Module):
         return self.head.predictive(self.hidden(x))
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        """Mean training objective over the ``S`` samples (see the class docstring)."""
+        """Mean training objective over the ``S`` samples (see the class docstring).
+
+        Raises:
+            ValueError: ``x`` has no rows (the mean over no samples is undefined, as in
+                :meth:`pyro_gpn.GPNNet.loss`), or bad ``x`` / ``y``.
+        """
+        if _num_rows(x) == 0:
+            raise ValueError(
+                "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
+                "(NaN); skip empty batches"
+            )
+        y = as_target(y, self.maps[0][0])
         return self.head.expected_nll(self.hidden(x), y)
 
     @torch.no_grad()

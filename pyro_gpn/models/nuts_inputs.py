@@ -24,6 +24,7 @@ __all__ = [
     "check_xy",
     "class_probs",
     "default_noise_prior",
+    "integer_sizes",
     "per_layer",
 ]
 
@@ -32,10 +33,31 @@ LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
 categorical likelihood on its latent function values (classification)."""
 
 
+def integer_sizes(sizes: Sequence[int]) -> list[int]:
+    """``sizes`` as a list of Python ints. Integers (NumPy's too) and integral floats (``2.0``)
+    are converted; bools, fractional numbers and strings raise ``ValueError`` naming
+    ``sizes`` (``int(2.5)`` or ``int(True)`` would silently build another network)."""
+    try:
+        values = list(sizes)
+    except TypeError:
+        raise ValueError(f"sizes must be a sequence of integers, got {sizes!r}") from None
+    out = []
+    for value in values:
+        try:
+            number = int(value)
+            integral = not isinstance(value, (bool, str, bytes)) and bool(number == value)
+        except (TypeError, ValueError, OverflowError):
+            integral = False
+        if not integral:
+            raise ValueError(f"sizes must be integers, got {value!r} in {sizes!r}")
+        out.append(number)
+    return out
+
+
 def check_sizes(sizes: Sequence[int], likelihood: str) -> list[int]:
     """Widths ``[M, N_1, ..., N_L]`` as ints, checked against the likelihood (one output for
     ``"bernoulli"``, at least two for ``"categorical"``)."""
-    sizes = [int(s) for s in sizes]
+    sizes = integer_sizes(sizes)
     if len(sizes) < 2 or any(s < 1 for s in sizes):
         raise ValueError(f"sizes must list >= 2 positive widths [M, N_1, ..., N_L], got {sizes}")
     if likelihood not in LIKELIHOODS:

@@ -63,6 +63,7 @@ import torch
 from pyro.nn.module import pyro_method
 from torch import Tensor
 
+from .._validation import check_parameter_dtype
 from ..moments.midpoint import is_equidistant, midpoint_expansion
 from ..pyro_module import GPNModule
 from .nuts_inputs import (
@@ -156,7 +157,8 @@ class SampledTargetsGPN(GPNModule):
         weight_scale: prior ``W^l_{mn} ~ N(0, weight_scale^2 / M_l)``.
         noise_prior: prior of every noise standard deviation (default ``LogNormal(log 0.1, 1)``).
         jitter: added to ``K(V, V)``.
-        dtype: of all computations.
+        dtype: of all computations: torch.float32 or torch.float64 (others raise
+            ``ValueError`` naming ``dtype``).
     """
 
     def __init__(
@@ -189,7 +191,7 @@ class SampledTargetsGPN(GPNModule):
         self.lengthscale = float(lengthscale)
         self.weight_scale = float(weight_scale)
         self.jitter = float(jitter)
-        self.dtype = dtype
+        self.dtype = dtype = check_parameter_dtype("dtype", dtype)
         self.inducing_points = torch.linspace(low, high, num_inducing, dtype=dtype)
         self.equidistant = is_equidistant(self.inducing_points)  # decided once, not in a trace
         self.noise_prior = default_noise_prior(dtype) if noise_prior is None else noise_prior

@@ -101,7 +101,7 @@ from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
 from ..heads import HEADS, Head, Prediction
-from ..layers.variational import WEIGHT_TREATMENTS, VariationalGPNLayer
+from ..layers.variational import WEIGHT_TREATMENTS, VariationalGPNLayer, check_whiten
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..network import GPNNet
@@ -172,6 +172,7 @@ class VariationalGPN(GPNNet):
         **layer_kwargs,
     ) -> None:
         check_num_data(num_data)
+        check_whiten(whiten)
         whiten = VGPN.whiten if whiten is None else whiten
         layer_kwargs.setdefault("targets_init", VGPN.targets_init)
         layer_kwargs.setdefault("weights", VGPN.weights)

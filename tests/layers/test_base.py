@@ -107,7 +107,7 @@ def test_compute_dtype_none_computes_in_the_parameters_dtype():
     assert GPNLayer(2, 3, dtype=torch.float32).response_weights()[0].dtype == torch.float64
 
 
-@pytest.mark.parametrize("bad", ["float64", torch.int64, 64])
+@pytest.mark.parametrize("bad", ["float64", torch.int64, 64, torch.float16, torch.bfloat16])
 def test_bad_compute_dtype_raises(bad):
     with pytest.raises(ValueError, match="compute_dtype"):
         GPNLayer(2, 3, compute_dtype=bad)
@@ -161,3 +161,14 @@ def test_every_layer_defaults_to_the_policy_dtype():
     ]
     for layer in layers:
         assert layer.compute_dtype == DEFAULT_COMPUTE_DTYPE, type(layer).__name__
+
+
+@pytest.mark.parametrize(
+    ("args", "name"), [((True, 3), "in_features"), ((3, True), "out_features")]
+)
+def test_bool_sizes_are_refused(args, name):
+    """``True`` is an ``int`` to ``isinstance``: refused by name, not a TypeError from torch."""
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer, got True"):
+        GPNLayer(*args)
+    with pytest.raises(ValueError, match="num_inducing"):
+        GPNLayer(3, 2, num_inducing=True)

@@ -347,3 +347,59 @@ def test_bad_inputs_and_modes():
         MomentAvgPool2d(2).propagate(torch.rand(2, 4))
     with pytest.raises(ValueError, match="in_features"):
         MomentLinear(0, 2)
+
+
+@pytest.mark.parametrize("cls", [GPNConv2d, VariationalGPNConv2d])
+def test_inputs_follow_the_dtype_rule(cls):
+    """Floating tensors, NumPy arrays and Moments in another dtype are cast to the parameters'
+    dtype (as GPNLayer and GPNNet do), not refused from inside ``conv2d``."""
+    torch.manual_seed(0)
+    layer = cls(1, 2, 3, input_size=5)
+    x = torch.rand(2, 25)
+    want = layer(x)
+    for given in (x.double(), x.numpy()):
+        got = layer(given)
+        assert got.mean.dtype == torch.float32
+        torch.testing.assert_close(got.mean, want.mean)
+        torch.testing.assert_close(got.var, want.var)
+    half = x.half()
+    torch.testing.assert_close(layer(half).mean, layer(half.float()).mean)
+    moments = layer(Moments(x.double(), var=torch.full((2, 25), 0.01, dtype=DT)))
+    assert moments.mean.dtype == torch.float32 and moments.var.shape == (2, 18)
+    with pytest.raises(ValueError, match="inputs must be a floating-point tensor"):
+        layer(torch.ones(2, 25, dtype=torch.long))
+
+
+def test_empty_batch_gives_empty_outputs():
+    layer = GPNConv2d(1, 2, 3, input_size=5)
+    for mode in ("mean", "meanvar"):
+        out = layer(torch.rand(0, 25), mode=mode)
+        assert out.mean.shape == (0, 18)
+        assert out.var is None or out.var.shape == (0, 18)
+
+
+def test_unscaled_inputs_warn_as_a_dense_layer_does():
+    from pyro_gpn._validation import UnscaledInputWarning
+
+    layer = GPNConv2d(1, 2, 3, input_size=5)
+    with pytest.warns(UnscaledInputWarning, match="inputs"):
+        layer(torch.rand(2, 25) * 1e3)
+
+
+@pytest.mark.parametrize("kernel_size", [2.5, None, (2, True), True])
+def test_kernel_size_must_be_integers(kernel_size):
+    with pytest.raises(ValueError, match="kernel_size must be an integer"):
+        GPNConv2d(1, 2, kernel_size, input_size=(5, 5))
+
+
+def test_moment_linear_follows_the_dtype_rule():
+    torch.manual_seed(0)
+    lin = MomentLinear(4, 2)
+    x = torch.rand(3, 4)
+    want = lin(Moments(x, var=torch.full_like(x, 0.1)))
+    got = lin(Moments(x.double(), var=torch.full((3, 4), 0.1, dtype=DT)))
+    assert got.mean.dtype == torch.float32
+    torch.testing.assert_close(got.mean, want.mean)
+    torch.testing.assert_close(lin(x.numpy()).mean, lin(x).mean)
+    with pytest.raises(ValueError, match="dtype"):
+        MomentLinear(4, 2, dtype=torch.float16)

@@ -229,3 +229,32 @@ def test_bad_arguments():
         layer(torch.full((2, 4), float("inf")))
     with pytest.raises(ValueError, match="T, 2"):
         layer.output_shape((3, 3))
+
+
+def test_inputs_follow_the_dtype_rule():
+    """float64, float16 and NumPy sequences are cast to the parameters' dtype (GPNLayer's
+    rule), not refused with a message about the weight's dtype."""
+    torch.manual_seed(0)
+    layer = GPNRecurrent(2, 3)
+    x = torch.rand(2, 10)
+    want = layer(x)
+    for given in (x.double(), x.numpy()):
+        got = layer(given)
+        assert got.mean.dtype == torch.float32
+        torch.testing.assert_close(got.mean, want.mean)
+        torch.testing.assert_close(got.var, want.var)
+    half = x.half()
+    torch.testing.assert_close(layer(half).mean, layer(half.float()).mean)
+    with pytest.raises(ValueError, match="inputs must be a floating-point tensor"):
+        layer(torch.ones(2, 10, dtype=torch.long))
+
+
+def test_unscaled_inputs_warn_and_empty_batches_are_empty():
+    from pyro_gpn._validation import UnscaledInputWarning
+
+    layer = GPNRecurrent(2, 3, return_sequence=True)
+    with pytest.warns(UnscaledInputWarning, match="inputs"):
+        layer(torch.rand(2, 10) * 1e3)
+    for mode in ("mean", "meanvar"):
+        assert layer(torch.rand(0, 10), mode=mode).mean.shape == (0, 15)
+    assert GPNRecurrent(2, 3)(torch.rand(0, 10)).mean.shape == (0, 3)

@@ -427,3 +427,10 @@ def test_empirical_prior_scale_maximises_the_elbo_over_the_prior_scale():
         grads = torch.autograd.grad(fn(*inputs), inputs)
         assert all(g.abs().sum() > 0 for g in grads)  # the substitution reaches the KL
         assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("whiten", ["yes", "false", 1, 0.0])
+def test_whiten_must_be_a_bool(whiten):
+    """A string would be read by its truth value (``"false"`` whitens)."""
+    with pytest.raises(ValueError, match="whiten must be True, False or None"):
+        VariationalGPNLayer(3, 2, whiten=whiten)

@@ -66,6 +66,8 @@ class TestInterface:
         [
             ({"sizes": [5]}, "sizes"),
             ({"sizes": [5, 0, 2]}, "sizes"),
+            ({"sizes": [5, True, 2]}, "sizes"),
+            ({"sizes": [5, 2.5, 2]}, "sizes"),
             ({"activation": "relu"}, "activation"),
             ({"head": "poisson"}, "head"),
             ({"dropout": 1.0}, "dropout"),
@@ -88,6 +90,31 @@ class TestInterface:
             net(torch.full((5, 4), float("nan")))
         with pytest.raises(ValueError, match="target"):
             net.loss(torch.zeros(5, 4), torch.full((5,), 2))
+        with pytest.raises(ValueError, match="x must be a floating-point tensor"):
+            net(torch.zeros(5, 4, dtype=torch.long))
+
+    def test_inputs_follow_the_dtype_rule(self):
+        """float64 and NumPy inputs (and float64 targets) are cast to the parameters' dtype,
+        as GPNNet's are, not refused with advice to cast the weight."""
+        torch.manual_seed(0)
+        net = FixedActivationNet([4, 3, 2]).eval()
+        x, y = torch.rand(5, 4), torch.tensor([0, 1, 0, 1, 1])
+        want = net.predict(x).probs
+        for given in (x.double(), x.numpy()):
+            torch.testing.assert_close(net.predict(given).probs, want)
+            torch.testing.assert_close(net.loss(given, y), net.loss(x, y))
+        regression = FixedActivationNet([4, 3, 1], head="gaussian").eval()
+        targets = torch.randn(5, 1)
+        torch.testing.assert_close(
+            regression.loss(x.double(), targets.double()), regression.loss(x, targets)
+        )
+
+    def test_empty_batch_has_no_mean_loss(self):
+        """As GPNNet.loss: the mean over no samples would be NaN."""
+        net = FixedActivationNet([2, 3, 3])
+        assert net.predict(torch.rand(0, 2)).probs.shape == (0, 3)
+        with pytest.raises(ValueError, match="x has 0 samples"):
+            net.loss(torch.rand(0, 2), torch.zeros(0, dtype=torch.long))
 
 
 class TestDropout:

@@ -40,6 +40,13 @@ def test_sizes_become_ints():
     assert check_sizes((2.0, 3, 1), "gaussian") == [2, 3, 1]
 
 
+@pytest.mark.parametrize("sizes", [[2, True], [2, 2.5], "21", [2, None]])
+def test_sizes_that_are_not_integers_raise(sizes):
+    """``int(True)`` and ``int(2.5)`` would silently build another network."""
+    with pytest.raises(ValueError, match="sizes must be integers"):
+        check_sizes(sizes, "gaussian")
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
 def test_check_positive(value):
     with pytest.raises(ValueError, match="weight_scale must be positive"):

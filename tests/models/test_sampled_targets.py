@@ -242,6 +242,8 @@ def test_sites_and_pointwise_log_likelihood(likelihood):
         ({"inducing_range": (1.0, -1.0)}, "inducing_range"),
         ({"lengthscale": 0.0}, "lengthscale"),
         ({"jitter": -1.0}, "jitter"),
+        ({"dtype": torch.int64}, "dtype"),
+        ({"dtype": torch.float16}, "dtype"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

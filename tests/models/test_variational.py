@@ -198,6 +198,12 @@ def test_invalid_arguments(kwargs):
         VariationalGPN(**kwargs)
 
 
+@pytest.mark.parametrize("whiten", ["yes", "false", 1])
+def test_whiten_must_be_a_bool(whiten):
+    with pytest.raises(ValueError, match="whiten must be True, False or None"):
+        VariationalGPN([2, 3, 1], whiten=whiten)
+
+
 def test_invalid_data():
     vgpn = _net(CONFIGS[0])
     with pytest.raises(ValueError, match="x"):
