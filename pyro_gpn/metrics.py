@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._validation import check_finite, check_tensor
 from .heads import Prediction
 from .losses import gaussian_predictive_log_likelihood
 from .moments.gaussian import Moments
@@ -75,6 +76,14 @@ def _reduce(values: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         return values
     raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _check_not_empty(name: str, value: Tensor, reduction: str = "mean") -> None:
+    """``ValueError`` naming ``name`` when a mean would be taken over no entries (a NaN)."""
+    if reduction == "mean" and value.numel() == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(value.shape)}): the mean of no samples is undefined"
+        )
 
 
 def _same_shape(name: str, value: Tensor, reference: Tensor) -> None:
@@ -117,13 +126,28 @@ def mean_squared_error(
             units of data standardised as ``(y - mu) / s``.
         reduction: ``"mean"`` / ``"sum"`` over every entry, or ``"none"`` (the shape of
             ``mean``).
+
+    Raises:
+        TypeError: ``mean`` or ``target`` is not a tensor.
+        ValueError: naming ``mean`` or ``target``: not floating point, shapes that differ, no
+            entries to average (``reduction="mean"``), or (while validation is on) NaN or
+            infinite values.
     """
+    check_tensor("mean", mean)
+    check_tensor("target", target)
     _same_shape("target", target, mean)
+    _check_not_empty("mean", mean, reduction)
+    check_finite("mean", mean)
+    check_finite("target", target)
     return _reduce(((mean - target) * _scale(scale, mean)).square(), reduction)
 
 
 def rmse(mean: Tensor, target: Tensor, scale: float | Tensor = 1.0) -> Tensor:
-    """Root mean squared error over all samples and outputs, in original units (``scale``)."""
+    """Root mean squared error over all samples and outputs, in original units (``scale``).
+
+    Raises:
+        TypeError, ValueError: as :func:`mean_squared_error` (an empty ``mean`` included).
+    """
     return mean_squared_error(mean, target, scale).sqrt()
 
 
@@ -142,7 +166,12 @@ def gaussian_log_likelihood(
         target: ``[S, D]`` targets in the predictive's (standardised) units.
         scale: the targets' standard deviations ``s`` (a number or ``[D]``).
         reduction: ``"mean"`` (over samples), ``"sum"`` or ``"none"`` (``[S]``).
+
+    Raises:
+        ValueError: naming the argument: a bad ``scale``, targets that do not fit, or no
+            samples to average (``reduction="mean"``).
     """
+    _check_not_empty("predictive.mean", predictive.mean, reduction)
     scale = _scale(scale, predictive.mean)
     per_sample = gaussian_predictive_log_likelihood(predictive, target, reduction="none")
     log_scale = scale.log().expand(predictive.mean.shape[-1:]).sum()
@@ -252,17 +281,60 @@ def interval_coverage(target: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------- classification
-def _check_labels(scores: Tensor, labels: Tensor) -> None:
+def _check_class_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
+    """``labels`` are integer class labels in ``[0, num_classes)`` (``None``: only ``>= 0``).
+
+    The range is read back to the host (one device synchronisation) whether or not validation
+    is on: a label out of range indexes past the class dimension (an out-of-bounds gather) or
+    scores a silently wrong value, so the training and scoring entry points check it once.
+
+    Raises:
+        TypeError: ``labels`` is not a tensor.
+        ValueError: naming ``name``: floating, complex or boolean labels, or labels out of range.
+    """
+    if not isinstance(labels, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of class labels, got {type(labels).__name__}"
+        )
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer class labels, got dtype {labels.dtype}")
+    if labels.numel() == 0:
+        return
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        bound = "" if num_classes is None else f", {num_classes}"
+        raise ValueError(f"{name} must hold class labels in [0{bound}), got range [{low}, {high}]")
+
+
+def _check_labels(scores: Tensor, labels: Tensor, name: str = "probs") -> None:
+    """``scores`` (the argument ``name``) ``[S, C]``, finite while validation is on, and
+    ``labels`` ``[S]`` integers in ``[0, C)``."""
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(scores).__name__}")
     if scores.ndim != 2:
-        raise ValueError(f"probabilities / logits must be [S, C], got {tuple(scores.shape)}")
+        raise ValueError(
+            f"{name} (probabilities / logits) must be [S, C], got {tuple(scores.shape)}"
+        )
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
     if labels.shape != scores.shape[:1] or labels.dtype.is_floating_point:
         raise ValueError(f"labels must be integers of shape [{scores.shape[0]}], got {labels}")
+    _check_class_labels("labels", labels, scores.shape[1])
+    if scores.is_floating_point():
+        check_finite(name, scores)
 
 
 def classification_error(scores: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     """Misclassification: ``argmax_c scores[s, c] != labels[s]`` (``scores``: ``[S, C]``
-    probabilities or logits; ties go to the lowest class index). Float64 0/1 per sample."""
-    _check_labels(scores, labels)
+    probabilities or logits; ties go to the lowest class index). Float64 0/1 per sample.
+
+    Raises:
+        ValueError: naming ``labels``: not ``[S]`` integers in ``[0, C)``, or no samples to
+            average (``reduction="mean"``); scores that are not ``[S, C]`` (or, while validation
+            is on, not finite).
+    """
+    _check_labels(scores, labels, "scores")
+    _check_not_empty("labels", labels, reduction)
     return _reduce((scores.argmax(-1) != labels).to(torch.float64), reduction)
 
 
@@ -273,8 +345,13 @@ def categorical_nll(probs: Tensor, labels: Tensor, reduction: str = "mean") -> T
         probs: ``[S, C]`` class probabilities (rows summing to one).
         labels: ``[S]`` integer labels.
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[S]``).
+
+    Raises:
+        ValueError: naming ``labels`` (not ``[S]`` integers in ``[0, C)``, or no samples to
+            average with ``reduction="mean"``) or ``probs`` (not rows of probabilities).
     """
     _check_labels(probs, labels)
+    _check_not_empty("labels", labels, reduction)
     if bool((probs < 0).any()) or not torch.allclose(
         probs.sum(-1), torch.ones((), dtype=probs.dtype, device=probs.device), atol=1e-4
     ):
@@ -374,18 +451,25 @@ def expected_calibration_error(
             :class:`~pyro_gpn.heads.Prediction`.
         labels: ``[S]`` integer labels.
         num_bins: the number of bins ``B``.
+
+    Raises:
+        ValueError: naming ``labels`` (not ``[S]`` integers in ``[0, C)``, or empty),
+            ``num_bins``, or the probabilities (not ``[S, C]``; NaN or infinite while validation
+            is on).
     """
     probs = _class_probs(probs)
     _check_labels(probs, labels)
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    if labels.shape[0] == 0:
+        raise ValueError("labels is empty: the calibration error needs at least one sample")
     confidence, predicted = probs.to(torch.float64).max(-1)
     correct = (predicted == labels).to(torch.float64)
     bins = (confidence * num_bins).ceil().long().clamp(1, num_bins) - 1
     # n_b / S * |accuracy_b - confidence_b| = |sum over bin b of (correct - confidence)| / S
     gap = torch.zeros(num_bins, dtype=torch.float64, device=probs.device)
     gap.index_add_(0, bins, correct - confidence)
-    return gap.abs().sum() / max(1, labels.shape[0])
+    return gap.abs().sum() / labels.shape[0]
 
 
 # ---------------------------------------------------------------------------------- regression

@@ -2520,6 +2520,191 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
     add(
         "vgpn/whiten-str", E, "value", lambda t: VariationalGPN([2, 3, 1], whiten="yes"), ["whiten"]
     )
+
+    # ------------------------------------------------------------ label ranges, empty and
+    # out-of-range arguments at the training and scoring entry points (the API prober's list)
+    from pyro_gpn import metrics
+    from pyro_gpn.data import synthetic_1d
+    from pyro_gpn.inference import closed_form_elbo, fit_vgpn
+
+    xl, ll = _data(12, 3), _labels(12, 2)
+    probs = torch.softmax(_data(6, 2), -1)
+
+    def vgpn_fit(xs, ys, model=None, **kw):
+        return fit_vgpn(model or _vgpn("softmax"), xs, ys, num_steps=2, **kw)
+
+    E = "fit_vgpn"
+    add("fit-vgpn/labels-above", E, "labels", lambda t: vgpn_fit(xl, ll + 100), ["y"])
+    add("fit-vgpn/labels-negative", E, "labels", lambda t: vgpn_fit(xl, ll - 5), ["y"])
+    add(
+        "fit-vgpn/labels-no-validation",
+        E,
+        "labels",
+        lambda t: vgpn_fit(xl, ll + 100, val_fraction=0.0).losses,
+        ["y"],
+    )
+    add(
+        "fit-vgpn/y-val-labels",
+        E,
+        "labels",
+        lambda t: vgpn_fit(xl, ll, x_val=xl[:4], y_val=ll[:4] + 10),
+        ["y_val"],
+    )
+    add(
+        "fit-vgpn/y-more-rows",
+        E,
+        "shape",
+        lambda t: vgpn_fit(xl, _targets(15), model=_vgpn()),
+        ["y"],
+    )
+    add(
+        "fit-vgpn/y-fewer-rows",
+        E,
+        "shape",
+        lambda t: vgpn_fit(xl, _targets(9), model=_vgpn()),
+        ["y"],
+    )
+    add(
+        "fit-vgpn/x-val-empty",
+        E,
+        "empty",
+        lambda t: vgpn_fit(xl, _targets(12), model=_vgpn(), x_val=xl[:0], y_val=_targets(0)),
+        ["x_val"],
+    )
+    add(
+        "vgpn/elbo-num-data-0",
+        "closed_form_elbo",
+        "value",
+        lambda t: closed_form_elbo(_vgpn(), xl, _targets(12), num_data=0),
+        ["num_data"],
+    )
+
+    E = "fit_svi"
+    add(
+        "svi/labels-above-parametric",
+        E,
+        "labels",
+        lambda t: svi(xl, ll + 7, model=_pgpn("softmax")),
+        ["y"],
+    )
+    add(
+        "svi/labels-above-closed-form",
+        E,
+        "labels",
+        lambda t: (lambda m: svi(xl, ll + 7, model=m, loss=ClosedFormELBO(m)))(_vgpn("softmax")),
+        ["y"],
+    )
+    add("svi/num-steps-0", E, "value", lambda t: svi(x, _targets(), num_steps=0), ["num_steps"])
+    add("svi/seed-negative", E, "value", lambda t: svi(x, _targets(), seed=-1), ["seed"])
+
+    E = "evaluate"
+    add("evaluate/labels-above", E, "labels", lambda t: evaluate(_net(), xl, ll + 5), ["y"])
+    add(
+        "evaluate/batch-size-0",
+        E,
+        "value",
+        lambda t: evaluate(_net(), xl, ll, batch_size=0),
+        ["batch_size"],
+    )
+    add(
+        "trainconfig/seed-negative",
+        "TrainConfig",
+        "value",
+        lambda t: TrainConfig(seed=-1),
+        ["seed"],
+    )
+
+    E = "metrics"
+    add(
+        "metrics/classification-error-labels-above",
+        E,
+        "labels",
+        lambda t: metrics.classification_error(probs, _labels(6, 2) + 5),
+        ["labels"],
+    )
+    add(
+        "metrics/categorical-nll-labels-above",
+        E,
+        "labels",
+        lambda t: metrics.categorical_nll(probs, _labels(6, 2) + 5),
+        ["labels"],
+    )
+    add(
+        "metrics/ece-labels-negative",
+        E,
+        "labels",
+        lambda t: metrics.expected_calibration_error(probs, _labels(6, 2) - 5),
+        ["labels"],
+    )
+    add(
+        "metrics/rmse-empty",
+        E,
+        "empty",
+        lambda t: metrics.rmse(_targets(0), _targets(0)),
+        ["mean"],
+    )
+    add(
+        "metrics/classification-error-empty",
+        E,
+        "empty",
+        lambda t: metrics.classification_error(probs[:0], _labels(0)),
+        ["labels"],
+    )
+    add(
+        "metrics/ece-empty",
+        E,
+        "empty",
+        lambda t: metrics.expected_calibration_error(probs[:0], _labels(0)),
+        ["labels"],
+    )
+    add(
+        "metrics/rmse-nan",
+        E,
+        "nan",
+        lambda t: metrics.rmse(_targets() * math.nan, _targets()),
+        ["mean"],
+    )
+    add(
+        "metrics/rmse-int",
+        E,
+        "dtype",
+        lambda t: metrics.rmse(_targets().long(), _targets().long()),
+        ["mean"],
+    )
+
+    E = "run_nuts"
+    add("nuts/x-test-empty", E, "empty", lambda t: nuts(xn, yn[:, 0], xn[:0]), ["x_test"])
+    add("nuts/seed-negative", E, "value", lambda t: nuts(xn, yn[:, 0], seed=-1), ["seed"])
+    add(
+        "nuts/progress-every-negative",
+        E,
+        "value",
+        lambda t: nuts(xn, yn[:, 0], progress_every=-1),
+        ["progress_every"],
+    )
+
+    E = "data"
+    add(
+        "data/val-fraction-leaves-no-training-row",
+        "load_dataset",
+        "value",
+        lambda t: load_dataset("yacht", val_fraction=0.999),
+        ["val_fraction"],
+    )
+    add(
+        "data/synthetic-noise-negative",
+        "synthetic_1d",
+        "value",
+        lambda t: synthetic_1d(noise_std=-1.0),
+        ["noise_std"],
+    )
+    add(
+        "data/synthetic-seed-negative",
+        "synthetic_1d",
+        "value",
+        lambda t: synthetic_1d(seed=-1),
+        ["seed"],
+    )
     return cases
 
 

@@ -338,3 +338,80 @@ def test_mixture_interval_rejects_bad_arguments():
         mixture_central_interval(torch.ones(2) / 2, mean, var, 1.0)
     with pytest.raises(ValueError, match="a mixture prediction must be"):
         central_interval_coverage((torch.ones(2) / 2, mean), torch.zeros(3))
+
+
+# ---------------------------------------------------------------------------------- bad input
+def _probs_and_labels():
+    probs = torch.softmax(torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), -1)
+    return probs, torch.tensor([0, 1, 2, 1, 0])
+
+
+@pytest.mark.parametrize("shift", [5, -5, 100])
+@pytest.mark.parametrize(
+    "metric", [classification_error, categorical_nll, expected_calibration_error]
+)
+def test_labels_out_of_range_are_refused_not_scored(metric, shift):
+    # classification_error used to score them as errors (1.0), the calibration error as a
+    # number, and categorical_nll raised torch's gather error
+    probs, labels = _probs_and_labels()
+    with pytest.raises(ValueError, match=r"labels must hold class labels in \[0, 3\)"):
+        metric(probs, labels + shift)
+
+
+def test_labels_out_of_range_are_refused_with_validation_off():
+    from pyro_gpn import settings
+    from pyro_gpn.metrics import reliability_diagram
+
+    probs, labels = _probs_and_labels()
+    with settings.validation(False), pytest.raises(ValueError, match="labels"):
+        classification_error(probs, labels + 3)
+    with pytest.raises(ValueError, match="labels"):
+        reliability_diagram(probs, labels - 1)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: rmse(torch.zeros(0, 1), torch.zeros(0, 1)),
+        lambda: mean_squared_error(torch.zeros(0), torch.zeros(0)),
+        lambda: classification_error(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)),
+        lambda: categorical_nll(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)),
+        lambda: expected_calibration_error(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)),
+        lambda: gaussian_log_likelihood(
+            Moments(torch.zeros(0, 1), var=torch.ones(0, 1)), torch.zeros(0, 1)
+        ),
+    ],
+    ids=["rmse", "mse", "error", "nll", "ece", "log_likelihood"],
+)
+def test_the_mean_over_no_samples_is_refused(call):
+    # these returned NaN (the calibration error 0.0)
+    with pytest.raises(ValueError, match="empty"):
+        call()
+
+
+def test_sums_over_no_samples_stay_zero():
+    empty = torch.zeros(0, dtype=torch.long)
+    assert float(classification_error(torch.zeros(0, 3), empty, reduction="sum")) == 0.0
+    assert float(mean_squared_error(torch.zeros(0), torch.zeros(0), reduction="sum")) == 0.0
+
+
+def test_nan_inputs_are_refused_while_validation_is_on():
+    probs, labels = _probs_and_labels()
+    with pytest.raises(ValueError, match="mean contains NaN"):
+        rmse(torch.full((3, 1), math.nan), torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="target contains infinite"):
+        rmse(torch.zeros(3, 1), torch.full((3, 1), math.inf))
+    with pytest.raises(ValueError, match="probs contains NaN"):
+        expected_calibration_error(probs * math.nan, labels)
+    with pytest.raises(ValueError, match="scores contains NaN"):
+        classification_error(probs * math.nan, labels)
+
+
+def test_integer_regression_tensors_are_refused():
+    # torch's mean() raised its own dtype error
+    with pytest.raises(ValueError, match="mean must be a floating-point tensor"):
+        rmse(torch.ones(3, 1, dtype=torch.long), torch.ones(3, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="target must be a floating-point tensor"):
+        rmse(torch.ones(3, 1), torch.ones(3, 1, dtype=torch.long))
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor"):
+        classification_error(torch.ones(3, 2), [0, 1, 0])

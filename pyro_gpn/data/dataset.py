@@ -46,6 +46,25 @@ def _check_val_fraction(val_fraction: float) -> None:
         raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}")
 
 
+def _holdout(
+    num_rows: int, val_fraction: float, seed: int, strata: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~pyro_gpn.data.splits.holdout_split` of the training rows, refusing a
+    ``val_fraction`` that leaves no training row, or no validation row when it is positive."""
+    keep, val = holdout_split(num_rows, val_fraction, seed, strata=strata)
+    if len(keep) == 0:
+        raise ValueError(
+            f"val_fraction={val_fraction} holds out all {num_rows} training rows and leaves "
+            "none to train on: use a smaller val_fraction"
+        )
+    if val_fraction > 0 and len(val) == 0:
+        raise ValueError(
+            f"val_fraction={val_fraction} of {num_rows} training rows holds out none: use a "
+            "larger val_fraction, or 0 for no validation rows"
+        )
+    return keep, val
+
+
 @dataclass(frozen=True, repr=False, eq=False)
 class Dataset:
     """Train / validation / test splits of one data set.
@@ -118,11 +137,15 @@ class ClassificationData(Dataset):
             x_test, y_test: the test split.
             seed: seed of the validation hold-out (:func:`~pyro_gpn.data.splits.holdout_split`).
             val_fraction: share of the training rows held out for validation.
+
+        Raises:
+            ValueError: a ``val_fraction`` outside ``[0, 1)``, or one that leaves no training
+                row (or, when positive, no validation row); non-finite features.
         """
         _check_val_fraction(val_fraction)
         _check_finite_array("x_train", x_train, feature_names)
         _check_finite_array("x_test", x_test, feature_names)
-        keep, val = holdout_split(len(y_train), val_fraction, seed, strata=y_train)
+        keep, val = _holdout(len(y_train), val_fraction, seed, strata=y_train)
         labels = [torch.from_numpy(np.asarray(y, dtype=np.int64)) for y in (y_train, y_test)]
         return cls(
             name=name,
@@ -186,6 +209,10 @@ class RegressionData(Dataset):
             train_index, test_index: rows of the fixed training and test split.
             seed: seed of the validation hold-out.
             val_fraction: share of the training rows held out for validation.
+
+        Raises:
+            ValueError: a ``val_fraction`` outside ``[0, 1)``, or one that leaves no training
+                row (or, when positive, no validation row); non-finite inputs or targets.
         """
         _check_val_fraction(val_fraction)
         _check_finite_array("x", x, feature_names)
@@ -193,7 +220,7 @@ class RegressionData(Dataset):
         y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
         x_scaler = Standardizer().fit(x[train_index])
         y_scaler = Standardizer().fit(y[train_index])
-        keep, val = holdout_split(len(train_index), val_fraction, seed)
+        keep, val = _holdout(len(train_index), val_fraction, seed)
         parts = {"train": train_index[keep], "val": train_index[val], "test": test_index}
         xs = {k: _floats(x_scaler.transform(x[rows])) for k, rows in parts.items()}
         ys = {k: _floats(y_scaler.transform(y[rows])) for k, rows in parts.items()}

@@ -6,6 +6,8 @@ training inputs, so that predictive bands show epistemic uncertainty where there
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pyro_gpn.data.dataset import RegressionData
@@ -27,11 +29,25 @@ def synthetic_1d(
     inputs uniform on the whole ``x_range``, so test points in the gap probe the epistemic
     uncertainty. Returned as :class:`~pyro_gpn.data.RegressionData` standardised with training
     statistics; 10 % of the ``n_train`` training rows are held out for validation.
+
+    Raises:
+        ValueError: naming the argument: ``n_train < 10``, ``n_test < 1``, a ``seed`` that is
+            not a non-negative integer, a ``noise_std`` that is negative or not finite, or a
+            ``gap`` that is not an interval inside ``x_range``.
     """
     if not isinstance(n_train, int) or n_train < 10:
         raise ValueError(f"n_train must be an integer >= 10, got {n_train!r}")
     if not isinstance(n_test, int) or n_test < 1:
         raise ValueError(f"n_test must be a positive integer, got {n_test!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if (
+        isinstance(noise_std, bool)
+        or not isinstance(noise_std, (int, float, np.number))
+        or not math.isfinite(noise_std)
+        or noise_std < 0
+    ):
+        raise ValueError(f"noise_std must be a non-negative finite number, got {noise_std!r}")
     lo, hi = x_range
     if not (lo <= gap[0] < gap[1] <= hi):
         raise ValueError(f"gap {gap} must be an interval inside x_range {x_range}")

@@ -52,7 +52,9 @@ from pyro.infer.util import torch_item
 from torch import Tensor
 
 from .. import settings
-from .._validation import check_finite
+from .._validation import check_finite, check_ndim, check_tensor
+from ..metrics import _check_class_labels
+from ..models._contract import check_num_data
 from ..models.variational import VariationalGPN
 from .calibration import fit_predictive_scale
 
@@ -77,7 +79,12 @@ def closed_form_elbo(
         x: ``[B, M]`` inputs.
         y: ``[B, N_L]`` targets (gaussian head) or ``[B]`` labels (softmax head).
         num_data: ``S``, the size of the data set ``x`` is a batch of (default:
-            ``vgpn.num_data``, else ``B``); the likelihood is scaled by ``S / B``.
+            ``vgpn.num_data``, else ``B``), a positive integer; the likelihood is scaled by
+            ``S / B``.
+
+    Raises:
+        ValueError: no ``y``, an empty batch, a ``num_data`` that is not a positive integer,
+            or (from the network) inputs or targets that do not fit it.
     """
     scale = _likelihood_scale(vgpn, x, y, num_data, "the closed-form ELBO")
     return scale * vgpn.expected_log_likelihood(x, y).sum() - vgpn.kl_divergence()
@@ -107,6 +114,9 @@ def predictive_log_likelihood(
 
     Args:
         vgpn, x, y, num_data: as :func:`closed_form_elbo`.
+
+    Raises:
+        ValueError: as :func:`closed_form_elbo`.
     """
     scale = _likelihood_scale(vgpn, x, y, num_data, "the predictive log-likelihood")
     # a training objective: the head's calibration scale (fitted after training) stays out
@@ -117,7 +127,9 @@ def _likelihood_scale(
     vgpn: VariationalGPN, x: Tensor, y: Tensor | None, num_data: int | None, objective: str
 ) -> float:
     """``S / B``, the data term's scale of a batch of ``B`` rows out of ``S`` (``num_data``,
-    else ``vgpn.num_data``, else ``B``); a batch without targets or rows raises."""
+    else ``vgpn.num_data``, else ``B``); a batch without targets or rows, or a ``num_data``
+    that is not a positive integer, raises."""
+    check_num_data(num_data)
     if y is None:
         raise ValueError(f"{objective} needs observations y")
     batch = x.shape[0]
@@ -272,6 +284,48 @@ def holdout(
     return x[train], y[train], x[val], y[val]
 
 
+def _check_fit_data(
+    vgpn: VariationalGPN, x: Tensor, y: Tensor, x_val: Tensor | None, y_val: Tensor | None
+) -> None:
+    """:func:`fit_vgpn`'s data on entry, before the hold-out indexes them and the loop turns
+    validation off: tensors, one row of ``y`` per row of ``x`` (``y_val`` per row of
+    ``x_val``, at least one), ``x_val`` with ``x``'s columns and ``y_val`` with ``y``'s
+    trailing shape, class labels in the head's range (always: one device synchronisation, an
+    out-of-range label would train silently), finite floating values (while validation is
+    on)."""
+    check_ndim("x", check_tensor("x", x), 2)
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape[:1] != x.shape[:1]:
+        raise ValueError(
+            f"y must have one row per row of x ({x.shape[0]}), got y of shape {tuple(y.shape)}"
+        )
+    if x_val is not None:
+        check_ndim("x_val", check_tensor("x_val", x_val), 2)
+        if not isinstance(y_val, Tensor):
+            raise TypeError(f"y_val must be a torch.Tensor, got {type(y_val).__name__}")
+        if x_val.shape[0] == 0:
+            raise ValueError(
+                "x_val has 0 rows: validation needs at least one (for none, pass neither x_val "
+                "nor y_val and val_fraction=0)"
+            )
+        if x_val.shape[1] != x.shape[1]:
+            raise ValueError(f"x_val must have x's {x.shape[1]} columns, got {x_val.shape[1]}")
+        if y_val.shape[:1] != x_val.shape[:1] or y_val.shape[1:] != y.shape[1:]:
+            raise ValueError(
+                f"y_val must have one row per row of x_val ({x_val.shape[0]}) and y's trailing "
+                f"shape {tuple(y.shape[1:])}, got {tuple(y_val.shape)}"
+            )
+    classes = getattr(vgpn.head, "num_classes", None)
+    for name, value in (("x", x), ("y", y), ("x_val", x_val), ("y_val", y_val)):
+        if value is None:
+            continue
+        if name.startswith("y") and classes is not None:
+            _check_class_labels(name, value, classes)
+        elif value.is_floating_point():
+            check_finite(name, value)
+
+
 def fit_settings(
     *,
     num_steps: int | None = None,
@@ -401,6 +455,11 @@ def fit_vgpn(
         :class:`VGPNFit`.
 
     Raises:
+        TypeError: ``vgpn`` is not a ``VariationalGPN``, or the data are not tensors.
+        ValueError: naming the argument: ``y`` without one row per row of ``x`` (``y_val``
+            per row of ``x_val``), ``x_val`` with no rows or other columns than ``x``, class
+            labels (softmax head) that are not integers in ``[0, C)``, NaN or infinite values
+            (while validation is on), or a setting out of range.
         FloatingPointError: a non-finite loss or gradient (the parameters keep the values of
             the step before).
     """
@@ -410,9 +469,7 @@ def fit_vgpn(
         raise TypeError(f"vgpn must be a VariationalGPN, got {type(vgpn).__name__}")
     if (x_val is None) != (y_val is None):
         raise ValueError("give both x_val and y_val, or neither")
-    for name, value in (("x", x), ("y", y), ("x_val", x_val), ("y_val", y_val)):
-        if value is not None and value.is_floating_point():
-            check_finite(name, value)
+    _check_fit_data(vgpn, x, y, x_val, y_val)
     schedule = fit_settings(
         num_steps=num_steps,
         lr=lr,

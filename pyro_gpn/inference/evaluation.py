@@ -113,8 +113,17 @@ def evaluate(
         x: ``[S, M]`` inputs.
         y: ``[S]`` integer labels or ``[S, D]`` real targets.
         task: ``"classification"``, ``"regression"`` or ``None`` (inferred from ``y``'s dtype).
-        batch_size: evaluation batch size (memory only).
+        batch_size: evaluation batch size (memory only), a positive integer.
+
+    Raises:
+        TypeError: ``x`` or ``y`` is not a tensor (or NumPy array).
+        ValueError: naming the argument: ``x`` and ``y`` of different or zero rows, NaN or
+            infinite values, an unknown ``task``, class labels ``y`` that are not integers in
+            ``[0, C)`` (``C`` the model head's classes), or a ``batch_size`` that is not a
+            positive integer.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     like = _parameter_like(model)
     x, y = _check_data("data", (x, y), like)
     if like is not None:
@@ -127,6 +136,8 @@ def evaluate(
             f"task='regression' needs floating targets y, got y of dtype {y.dtype} (class "
             "labels: use task='classification')"
         )
+    if task == "classification":  # an out-of-range label would score as a silent error
+        _check_labels("data", y, getattr(getattr(model, "head", None), "num_classes", None))
     was_training = model.training
     model.eval()
     try:

@@ -77,6 +77,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyro
 import torch
 from pyro.infer import MCMC, Predictive
@@ -150,12 +151,12 @@ def run_nuts(
         model: the network (its priors, parametrisation and dtype).
         x_train: ``[S_train, M]`` training inputs.
         y_train: ``[S_train]`` or ``[S_train, N_L]`` training targets.
-        x_test: optional ``[S_test, M]`` test inputs.
+        x_test: optional ``[S_test, M]`` test inputs (at least one row).
         num_samples: draws kept per chain.
         warmup_steps: adaptation steps per chain (step size and mass matrix), discarded.
         num_chains: independent chains, each run as its own Pyro ``MCMC`` (see ``workers``)
             and merged into one multi-chain run.
-        seed: seeds Pyro's RNGs (initialisation, momenta, predictive draws).
+        seed: seeds Pyro's RNGs (initialisation, momenta, predictive draws); an integer >= 0.
         joint: sample the test rows inside the chain (paper's formulation) instead of drawing
             them from their exact conditionals afterwards (see the module docstring).
         target_accept_prob: NUTS step-size adaptation target; raise it (e.g. 0.9) when
@@ -234,6 +235,11 @@ def run_nuts(
 
     Returns:
         a :class:`NUTSResult`.
+
+    Raises:
+        ValueError: naming the argument: a model of another kind, no ``y_train``, a count or
+            ``seed`` out of range, an unknown option, an ``x_test`` with no rows, or data that
+            do not fit the model (:meth:`~pyro_gpn.models.NonParametricGPN.check_data`).
     """
     if mp_context is not None:
         warnings.warn(
@@ -254,9 +260,15 @@ def run_nuts(
         ("num_chains", num_chains, 1),
         ("max_tree_depth", max_tree_depth, 1),
         ("init_steps", init_steps, 0),
+        ("progress_every", progress_every, 0),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seed = int(seed)  # NumPy integers: random.seed refuses them
+    if x_test is not None and len(getattr(x_test, "shape", ())) >= 1 and x_test.shape[0] == 0:
+        raise ValueError("x_test has 0 rows: pass x_test=None to sample without test predictions")
     if not 0.0 < target_accept_prob < 1.0:
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob}")
     if init not in INITS:

@@ -14,7 +14,9 @@ step calls ``model(x_batch, y_batch, num_data=S)`` and the same for the guide; t
 its data plate with ``num_data`` and so scales the sites inside it by ``S / B``, while global
 sites (a KL term of global latents, a parameter penalty) are not scaled. With ``batch_size = B <
 S`` the loop draws ``B`` distinct random indices per step, so every step is an unbiased estimate
-of the full-data loss. The loop never inspects the model.
+of the full-data loss. The loop never inspects the model, except on entry for the class count
+of a package network's classifier head (``model`` a bound method of it, or a
+:class:`~pyro_gpn.inference.ClosedFormELBO` loss), to check the labels once.
 
 **Safety.** The loss and every gradient are checked before the optimiser touches the
 parameters, with one device synchronisation per step (the loss and a single all-finite flag
@@ -75,6 +77,7 @@ from torch import Tensor
 
 from .. import settings
 from .._validation import check_finite
+from ..metrics import _check_class_labels
 from .checkpoint import (
     SVI_CHECKPOINT_NAME,
     gather_rng_state,
@@ -439,14 +442,14 @@ def fit_svi(
             (:class:`~pyro.infer.TraceMeanField_ELBO`), an :class:`~pyro.infer.elbo.ELBO`
             instance (e.g. the variational GPN's closed-form ELBO) or a callable
             ``loss(model, guide, *args, **kwargs) -> Tensor``.
-        num_steps: the number of optimiser steps.
+        num_steps: the number of optimiser steps (at least one).
         lr: Adam's learning rate (ignored when ``optim`` is given).
         batch_size: mini-batch size ``B``; ``None`` or ``B >= S`` uses all samples each step.
         num_particles: Monte Carlo particles of a loss given by name (default 1; loops over the
             particles, the models need not be vectorised). Configure an ELBO instance directly.
-        seed: passed to :func:`pyro.set_rng_seed` before the first step (``None``: leave the
-            random state alone). A resumed run restores the generator states of the checkpoint
-            instead, so its ``seed`` need not be the first run's.
+        seed: a non-negative integer passed to :func:`pyro.set_rng_seed` before the first step
+            (``None``: leave the random state alone). A resumed run restores the generator
+            states of the checkpoint instead, so its ``seed`` need not be the first run's.
         progress: show a ``tqdm`` progress bar with the per-sample loss.
         callback: ``callback(step, loss)`` after every step; returning ``True`` stops the loop.
         optim: a :class:`pyro.optim.PyroOptim` to use instead of ``Adam(lr)``.
@@ -484,7 +487,8 @@ def fit_svi(
         :class:`SVIResult` with the loss history, the wall time and the ``SVI`` object.
 
     Raises:
-        ValueError: for invalid arguments (naming the argument), a checkpoint written with
+        ValueError: for invalid arguments (naming the argument; class labels ``y`` outside
+            ``[0, C)`` of the classifier whose ``model`` this is), a checkpoint written with
             other settings (naming them), or one whose parameters are not those the loss trains
             (their names, shapes or dtypes).
         FloatingPointError: when a loss or a gradient is not finite (no update is applied; the
@@ -494,8 +498,13 @@ def fit_svi(
         pyro_gpn.io.RunInUseError: another live process trains into ``out_dir`` (under
             ``torchrun``: into rank 0's; raised on every rank).
     """
-    if not isinstance(num_steps, int) or num_steps < 0:
-        raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+    ):
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    seed = None if seed is None else int(seed)  # NumPy integers: random.seed refuses them
     run_dir = _check_checkpoint_args(out_dir, resume, checkpoint_every)
     if not isinstance(x, Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor with the samples along its first dimension")
@@ -505,6 +514,9 @@ def fit_svi(
     check_finite("x", x)
     if y is not None and y.is_floating_point():
         check_finite("y", y)
+    classes = _num_classes(model, loss)
+    if y is not None and classes is not None:  # always: the loop turns the model's check off
+        _check_class_labels("y", y, classes)
     ctx = current_context(x.device)
     kwargs = {**(model_kwargs or {}), "num_data": num_data}
     slice_size = None
@@ -561,6 +573,17 @@ def fit_svi(
             checkpoint_every=checkpoint_every,
             run_settings=run_settings,
         )
+
+
+def _num_classes(model: Callable, loss: str | ELBO | Callable) -> int | None:
+    """The class count of the network behind ``model`` (a bound method of a package network)
+    or a :class:`~pyro_gpn.inference.ClosedFormELBO` ``loss``, when its head is a classifier;
+    ``None`` for anything else (a plain callable is not inspected)."""
+    for owner in (getattr(loss, "vgpn", None), getattr(model, "__self__", None)):
+        classes = getattr(getattr(owner, "head", None), "num_classes", None)
+        if isinstance(classes, int) and not isinstance(classes, bool):
+            return classes
+    return None
 
 
 def batch_seed(seed: int) -> int:

@@ -31,7 +31,8 @@ class TrainConfig:
         lr_factor: learning-rate reduction factor (paper: ``0.1``).
         min_lr: smallest learning rate (paper: ``1e-6``); a further reduction ends training.
         eval_every: epochs between validation evaluations (the last epoch is always evaluated).
-        seed: seeds ``torch``, ``numpy``, ``random`` and the shuffling generator at the start of a
+        seed: a non-negative integer (NumPy's generators refuse negative seeds); seeds
+            ``torch``, ``numpy``, ``random`` and the shuffling generator at the start of a
             fresh run (model initialisation happens before, under the caller's seed); a resumed
             run restores the generators' states instead, whatever ``seed`` it is given.
         device: ``"cpu"`` or ``"cuda"`` (or ``"cuda:<index>"``).
@@ -82,6 +83,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.patience, int) or self.patience < 0:
             raise ValueError(f"patience must be a non-negative integer, got {self.patience!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):

@@ -45,6 +45,31 @@ def test_val_fraction_is_checked() -> None:
         _classification(val_fraction=1.0)
 
 
+@pytest.mark.parametrize("val_fraction", [0.999, 0.996])
+def test_a_val_fraction_that_leaves_no_training_row_is_refused(val_fraction) -> None:
+    # round(0.996 * 100) = 100 rows held out: the training split was empty, without a word
+    with pytest.raises(ValueError, match=rf"val_fraction={val_fraction} holds out all 100"):
+        _classification(val_fraction=val_fraction)
+    with pytest.raises(ValueError, match=rf"val_fraction={val_fraction} holds out all 80"):
+        RegressionData.from_arrays(
+            "toy",
+            np.zeros((100, 2)),
+            np.arange(100.0),
+            np.arange(80),
+            np.arange(80, 100),
+            feature_names=("a", "b"),
+            description="toy",
+            val_fraction=val_fraction,
+        )
+
+
+def test_a_positive_val_fraction_that_holds_out_no_row_is_refused() -> None:
+    # round(0.004 * 100) = 0: a validation split was asked for and none came
+    with pytest.raises(ValueError, match="val_fraction=0.004 of 100 training rows holds out none"):
+        _classification(val_fraction=0.004)
+    assert len(_classification(val_fraction=0.006).x_val) == 1
+
+
 def _regression(x: np.ndarray, y: np.ndarray) -> RegressionData:
     return RegressionData.from_arrays(
         "toy",

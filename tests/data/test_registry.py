@@ -29,3 +29,5 @@ def test_bad_arguments() -> None:
         load_dataset("connect4", split=-1)
     with pytest.raises(ValueError, match="seed must be a non-negative integer"):
         load_dataset("yacht", seed=1.5)
+    with pytest.raises(ValueError, match="val_fraction=0.999 holds out all"):
+        load_dataset("yacht", val_fraction=0.999)  # the bundled copy; x_train had 0 rows

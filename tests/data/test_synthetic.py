@@ -29,7 +29,16 @@ def test_synthetic_1d_targets_follow_the_sine_and_are_seeded():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"gap": (1.0, 0.0)}, "gap"), ({"n_train": 5}, "n_train"), ({"n_test": 0}, "n_test")],
+    [
+        ({"gap": (1.0, 0.0)}, "gap"),
+        ({"n_train": 5}, "n_train"),
+        ({"n_test": 0}, "n_test"),
+        # NumPy's seeding error, and targets with the noise's sign flipped or NaN
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": "a"}, "seed must be a non-negative integer"),
+        ({"noise_std": -1.0}, "noise_std must be a non-negative finite number"),
+        ({"noise_std": float("nan")}, "noise_std must be a non-negative finite number"),
+    ],
 )
 def test_synthetic_1d_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

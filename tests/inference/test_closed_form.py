@@ -594,3 +594,80 @@ def test_fit_vgpn_classifies_with_a_softmax_head_and_scores_validation_by_log_pr
     assert fit.best_val_log_lik == pytest.approx(by_hand, abs=1e-9)
     assert before < math.log(0.5) < fit.best_val_log_lik  # from near chance to confident
     assert float((probs.argmax(-1) != y_val).double().mean()) <= 0.05
+
+
+def _labels(n=20, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 2, dtype=DT, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+@pytest.mark.parametrize(
+    "labels, kwargs, match",
+    [
+        (lambda y: y + 100, dict(), r"y must hold class labels in \[0, 3\)"),
+        (lambda y: y - 5, dict(), r"y must hold class labels in \[0, 3\)"),
+        (lambda y: y + 100, dict(val_fraction=0.0), r"y must hold class labels in \[0, 3\)"),
+        (lambda y: y.double(), dict(), "y must hold integer class labels"),
+    ],
+    ids=["above", "negative", "no-validation", "float"],
+)
+def test_fit_vgpn_refuses_labels_outside_the_heads_classes(labels, kwargs, match):
+    """The loop turns validation off: out-of-range labels used to train silently (the loss
+    reached -1252 with ``val_fraction=0``); the range is checked once on entry, always."""
+    from pyro_gpn import settings
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _labels()
+    vgpn = VariationalGPN([2, 3, 3], head="softmax", dtype=DT)
+    with settings.validation(False), pytest.raises(ValueError, match=match):
+        fit_vgpn(vgpn, x, labels(y), num_steps=2, **kwargs)
+
+
+def test_fit_vgpn_refuses_validation_labels_outside_the_heads_classes():
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _labels()
+    vgpn = VariationalGPN([2, 3, 3], head="softmax", dtype=DT)
+    with pytest.raises(ValueError, match=r"y_val must hold class labels in \[0, 3\)"):
+        fit_vgpn(vgpn, x, y, x_val=x[:5], y_val=y[:5] + 10, num_steps=2)
+
+
+@pytest.mark.parametrize("rows", [25, 15])
+@pytest.mark.parametrize("val_fraction", [None, 0.0])
+def test_fit_vgpn_needs_one_target_row_per_input_row(rows, val_fraction):
+    """The hold-out indexed ``y`` by ``x``'s rows: 25 rows trained silently on 20 of them,
+    15 raised an IndexError inside the hold-out."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, _ = _regression_data(n=20)
+    _, y = _regression_data(n=rows)
+    with pytest.raises(ValueError, match=r"y must have one row per row of x \(20\)"):
+        fit_vgpn(_net([2, 1]), x, y, num_steps=2, val_fraction=val_fraction)
+
+
+@pytest.mark.parametrize(
+    "x_val, y_val, match",
+    [
+        (lambda x: x[:0], lambda y: y[:0], "x_val has 0 rows"),
+        (lambda x: x[:5], lambda y: y[:4], "y_val must have one row per row of x_val"),
+        (lambda x: x[:5], lambda y: y[:5, 0], "y_val must have one row per row of x_val"),
+        (lambda x: torch.ones(5, 3, dtype=DT), lambda y: y[:5], "x_val must have x's 2 columns"),
+    ],
+    ids=["empty", "rows", "trailing-shape", "columns"],
+)
+def test_fit_vgpn_checks_the_validation_rows(x_val, y_val, match):
+    """An empty validation set returned ``curve=[(3, nan)]`` and ``best_val_log_lik=-inf``."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=20)
+    with pytest.raises(ValueError, match=match):
+        fit_vgpn(_net([2, 1]), x, y, x_val(x), y_val(y), num_steps=2)
+
+
+@pytest.mark.parametrize("objective", [closed_form_elbo, predictive_log_likelihood])
+@pytest.mark.parametrize("num_data", [0, -5, 2.5])
+def test_objectives_refuse_a_num_data_that_is_not_a_positive_integer(objective, num_data):
+    """They returned a finite value, scaled by ``0 / B`` or ``-5 / B``."""
+    x, y = _regression_data(n=20)
+    with pytest.raises(ValueError, match="num_data must be a positive integer"):
+        objective(_net([2, 1]), x, y, num_data=num_data)

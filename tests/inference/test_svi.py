@@ -608,3 +608,59 @@ class TestCheckpoints:
         m = Gaussian()
         with pytest.raises(ValueError, match=name):
             fit_svi(m.model, m.guide, x, y, num_steps=1, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0, True, 2.5])
+def test_num_steps_must_be_positive(bad):
+    """``num_steps=0`` returned an empty loss history (``fit_vgpn`` refuses it too)."""
+    x, y = _data(10)
+    m = Gaussian()
+    with pytest.raises(ValueError, match="num_steps must be a positive integer"):
+        fit_svi(m.model, m.guide, x, y, num_steps=bad, progress=False)
+
+
+@pytest.mark.parametrize("bad", [-1, "a", 1.5, True])
+def test_seed_must_be_a_non_negative_integer(bad):
+    """A seed of -1 or "a" raised NumPy's or torch's own seeding error."""
+    x, y = _data(10)
+    m = Gaussian()
+    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+        fit_svi(m.model, m.guide, x, y, num_steps=1, seed=bad, progress=False)
+    fit_svi(m.model, m.guide, x, y, num_steps=1, seed=np.int64(3), progress=False)
+
+
+def _classifiers():
+    from pyro_gpn.inference.closed_form import ClosedFormELBO
+    from pyro_gpn.models.variational import VariationalGPN
+
+    torch.manual_seed(0)
+    vgpn = VariationalGPN([2, 3, 3], head="softmax", num_data=12)
+    pgpn = ParametricGPN([2, 3, 3], head="softmax")
+    return {
+        "vgpn-trace": (vgpn, "trace"),
+        "vgpn-closed-form": (vgpn, ClosedFormELBO(vgpn)),
+        "pgpn-trace": (pgpn, "trace"),
+    }
+
+
+@pytest.mark.parametrize("shift", [7, -3])
+@pytest.mark.parametrize("route", ["vgpn-trace", "vgpn-closed-form", "pgpn-trace"])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_labels_outside_the_heads_classes_are_refused_on_entry(route, shift, batch_size):
+    """The loop turns validation off: the closed-form ELBO trained on them silently, and
+    ``Trace_ELBO`` raised torch's ``index out of bounds`` from inside ``Categorical``."""
+    model, loss = _classifiers()[route]
+    gen = torch.Generator().manual_seed(0)
+    x, labels = torch.rand(12, 2, generator=gen), torch.randint(0, 3, (12,), generator=gen)
+    with pytest.raises(ValueError, match=r"y must hold class labels in \[0, 3\)"):
+        fit_svi(
+            model.model,
+            model.guide,
+            x,
+            labels + shift,
+            loss=loss,
+            num_steps=2,
+            batch_size=batch_size,
+            progress=False,
+        )
+    fit_svi(model.model, model.guide, x, labels, loss=loss, num_steps=1, progress=False)

@@ -314,6 +314,8 @@ def test_evaluate_metrics():
         ({"lr_factor": 1.0}, "lr_factor"),
         ({"task": "ranking"}, "task"),
         ({"device": "meta"}, "device"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": "a"}, "seed must be a non-negative integer"),
     ],
 )
 def test_bad_config(kwargs, match):
@@ -419,3 +421,25 @@ def test_data_on_a_device_without_data_is_refused():
         Trainer(SoftmaxRegression(2, 3), _config()).fit((x.to("meta"), y.to("meta")), (x, y))
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', got 'tpu'"):
         TrainConfig(device="tpu")
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_evaluate_refuses_a_batch_size_that_is_not_a_positive_integer(batch_size):
+    """``batch_size=0`` raised ``range() arg 3 must not be zero``."""
+    x, y = _blobs(0)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        evaluate(SoftmaxRegression(2, 3), x, y, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("shift", [5, -5])
+def test_evaluate_refuses_labels_outside_the_classes(shift):
+    """Out-of-range labels were scored as errors: ``{'error': 1.0}``."""
+    from pyro_gpn import GPNNet
+
+    x, y = _blobs(0)
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"data y holds class labels .* takes \[0, 3\)"):
+        evaluate(GPNNet([2, 3, 3]), x, y + shift)
+    # a model without a head: the class count comes from its predictions
+    with pytest.raises(ValueError, match=r"(data y|labels).* class labels"):
+        evaluate(FixedPredictor(), torch.randn(4, 2), torch.tensor([0, 1, 2, 1]) + shift)
