@@ -30,6 +30,7 @@ layers, :class:`~pyro_gpn.GPNNet` and its heads' losses and predictions, the Pyr
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 
@@ -40,26 +41,31 @@ from torch import Tensor, nn
 from . import settings
 
 __all__ = [
+    "EMPTY_BATCH_HINT",
     "PARAMETER_DTYPES",
     "SCALE_WARNING_LIMIT",
     "UnscaledInputWarning",
     "as_input",
     "check_device",
     "check_device_available",
+    "check_class_labels",
     "check_finite",
     "check_inputs",
+    "check_int",
     "check_parameter_dtype",
     "check_parameters_finite",
     "check_per_unit",
     "check_same_dtype_device",
     "check_ndim",
     "check_nonnegative",
+    "check_not_empty",
     "check_number",
     "check_positive",
     "check_psd",
     "check_shape",
     "check_tensor",
     "check_values",
+    "integer_sizes",
 ]
 
 
@@ -130,16 +136,132 @@ def check_per_unit(
 
 
 def check_number(name: str, value: object, positive: bool = False) -> float:
-    """``value`` as a float if it is a finite real number, non-negative (``positive``: greater
-    than 0); a ``TypeError`` for other types, a ``ValueError`` naming ``name`` otherwise. Python
-    numbers only (no device synchronisation): always checked."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float if it is a finite real number (Python's or NumPy's, not a bool),
+    non-negative (``positive``: greater than 0); a ``TypeError`` for other types, a
+    ``ValueError`` naming ``name`` otherwise. Numbers only (no device synchronisation): always
+    checked."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         want = "positive" if positive else "non-negative"
         raise ValueError(f"{name} must be {want} and finite, got {value!r}")
     return number
+
+
+def check_int(name: str, value: object, minimum: int = 0, *, none_ok: bool = False) -> int | None:
+    """``value`` as a Python ``int`` if it is an integer (Python's or NumPy's) ``>= minimum``
+    (``None`` passes through with ``none_ok``).
+
+    Bools (``True`` is 1 to ``isinstance``), floats (``2.0`` included) and other types are
+    refused: a ``ValueError`` naming ``name``, the integers wanted and the value given.
+    """
+    if value is None and none_ok:
+        return None
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        if minimum == 1:
+            want = "a positive integer"
+        elif minimum == 0:
+            want = "a non-negative integer"
+        else:
+            want = f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {want}{' or None' if none_ok else ''}, got {value!r}")
+    return int(value)
+
+
+def integer_sizes(sizes: Sequence[int], name: str = "sizes") -> list[int]:
+    """``sizes`` (network widths) as a list of Python ints. Integers (NumPy's too) and integral
+    floats (``2.0``) are converted; bools, fractional numbers and strings raise ``ValueError``
+    naming ``name`` (``int(2.5)`` or ``int(True)`` would silently build another network)."""
+    if isinstance(sizes, (str, bytes)):
+        raise ValueError(f"{name} must be integers, got the string {sizes!r}")
+    try:
+        values = list(sizes)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of integers, got {sizes!r}") from None
+    out = []
+    for value in values:
+        try:
+            number = int(value)
+            integral = not isinstance(value, (bool, np.bool_, str, bytes)) and bool(number == value)
+        except (TypeError, ValueError, OverflowError, RuntimeError):
+            integral = False
+        if not integral:
+            raise ValueError(f"{name} must be integers, got {value!r} in {sizes!r}")
+        out.append(number)
+    return out
+
+
+def check_class_labels(
+    name: str,
+    labels: object,
+    num_classes: int | None,
+    *,
+    check_range: bool = True,
+    hint: str = "",
+) -> Tensor:
+    """``labels`` as a ``long`` tensor, if it holds integer class labels in
+    ``[0, num_classes)`` (``None``: only ``>= 0``).
+
+    The dtype is checked always. The range is read back to the host in one device
+    synchronisation (``torch.aminmax``) unless ``check_range`` is false: a label out of range
+    indexes past the class dimension (an out-of-bounds gather) or scores a silently wrong
+    value, so the training and scoring entry points check it once, whether or not validation
+    is on. The result is ``long`` (``gather`` and ``index_select`` refuse ``uint8`` or
+    ``int16`` indices).
+
+    Args:
+        name: the argument's name, for messages.
+        labels: the labels.
+        num_classes: ``C``, or ``None`` for no upper bound.
+        check_range: read the range back (the per-step losses pass
+            :func:`pyro_gpn.settings.is_validation_enabled`).
+        hint: appended to the messages.
+
+    Raises:
+        TypeError: ``labels`` is not a tensor.
+        ValueError: naming ``name``: floating, complex or boolean labels, or labels out of
+            range.
+    """
+    extra = f" ({hint})" if hint else ""
+    if not isinstance(labels, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of class labels, got {type(labels).__name__}"
+        )
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer class labels, got dtype {labels.dtype}{extra}")
+    if check_range and labels.numel() > 0 and labels.device.type != "meta":
+        low, high = torch.stack(torch.aminmax(labels.detach())).tolist()
+        if low < 0 or (num_classes is not None and high >= num_classes):
+            bound = "" if num_classes is None else f", {num_classes}"
+            raise ValueError(
+                f"{name} must hold class labels in [0{bound}), got range [{low}, {high}]{extra}"
+            )
+    return labels.long()
+
+
+#: the advice of :func:`check_not_empty` for a loss with a ``reduction`` argument
+EMPTY_BATCH_HINT = "skip empty batches or use reduction='sum'"
+
+
+def check_not_empty(
+    name: str, value: object, reduction: str = "mean", *, rows: bool = True, hint: str = ""
+) -> None:
+    """``ValueError`` naming ``name`` when a mean would be taken over no samples (a NaN):
+    ``value`` has no rows (``rows``) or no entries at all (``rows=False``), and
+    ``reduction == "mean"``. Shapes only (no device synchronisation)."""
+    shape = getattr(value, "shape", None)
+    if reduction != "mean" or not shape:
+        return
+    if (shape[0] if rows else math.prod(shape)) == 0:
+        raise ValueError(
+            f"{name} has 0 samples (an empty batch, shape {tuple(shape)}): the mean over no "
+            f"samples is undefined (NaN){'; ' + hint if hint else ''}"
+        )
 
 
 def check_values(
@@ -207,11 +329,12 @@ def check_psd(name: str, value: Tensor, rtol: float = 1e-5) -> Tensor:
     """Check that a batch of square matrices ``[..., N, N]`` is symmetric positive semi-definite.
 
     Symmetry is checked to ``rtol`` of the largest entry; semi-definiteness by the smallest
-    eigenvalue, allowing ``-rtol * max|eigenvalue|`` of round-off.
+    eigenvalue, allowing ``-rtol * max|eigenvalue|`` of round-off. The values are read only
+    while validation is on, and not while a JIT trace is recorded or for an empty batch.
     """
     if value.dim() < 2 or value.shape[-1] != value.shape[-2]:
         raise ValueError(f"{name} must be a batch of square matrices, got {tuple(value.shape)}")
-    if not settings.is_validation_enabled():
+    if not settings.is_validation_enabled() or torch.jit.is_tracing() or value.numel() == 0:
         return value
     check_finite(name, value)
     scale = value.abs().amax().clamp_min(torch.finfo(value.dtype).tiny)

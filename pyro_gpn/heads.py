@@ -36,7 +36,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_finite, check_shape, check_tensor
+from ._validation import check_finite, check_shape, check_tensor, integer_sizes
 from .losses import (
     _check_reduction,
     _reduce,
@@ -809,11 +809,13 @@ HEADS = {"gaussian": GaussianHead, "softmax": SoftmaxHead}
 
 
 def check_sizes(sizes: Sequence[int], head: str | Head | type[Head]) -> list[int]:
-    """Validate network widths: at least 2 (no readout) or 3 (readout) positive integers."""
-    sizes = list(sizes)
+    """Validate network widths: at least 2 (no readout) or 3 (readout) positive integers,
+    returned as Python ints (the rule of :func:`pyro_gpn._validation.integer_sizes`: NumPy
+    integers and integral floats are converted, bools and fractions refused)."""
+    sizes = integer_sizes(sizes)
     kind = HEADS[head] if isinstance(head, str) else head
     min_len = 3 if kind.has_readout else 2
-    if len(sizes) < min_len or any(not isinstance(s, int) or s < 1 for s in sizes):
+    if len(sizes) < min_len or any(s < 1 for s in sizes):
         raise ValueError(
             f"sizes must be at least {min_len} positive integers for head={head!r}, got {sizes}"
         )

@@ -88,8 +88,9 @@ def gpn_kernel(
         TypeError: if ``x``, ``x2`` or ``weight`` is not a tensor, or ``lengthscale`` neither a
             tensor nor a real number.
         ValueError: naming the argument, for ``x``/``x2`` of fewer than 2 dimensions, a
-            ``weight`` whose ``M`` is not the inputs' number of columns, batch dimensions or
-            a ``lengthscale`` that do not broadcast, mixed dtypes or devices, or a number
+            ``weight`` whose ``M`` is not the inputs' number of columns, batch dimensions that
+            do not broadcast, a ``lengthscale`` that does not broadcast to the units' shape
+            (without adding dimensions), mixed dtypes or devices, or a number
             ``lengthscale`` that is not positive and finite (all checked always); and while
             :func:`pyro_gpn.settings.is_validation_enabled`, non-finite ``x``, ``x2`` or
             ``weight`` or a tensor ``lengthscale`` that is not positive. Nothing is checked
@@ -97,6 +98,15 @@ def gpn_kernel(
     """
     if not torch.jit.is_tracing():  # a JIT trace would keep none of the checks, only warnings
         _check_gpn_kernel(x, x2, weight, lengthscale)
+    return _gpn_kernel(x, x2, weight, lengthscale)
+
+
+def _gpn_kernel(
+    x: Tensor, x2: Tensor | None, weight: Tensor, lengthscale: Tensor | float
+) -> Tensor:
+    """:func:`gpn_kernel` without the argument checks: the NUTS models' per-state callers
+    (:mod:`pyro_gpn.models.gp_rows`), where a divergent state's non-finite weights must give a
+    NaN factor that the sampler rejects, not an exception."""
     x2 = x if x2 is None else x2
     a, a2 = x @ weight, x2 @ weight
     if weight.dim() == 1:
@@ -132,10 +142,14 @@ def _check_gpn_kernel(
     batch = _check_broadcast(batches, "x, x2 and weight")
     scale_batch = _check_lengthscale(lengthscale)
     units = batch if weight.dim() == 1 else (*batch, weight.shape[-1])
-    _check_broadcast(
-        {"lengthscale": scale_batch, "units": units},
-        "lengthscale and the units (" + ("one" if weight.dim() == 1 else "[..., N]") + ")",
-    )
+    what = "lengthscale and the units (" + ("one" if weight.dim() == 1 else "[..., N]") + ")"
+    if _check_broadcast({"lengthscale": scale_batch, "units": units}, what) != units:
+        # a lengthscale [N, 1] (or one with more dimensions) would silently add batch
+        # dimensions to the result ([N, N, S, S] instead of [N, S, S])
+        raise ValueError(
+            f"lengthscale {scale_batch} must broadcast to the units' shape {units} (a scalar, "
+            "or one per unit: [..., N] for a [M, N] weight) without adding dimensions"
+        )
     check_same_dtype_device("x", x, {"x2": x2, "weight": weight, "lengthscale": lengthscale})
     check_values(finite={"x": x, "x2": x2, "weight": weight}, positive=_tensor_scale(lengthscale))
 

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from . import settings
 from ._validation import (
+    check_class_labels,
     check_finite,
     check_ndim,
     check_nonnegative,
@@ -112,20 +113,22 @@ def _check_target(target: Tensor, like: Tensor) -> None:
     check_finite("target", target)
 
 
-def check_labels(target: Tensor, num_samples: int, num_classes: int, name: str = "target") -> None:
-    """``target`` holds ``[S]`` integer labels in ``[0, C)`` (the range is a value check)."""
+def check_labels(
+    target: Tensor, num_samples: int, num_classes: int, name: str = "target"
+) -> Tensor:
+    """``target`` holds ``[S]`` integer labels in ``[0, C)``; returned as ``long``.
+
+    The dtype and shape are checked always; the range (a value check, one device
+    synchronisation) while :func:`pyro_gpn.settings.is_validation_enabled` -- the losses call
+    this every step (:func:`pyro_gpn._validation.check_class_labels`).
+    """
     if not isinstance(target, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(target).__name__}")
-    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer class labels, got dtype {target.dtype}")
+    check_class_labels(name, target, num_classes, check_range=False)
     check_shape(name, target, (num_samples,))
-    if not (num_samples and settings.is_validation_enabled()):
-        return
-    if bool(((target < 0) | (target >= num_classes)).any()):
-        raise ValueError(
-            f"{name} labels must lie in [0, {num_classes}), got range "
-            f"[{int(target.min())}, {int(target.max())}]"
-        )
+    return check_class_labels(
+        name, target, num_classes, check_range=settings.is_validation_enabled()
+    )
 
 
 def _check_kappa(kappa: float | None, num_features: int) -> float:
@@ -557,7 +560,7 @@ def unscented_cross_entropy(
     _check_reduction(reduction)
     num_classes = _check_readout(features, weight, bias)
     num_features = features.num_features
-    check_labels(target, features.num_samples, num_classes)
+    target = check_labels(target, features.num_samples, num_classes)
     kappa = _check_kappa(kappa, num_features)
 
     if features.is_deterministic:
@@ -612,7 +615,7 @@ def unscented_log_predictive(
     _check_reduction(reduction)
     num_classes = _check_readout(features, weight, bias)
     num_features = features.num_features
-    check_labels(target, features.num_samples, num_classes)
+    target = check_labels(target, features.num_samples, num_classes)
     kappa = _check_kappa(kappa, num_features)
     temperature = _check_temperature(temperature, features.mean)
     if features.is_deterministic:

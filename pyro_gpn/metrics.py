@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validation import check_finite, check_tensor
+from ._validation import check_class_labels, check_finite, check_not_empty, check_tensor
 from .heads import Prediction
 from .losses import gaussian_predictive_log_likelihood
 from .moments.gaussian import Moments
@@ -76,14 +76,6 @@ def _reduce(values: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         return values
     raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-
-
-def _check_not_empty(name: str, value: Tensor, reduction: str = "mean") -> None:
-    """``ValueError`` naming ``name`` when a mean would be taken over no entries (a NaN)."""
-    if reduction == "mean" and value.numel() == 0:
-        raise ValueError(
-            f"{name} is empty (shape {tuple(value.shape)}): the mean of no samples is undefined"
-        )
 
 
 def _same_shape(name: str, value: Tensor, reference: Tensor) -> None:
@@ -136,7 +128,7 @@ def mean_squared_error(
     check_tensor("mean", mean)
     check_tensor("target", target)
     _same_shape("target", target, mean)
-    _check_not_empty("mean", mean, reduction)
+    check_not_empty("mean", mean, reduction, rows=False)
     check_finite("mean", mean)
     check_finite("target", target)
     return _reduce(((mean - target) * _scale(scale, mean)).square(), reduction)
@@ -171,7 +163,7 @@ def gaussian_log_likelihood(
         ValueError: naming the argument: a bad ``scale``, targets that do not fit, or no
             samples to average (``reduction="mean"``).
     """
-    _check_not_empty("predictive.mean", predictive.mean, reduction)
+    check_not_empty("predictive.mean", predictive.mean, reduction, rows=False)
     scale = _scale(scale, predictive.mean)
     per_sample = gaussian_predictive_log_likelihood(predictive, target, reduction="none")
     log_scale = scale.log().expand(predictive.mean.shape[-1:]).sum()
@@ -281,34 +273,10 @@ def interval_coverage(target: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------- classification
-def _check_class_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
-    """``labels`` are integer class labels in ``[0, num_classes)`` (``None``: only ``>= 0``).
-
-    The range is read back to the host (one device synchronisation) whether or not validation
-    is on: a label out of range indexes past the class dimension (an out-of-bounds gather) or
-    scores a silently wrong value, so the training and scoring entry points check it once.
-
-    Raises:
-        TypeError: ``labels`` is not a tensor.
-        ValueError: naming ``name``: floating, complex or boolean labels, or labels out of range.
-    """
-    if not isinstance(labels, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of class labels, got {type(labels).__name__}"
-        )
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer class labels, got dtype {labels.dtype}")
-    if labels.numel() == 0:
-        return
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or (num_classes is not None and high >= num_classes):
-        bound = "" if num_classes is None else f", {num_classes}"
-        raise ValueError(f"{name} must hold class labels in [0{bound}), got range [{low}, {high}]")
-
-
-def _check_labels(scores: Tensor, labels: Tensor, name: str = "probs") -> None:
+def _check_labels(scores: Tensor, labels: Tensor, name: str = "probs") -> Tensor:
     """``scores`` (the argument ``name``) ``[S, C]``, finite while validation is on, and
-    ``labels`` ``[S]`` integers in ``[0, C)``."""
+    ``labels`` ``[S]`` integers in ``[0, C)`` (one device synchronisation for the range);
+    returns ``labels`` as ``long``."""
     if not isinstance(scores, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(scores).__name__}")
     if scores.ndim != 2:
@@ -319,9 +287,10 @@ def _check_labels(scores: Tensor, labels: Tensor, name: str = "probs") -> None:
         raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
     if labels.shape != scores.shape[:1] or labels.dtype.is_floating_point:
         raise ValueError(f"labels must be integers of shape [{scores.shape[0]}], got {labels}")
-    _check_class_labels("labels", labels, scores.shape[1])
+    labels = check_class_labels("labels", labels, scores.shape[1])
     if scores.is_floating_point():
         check_finite(name, scores)
+    return labels
 
 
 def classification_error(scores: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -333,8 +302,14 @@ def classification_error(scores: Tensor, labels: Tensor, reduction: str = "mean"
             average (``reduction="mean"``); scores that are not ``[S, C]`` (or, while validation
             is on, not finite).
     """
-    _check_labels(scores, labels, "scores")
-    _check_not_empty("labels", labels, reduction)
+    labels = _check_labels(scores, labels, "scores")
+    check_not_empty("labels", labels, reduction)
+    return _classification_error(scores, labels, reduction)
+
+
+def _classification_error(scores: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """:func:`classification_error` without the checks (no device synchronisation): for
+    callers that checked the labels once (:func:`pyro_gpn.inference.evaluate`'s batches)."""
     return _reduce((scores.argmax(-1) != labels).to(torch.float64), reduction)
 
 
@@ -350,8 +325,8 @@ def categorical_nll(probs: Tensor, labels: Tensor, reduction: str = "mean") -> T
         ValueError: naming ``labels`` (not ``[S]`` integers in ``[0, C)``, or no samples to
             average with ``reduction="mean"``) or ``probs`` (not rows of probabilities).
     """
-    _check_labels(probs, labels)
-    _check_not_empty("labels", labels, reduction)
+    labels = _check_labels(probs, labels)
+    check_not_empty("labels", labels, reduction)
     if bool((probs < 0).any()) or not torch.allclose(
         probs.sum(-1), torch.ones((), dtype=probs.dtype, device=probs.device), atol=1e-4
     ):
@@ -412,7 +387,7 @@ def reliability_diagram(
         :class:`ReliabilityDiagram` (float64 tensors on the probabilities' device).
     """
     probs = _class_probs(probs)
-    _check_labels(probs, labels)
+    labels = _check_labels(probs, labels)
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
     if labels.shape[0] == 0:
@@ -458,7 +433,7 @@ def expected_calibration_error(
             is on).
     """
     probs = _class_probs(probs)
-    _check_labels(probs, labels)
+    labels = _check_labels(probs, labels)
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
     if labels.shape[0] == 0:

@@ -32,11 +32,13 @@ import torch
 from torch import Tensor, nn
 
 from ._validation import (
+    EMPTY_BATCH_HINT,
     as_input,
     check_device,
     check_inputs,
     check_ndim,
     check_nonnegative,
+    check_not_empty,
     check_parameters_finite,
     check_shape,
     check_tensor,
@@ -133,8 +135,6 @@ class GPNNet(GPNModule):
         if not isinstance(head, (str, Head)):
             raise TypeError(f"head must be a name or a Head, got {type(head).__name__}")
         self.sizes = sizes = check_sizes(sizes, head)
-        if any(isinstance(s, bool) for s in sizes):  # bools are ints to isinstance
-            raise ValueError(f"sizes must be positive integers, not bools, got {sizes}")
         self.mode = mode
         if layer is GPNLayer:
             layer_kwargs.setdefault("targets_init", GPN.targets_init)
@@ -257,11 +257,7 @@ class GPNNet(GPNModule):
             ``[S]`` with ``reduction="none"``.
         """
         y = self._target(y)
-        if reduction == "mean" and _num_rows(x) == 0:
-            raise ValueError(
-                "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
-                "(NaN); skip empty batches or use reduction='sum'"
-            )
+        check_not_empty("x", x, reduction, hint=EMPTY_BATCH_HINT)
         return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
 
     def log_predictive(self, x: Tensor, y: Tensor, calibrated: bool = True) -> Tensor:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ._validation import EMPTY_BATCH_HINT, check_not_empty
 from .heads import HEADS, Head, Prediction, make_head
 from .layers.base import GPNLayerBase
 from .layers.linear import MomentFlatten
@@ -230,7 +231,7 @@ class GPNSequential(GPNModule):
             ValueError: ``x`` has no rows with ``reduction="mean"`` (as
                 :meth:`pyro_gpn.GPNNet.expected_nll`), or bad ``x`` / ``y``.
         """
-        _check_not_empty(x, reduction)
+        check_not_empty("x", x, reduction, hint=EMPTY_BATCH_HINT)
         y = as_target(y, self._reference())
         return self.head.expected_nll(self.hidden(x), y, reduction=reduction)
 
@@ -281,7 +282,7 @@ class GPNSequential(GPNModule):
             ValueError: ``x`` has no rows (the mean over no samples is undefined, as in
                 :meth:`pyro_gpn.GPNNet.loss`), or bad ``x`` / ``y``.
         """
-        _check_not_empty(x, "mean")
+        check_not_empty("x", x, hint=EMPTY_BATCH_HINT)
         num_data = _num_rows(x) if self.num_data is None else self.num_data
         if self.objective == "predictive":
             data = -self.log_predictive(x, y, calibrated=False).mean()
@@ -308,13 +309,4 @@ class GPNSequential(GPNModule):
         return (
             f"input_shape={self.input_shape}, mode={self.mode!r}, num_data={self.num_data}, "
             f"objective={self.objective!r}"
-        )
-
-
-def _check_not_empty(x: object, reduction: str) -> None:
-    """``ValueError`` if ``x`` has no rows and the loss is a mean over them."""
-    if reduction == "mean" and _num_rows(x) == 0:
-        raise ValueError(
-            "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
-            "(NaN); skip empty batches or use reduction='sum'"
         )

@@ -989,7 +989,16 @@ def _cases() -> list[Case]:  # noqa: C901 - a table
     )
     add("net/sizes-too-short", "GPNNet", "value", lambda t: GPNNet([3, 2]), ["sizes"])
     add("net/mode-unknown", "GPNNet", "value", lambda t: GPNNet([3, 4, 2], mode="full"), ["mode"])
-    add("net/sizes-float", "GPNNet", "value", lambda t: GPNNet([3.0, 4, 2]), ["sizes"])
+    add(
+        "net/sizes-float",
+        "GPNNet",
+        "value",
+        lambda t: GPNNet([3.0, 4, 2]),
+        ["sizes"],
+        expect="either",  # integral floats are widths, as for every network (integer_sizes)
+        check=lambda net, w: None if net.sizes == [3, 4, 2] else f"sizes {net.sizes}",
+    )
+    add("net/sizes-fraction", "GPNNet", "value", lambda t: GPNNet([3.5, 4, 2]), ["sizes"])
 
     E = "GPNNet.loss"
     add(

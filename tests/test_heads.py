@@ -139,7 +139,7 @@ def test_gaussian_network_owns_the_observation_noise_in_its_head():
 def test_bad_targets_name_y():
     with pytest.raises(ValueError, match="y must have shape"):
         GaussianHead(2).check_target(torch.zeros(3, 1), 3)
-    with pytest.raises(ValueError, match="y labels must lie in"):
+    with pytest.raises(ValueError, match=r"y must hold class labels in \[0, 3\)"):
         SoftmaxHead(2, 3).check_target(torch.tensor([0, 3]), 2)
     with pytest.raises(ValueError, match="noise_std_init"):
         GaussianHead(2, noise_std_init=0.0)

@@ -80,3 +80,28 @@ def test_gpn_kernel_takes_batches_of_weights_and_lengthscales():
     k = gpn_kernel(x, None, w, ls)
     assert k.shape == (4, 2, 5, 5)
     torch.testing.assert_close(k[1, 0], gpn_kernel(x, None, w[1, :, 0], ls[1, 0]))
+
+
+def test_numpy_scalar_lengthscales_are_real_numbers():
+    import numpy as np
+
+    a, b = torch.randn(4, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    expected = squared_exponential(a, b, 0.5)
+    assert torch.equal(squared_exponential(a, b, np.float32(0.5)), expected)
+    assert torch.equal(squared_exponential(a, b, np.float64(0.5)), expected)
+    x, w = torch.randn(4, 2, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    assert torch.equal(gpn_kernel(x, None, w, np.int64(2)), gpn_kernel(x, None, w, 2.0))
+    with pytest.raises(TypeError, match="lengthscale must be a real number"):
+        squared_exponential(a, b, np.bool_(True))
+
+
+def test_gpn_kernel_refuses_a_lengthscale_that_adds_dimensions():
+    """A [N, 1] lengthscale passed the broadcast check and returned [N, N, S, S]."""
+    x, w = torch.randn(4, 2), torch.randn(2, 3)
+    assert gpn_kernel(x, None, w, torch.ones(3)).shape == (3, 4, 4)
+    assert gpn_kernel(x, None, w, torch.ones(1)).shape == (3, 4, 4)
+    for lengthscale in (torch.ones(3, 1), torch.ones(7, 3)):
+        with pytest.raises(ValueError, match="lengthscale .* must broadcast to the units"):
+            gpn_kernel(x, None, w, lengthscale)
+    batched = torch.randn(7, 2, 3)
+    assert gpn_kernel(x, None, batched, torch.ones(7, 3)).shape == (7, 3, 4, 4)

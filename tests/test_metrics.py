@@ -415,3 +415,13 @@ def test_integer_regression_tensors_are_refused():
         rmse(torch.ones(3, 1), torch.ones(3, 1, dtype=torch.long))
     with pytest.raises(TypeError, match="labels must be a torch.Tensor"):
         classification_error(torch.ones(3, 2), [0, 1, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+@pytest.mark.parametrize(
+    "metric", [classification_error, categorical_nll, expected_calibration_error]
+)
+def test_narrow_integer_labels_are_scored(metric, dtype):
+    """uint8 and int16 labels passed the check and crashed in gather()."""
+    probs, labels = _probs_and_labels()
+    torch.testing.assert_close(metric(probs, labels.to(dtype)), metric(probs, labels))

@@ -126,8 +126,8 @@ def test_bad_input_raises(call, match):
     [
         ({"sizes": [3, 2], "head": "softmax"}, "sizes must be at least 3"),
         ({"sizes": [3, 0, 2]}, "sizes must be"),
-        ({"sizes": [2, True, 1]}, "sizes must be positive integers, not bools"),
-        ({"sizes": [2, True], "head": "gaussian"}, "sizes must be positive integers, not bools"),
+        ({"sizes": [2, True, 1]}, "sizes must be integers, got True"),
+        ({"sizes": [2, True], "head": "gaussian"}, "sizes must be integers, got True"),
         ({"sizes": [3, 4, 2], "head": "poisson"}, "head must be one of"),
         ({"sizes": [3, 4, 2], "mode": "var"}, "mode must be one of"),
     ],

@@ -243,3 +243,89 @@ def test_check_values_synchronises_once_and_names_the_offender():
     with settings.validation(False), count_syncs() as counter:
         check_values(nonnegative={"d": -torch.ones(4)})
     assert counter["n"] == 0
+
+
+def test_check_number_takes_numpy_scalars_but_not_bools():
+    from pyro_gpn._validation import check_number
+
+    assert check_number("jitter", np.float32(0.5)) == 0.5
+    assert check_number("jitter", np.int64(2), positive=True) == 2.0
+    for value in (np.bool_(True), True):
+        with pytest.raises(TypeError, match="jitter must be a real number"):
+            check_number("jitter", value)
+    with pytest.raises(ValueError, match="lengthscale must be positive"):
+        check_number("lengthscale", np.float64(0.0), positive=True)
+
+
+def test_check_int_takes_python_and_numpy_integers_only():
+    from pyro_gpn._validation import check_int
+
+    assert check_int("seed", np.int64(3)) == 3 and type(check_int("seed", np.int64(3))) is int
+    assert check_int("num_data", None, 1, none_ok=True) is None
+    for value in (True, np.bool_(False), 2.0, "2", None):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            check_int("seed", value)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        check_int("batch_size", 0, 1)
+    with pytest.raises(ValueError, match="n_train must be an integer >= 10"):
+        check_int("n_train", 9, 10)
+
+
+def test_integer_sizes_is_the_one_rule_for_network_widths():
+    from pyro_gpn._validation import integer_sizes
+    from pyro_gpn.models.baselines import FixedActivationNet
+
+    assert integer_sizes([np.int64(2), 3.0, torch.tensor(1)]) == [2, 3, 1]
+    for sizes in ([2, True, 1], [2, 2.5, 1], "231", [2, "3", 1]):
+        with pytest.raises(ValueError, match="sizes must"):
+            integer_sizes(sizes)
+    # GPNNet took NumPy integers differently from FixedActivationNet and the NUTS models
+    assert GPNNet([np.int64(2), 3, 1]).sizes == [2, 3, 1]
+    assert GPNNet([np.int64(2), np.int32(3)], head="gaussian").sizes == [2, 3]
+    FixedActivationNet([np.int64(2), 3, 1])
+
+
+def test_check_class_labels_reads_the_range_once_and_returns_long():
+    from pyro_gpn._validation import check_class_labels
+    from tests.syncs import count_syncs
+
+    for dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
+        labels = torch.tensor([0, 2, 1], dtype=dtype)
+        with count_syncs() as counter:
+            out = check_class_labels("y", labels, 3)
+        assert counter["n"] == 1 and out.dtype == torch.int64 and out.tolist() == [0, 2, 1]
+    with pytest.raises(ValueError, match=r"y must hold class labels in \[0, 3\), got range"):
+        check_class_labels("y", torch.tensor([0, 3]), 3)
+    with pytest.raises(ValueError, match=r"y must hold class labels in \[0\), got range"):
+        check_class_labels("y", torch.tensor([-1, 0]), None)
+    with pytest.raises(ValueError, match="y must hold integer class labels"):
+        check_class_labels("y", torch.tensor([0.0]), 3)
+    with pytest.raises(TypeError, match="y must be a torch.Tensor"):
+        check_class_labels("y", [0, 1], 3)
+    with count_syncs() as counter:
+        check_class_labels("y", torch.tensor([5]), 3, check_range=False)
+    assert counter["n"] == 0
+
+
+def test_check_not_empty_names_the_argument():
+    from pyro_gpn._validation import check_not_empty
+
+    with pytest.raises(ValueError, match=r"x has 0 samples .*undefined \(NaN\); skip"):
+        check_not_empty("x", torch.zeros(0, 3), hint="skip empty batches")
+    with pytest.raises(ValueError, match="mean has 0 samples"):
+        check_not_empty("mean", torch.zeros(3, 0), rows=False)
+    check_not_empty("x", torch.zeros(0, 3), reduction="sum")
+    check_not_empty("x", torch.zeros(3, 0))
+    check_not_empty("x", [1, 2])
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_check_psd_skips_empty_batches_and_traces():
+    from pyro_gpn._validation import check_psd
+
+    check_psd("cov", torch.zeros(0, 3, 3))  # amax of no entries raised a RuntimeError
+    bad = torch.tensor([[[1.0, 0.0], [0.0, -1.0]]])
+    with pytest.raises(ValueError, match="cov must be positive semi-definite"):
+        check_psd("cov", bad)
+    traced = torch.jit.trace(lambda c: check_psd("cov", c) * 2, (bad,), check_trace=False)
+    assert torch.equal(traced(bad), bad * 2)

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from pyro_gpn._validation import check_int
 from pyro_gpn.data.dataset import RegressionData
 
 __all__ = ["synthetic_1d"]
@@ -35,12 +36,9 @@ def synthetic_1d(
             not a non-negative integer, a ``noise_std`` that is negative or not finite, or a
             ``gap`` that is not an interval inside ``x_range``.
     """
-    if not isinstance(n_train, int) or n_train < 10:
-        raise ValueError(f"n_train must be an integer >= 10, got {n_train!r}")
-    if not isinstance(n_test, int) or n_test < 1:
-        raise ValueError(f"n_test must be a positive integer, got {n_test!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    n_train = check_int("n_train", n_train, 10)
+    n_test = check_int("n_test", n_test, 1)
+    seed = check_int("seed", seed, 0)
     if (
         isinstance(noise_std, bool)
         or not isinstance(noise_std, (int, float, np.number))

@@ -52,8 +52,7 @@ from pyro.infer.util import torch_item
 from torch import Tensor
 
 from .. import settings
-from .._validation import check_finite, check_ndim, check_tensor
-from ..metrics import _check_class_labels
+from .._validation import check_class_labels, check_finite, check_int, check_ndim, check_tensor
 from ..models._contract import check_num_data
 from ..models.variational import VariationalGPN
 from .calibration import fit_predictive_scale
@@ -129,7 +128,7 @@ def _likelihood_scale(
     """``S / B``, the data term's scale of a batch of ``B`` rows out of ``S`` (``num_data``,
     else ``vgpn.num_data``, else ``B``); a batch without targets or rows, or a ``num_data``
     that is not a positive integer, raises."""
-    check_num_data(num_data)
+    num_data = check_num_data(num_data)
     if y is None:
         raise ValueError(f"{objective} needs observations y")
     batch = x.shape[0]
@@ -290,9 +289,9 @@ def _check_fit_data(
     """:func:`fit_vgpn`'s data on entry, before the hold-out indexes them and the loop turns
     validation off: tensors, one row of ``y`` per row of ``x`` (``y_val`` per row of
     ``x_val``, at least one), ``x_val`` with ``x``'s columns and ``y_val`` with ``y``'s
-    trailing shape, class labels in the head's range (always: one device synchronisation, an
-    out-of-range label would train silently), finite floating values (while validation is
-    on)."""
+    trailing shape, class labels in the head's range (always, as an out-of-range label would
+    train silently: one device synchronisation per label tensor, a ``torch.aminmax`` read
+    back), finite floating values (while validation is on: one per tensor)."""
     check_ndim("x", check_tensor("x", x), 2)
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
@@ -321,7 +320,7 @@ def _check_fit_data(
         if value is None:
             continue
         if name.startswith("y") and classes is not None:
-            _check_class_labels(name, value, classes)
+            check_class_labels(name, value, classes)
         elif value.is_floating_point():
             check_finite(name, value)
 
@@ -354,13 +353,9 @@ def fit_settings(
         "noise_warmup": VGPN.noise_warmup if noise_warmup is None else noise_warmup,
     }
     for name in ("num_steps", "eval_every"):
-        value = out[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        out[name] = check_int(name, out[name], 1)
     for name in ("patience", "noise_warmup"):
-        value = out[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        out[name] = check_int(name, out[name], 0)
     lr, lr_decay = out["lr"], out["lr_decay"]
     if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
@@ -489,8 +484,7 @@ def fit_vgpn(
         raise ValueError(
             f"calibrate=True needs a head with a predictive scale, got {type(vgpn.head).__name__}"
         )
-    if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
-        raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+    num_particles = check_int("num_particles", num_particles, 1)
     if num_particles > 1 and elbo != "trace":
         raise ValueError("num_particles applies to elbo='trace' only")
     if x_val is None:

@@ -8,8 +8,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_finite, check_inputs, check_ndim, check_tensor
-from ..metrics import classification_error, gaussian_log_likelihood, mean_squared_error
+from .._validation import (
+    check_class_labels,
+    check_finite,
+    check_inputs,
+    check_int,
+    check_ndim,
+    check_tensor,
+)
+from ..metrics import _classification_error, gaussian_log_likelihood, mean_squared_error
 from .train_config import _TASKS
 
 __all__ = ["evaluate"]
@@ -63,19 +70,19 @@ def _check_data(
     return x, y
 
 
-def _check_labels(name: str, labels: Tensor, num_classes: int | None) -> None:
-    """Class labels: integers in ``[0, num_classes)`` (the model's head, where it has one)."""
-    if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(
-            f"task='classification' needs integer class labels as {name} y, got dtype "
-            f"{labels.dtype} (float targets: use task='regression')"
-        )
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or (num_classes is not None and high >= num_classes):
-        bound = "" if num_classes is None else f", {num_classes}"
-        raise ValueError(
-            f"{name} y holds class labels in [{low}, {high}]; the model's head takes [0{bound})"
-        )
+def _check_labels(
+    name: str, labels: Tensor, num_classes: int | None, check_range: bool = True
+) -> Tensor:
+    """Class labels ``{name} y``: integers in ``[0, num_classes)`` (the model's head, where it
+    has one), one device synchronisation (none without ``check_range``); returned as
+    ``long``."""
+    return check_class_labels(
+        f"{name} y",
+        labels,
+        num_classes,
+        check_range=check_range,
+        hint="task='classification' takes integer class labels; float targets: task='regression'",
+    )
 
 
 def _batches(n: int, batch_size: int, order: Tensor | None = None):
@@ -122,8 +129,7 @@ def evaluate(
             ``[0, C)`` (``C`` the model head's classes), or a ``batch_size`` that is not a
             positive integer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = check_int("batch_size", batch_size, 1)
     like = _parameter_like(model)
     x, y = _check_data("data", (x, y), like)
     if like is not None:
@@ -136,8 +142,12 @@ def evaluate(
             f"task='regression' needs floating targets y, got y of dtype {y.dtype} (class "
             "labels: use task='classification')"
         )
+    classes = None
     if task == "classification":  # an out-of-range label would score as a silent error
-        _check_labels("data", y, getattr(getattr(model, "head", None), "num_classes", None))
+        # once, here: the batches below score with the unchecked metric; a model without a
+        # head gives the number of classes with its first prediction
+        classes = getattr(getattr(model, "head", None), "num_classes", None)
+        y = _check_labels("data", y, classes, check_range=classes is not None)
     was_training = model.training
     model.eval()
     try:
@@ -145,7 +155,10 @@ def evaluate(
         for index in _batches(x.shape[0], batch_size):
             prediction = model(x[index])
             if task == "classification":
-                errors += float(classification_error(prediction.mean, y[index], reduction="sum"))
+                if classes is None:
+                    classes = prediction.mean.shape[-1]
+                    _check_labels("data", y, classes)
+                errors += float(_classification_error(prediction.mean, y[index], reduction="sum"))
             else:
                 if y[index].numel() != prediction.mean.numel():
                     raise ValueError(

@@ -77,12 +77,12 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyro
 import torch
 from pyro.infer import MCMC, Predictive
 from torch import Tensor
 
+from pyro_gpn._validation import check_int
 from pyro_gpn.diagnostics import ConvergenceWarning
 from pyro_gpn.models.nonparametric import NonParametricGPN
 from pyro_gpn.models.sampled_targets import SampledTargetsGPN
@@ -254,19 +254,13 @@ def run_nuts(
         )
     if y_train is None:
         raise ValueError("y_train must be given: NUTS samples the posterior given the targets")
-    for name, value, least in (
-        ("num_samples", num_samples, 1),
-        ("warmup_steps", warmup_steps, 0),
-        ("num_chains", num_chains, 1),
-        ("max_tree_depth", max_tree_depth, 1),
-        ("init_steps", init_steps, 0),
-        ("progress_every", progress_every, 0),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    seed = int(seed)  # NumPy integers: random.seed refuses them
+    num_samples = check_int("num_samples", num_samples, 1)
+    warmup_steps = check_int("warmup_steps", warmup_steps, 0)
+    num_chains = check_int("num_chains", num_chains, 1)
+    max_tree_depth = check_int("max_tree_depth", max_tree_depth, 1)
+    init_steps = check_int("init_steps", init_steps, 0)
+    progress_every = check_int("progress_every", progress_every, 0)
+    seed = check_int("seed", seed, 0)  # a Python int: random.seed refuses NumPy integers
     if x_test is not None and len(getattr(x_test, "shape", ())) >= 1 and x_test.shape[0] == 0:
         raise ValueError("x_test has 0 rows: pass x_test=None to sample without test predictions")
     if not 0.0 < target_accept_prob < 1.0:

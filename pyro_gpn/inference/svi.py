@@ -76,8 +76,7 @@ from pyro.infer.util import zero_grads
 from torch import Tensor
 
 from .. import settings
-from .._validation import check_finite
-from ..metrics import _check_class_labels
+from .._validation import check_class_labels, check_finite, check_int
 from .checkpoint import (
     SVI_CHECKPOINT_NAME,
     gather_rng_state,
@@ -498,13 +497,9 @@ def fit_svi(
         pyro_gpn.io.RunInUseError: another live process trains into ``out_dir`` (under
             ``torchrun``: into rank 0's; raised on every rank).
     """
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-    ):
-        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-    seed = None if seed is None else int(seed)  # NumPy integers: random.seed refuses them
+    num_steps = check_int("num_steps", num_steps, 1)
+    # as a Python int: random.seed refuses NumPy integers
+    seed = check_int("seed", seed, 0, none_ok=True)
     run_dir = _check_checkpoint_args(out_dir, resume, checkpoint_every)
     if not isinstance(x, Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor with the samples along its first dimension")
@@ -516,13 +511,12 @@ def fit_svi(
         check_finite("y", y)
     classes = _num_classes(model, loss)
     if y is not None and classes is not None:  # always: the loop turns the model's check off
-        _check_class_labels("y", y, classes)
+        check_class_labels("y", y, classes)
     ctx = current_context(x.device)
     kwargs = {**(model_kwargs or {}), "num_data": num_data}
     slice_size = None
     if batch_size is not None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
         if batch_size < num_data:
             slice_size = batch_size
     if ctx.distributed and min(slice_size or num_data, num_data) < ctx.world_size:

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._validation import check_int
+
 __all__ = ["TrainConfig", "TrainResult"]
 
 _TASKS = ("classification", "regression")
@@ -78,13 +80,9 @@ class TrainConfig:
             if isinstance(value, np.generic):
                 setattr(self, name, value.item())
         for name in ("batch_size", "max_epochs", "eval_every", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.patience, int) or self.patience < 0:
-            raise ValueError(f"patience must be a non-negative integer, got {self.patience!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            setattr(self, name, check_int(name, getattr(self, name), 1))
+        self.patience = check_int("patience", self.patience, 0)
+        self.seed = check_int("seed", self.seed, 0)
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):

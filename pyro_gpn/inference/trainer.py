@@ -179,7 +179,7 @@ class Trainer:
         if task == "classification":
             classes = getattr(getattr(self.model, "head", None), "num_classes", None)
             for name, labels in (("train", y_train), ("val", y_val)):
-                _check_labels(name, labels, classes)
+                _check_labels(name, labels, classes)  # one synchronisation each
         check_parameters_finite(self.model, "the model (before training)")
         with locked_out_dir(self.out_dir, self._ctx, CHECKPOINT_NAME) as self._writes:
             # after the folder's collective: under torchrun rank 0's out_dir decides, and every

@@ -21,7 +21,7 @@ from pyro.nn import PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from ..moments.propagate import virtual_observation_weights
+from ..moments.weights import _virtual_observation_weights
 from .base import GPNLayerBase, Response
 
 __all__ = ["GPNLayer", "TARGET_INITS", "VirtualObservations"]
@@ -78,7 +78,7 @@ class VirtualObservations(Response):
             self.register_buffer("target_variances", variances)
 
     def _weights(self, points: Tensor, lengthscales: Tensor, with_kappa: bool):
-        return virtual_observation_weights(
+        return _virtual_observation_weights(
             points,
             self.targets.to(points.dtype),
             self.target_variances.to(points.dtype),
@@ -95,7 +95,7 @@ class VirtualObservations(Response):
     def factored_weights(self, points: Tensor, lengthscales: Tensor, with_reduction: bool = True):
         """``beta``, ``C = kappa`` and ``L = chol(K(V, V) + diag(S))`` (``kappa = (L L^T)^-1``,
         ``None`` with ``with_reduction=False``; ``M`` the identity)."""
-        kappa, beta, chol = virtual_observation_weights(
+        kappa, beta, chol = _virtual_observation_weights(
             points,
             self.targets.to(points.dtype),
             self.target_variances.to(points.dtype),

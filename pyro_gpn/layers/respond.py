@@ -20,7 +20,7 @@ from torch import Tensor
 from ..moments import cpu_layer
 from ..moments.backend import cpu_kernels_evaluate
 from ..moments.gaussian import Moments
-from ..moments.propagate import Mode, response_moments
+from ..moments.propagate import Mode, _response_moments
 from ..moments.quadrature import explicit_c_rows, node_variance_rows
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def respond(
     out_dtype = activations.mean.dtype
     if layer.compute_dtype is not None:
         activations = activations.to(layer.compute_dtype)
-    outputs = response_moments(
+    outputs = _response_moments(
         activations,
         parts.points,
         parts.lengthscales,

@@ -92,13 +92,14 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 from pyro.nn import PyroParam
 from torch import Tensor, nn
 from torch.distributions import constraints
 
-from ..kernels import squared_exponential
+from ..kernels import _squared_exponential
 from ..moments.gaussian import Moments
 from ..moments.propagate import Mode
 from ..recommended import VGPN
@@ -140,7 +141,7 @@ def __getattr__(name: str):
 def check_whiten(whiten: object) -> None:
     """``ValueError`` naming ``whiten`` unless it is a bool or ``None`` (a string such as
     ``"yes"`` or ``"false"`` would be read by its truth value)."""
-    if whiten is not None and not isinstance(whiten, bool):
+    if whiten is not None and not isinstance(whiten, (bool, np.bool_)):
         raise ValueError(f"whiten must be True, False or None, got {whiten!r}")
 
 
@@ -154,7 +155,7 @@ def _inverse_gram_times(whiten: bool, chol: Tensor, values: Tensor) -> Tensor:
 
 def prior_scale_tril(points: Tensor, lengthscales: Tensor, jitter: float) -> Tensor:
     """``[G, R, R]`` lower Cholesky factor ``L`` of ``K(V, V) + jitter I`` (``eq:gpn_vi_puv``)."""
-    gram = squared_exponential(points, points, lengthscales)
+    gram = _squared_exponential(points, points, lengthscales)
     eye = torch.eye(points.shape[-1], dtype=points.dtype, device=points.device)
     return torch.linalg.cholesky(gram + jitter * eye)
 
@@ -537,7 +538,7 @@ class VariationalGPNLayer(GPNLayerBase):
         activations, targets = self.to_compute(activations), self.to_compute(targets)
         points, lengthscales = self.compute_grid()
         weights, kinv = self.response.target_weights(points, lengthscales, targets)
-        alpha = squared_exponential(activations.unsqueeze(-1), points, lengthscales).squeeze(
+        alpha = _squared_exponential(activations.unsqueeze(-1), points, lengthscales).squeeze(
             -2
         )  # [..., S, N, R]
         mean = (alpha * weights).sum(-1).to(out_dtype)

@@ -22,6 +22,7 @@ from .._validation import (
     as_input,
     check_device,
     check_inputs,
+    check_int,
     check_ndim,
     check_parameters_finite,
     check_shape,
@@ -33,10 +34,9 @@ __all__ = ["check_batch", "check_num_data", "data_plate"]
 
 
 def check_num_data(num_data: int | None) -> int | None:
-    """``num_data`` is a positive integer or ``None``."""
-    if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
-        raise ValueError(f"num_data must be a positive integer or None, got {num_data!r}")
-    return num_data
+    """``num_data`` is a positive integer (Python's or NumPy's, returned as ``int``; not a
+    bool, which ``isinstance`` counts as 1) or ``None``."""
+    return check_int("num_data", num_data, 1, none_ok=True)
 
 
 def check_batch(
@@ -76,7 +76,7 @@ def check_batch(
             "x has 0 samples (rows): an empty batch has no likelihood to scale by num_data; "
             "give at least one row"
         )
-    check_num_data(num_data)
+    num_data = check_num_data(num_data)
     if num_data is not None and x.shape[0] > num_data:
         raise ValueError(f"x has {x.shape[0]} samples, more than num_data={num_data}")
     if isinstance(y, Tensor) and like is not None:

@@ -38,11 +38,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._validation import as_input, check_finite, check_shape
+from .._validation import as_input, check_finite, check_not_empty, check_shape, integer_sizes
 from ..heads import HEADS, GaussianHead, Head, Prediction, SoftmaxHead
 from ..moments.gaussian import Moments
-from ..network import _num_rows, as_target
-from .nuts_inputs import integer_sizes
+from ..network import as_target
 
 __all__ = ["FixedActivationNet"]
 
@@ -274,11 +273,7 @@ class FixedActivationNet(nn.Module):
             ValueError: ``x`` has no rows (the mean over no samples is undefined, as in
                 :meth:`pyro_gpn.GPNNet.loss`), or bad ``x`` / ``y``.
         """
-        if _num_rows(x) == 0:
-            raise ValueError(
-                "x has 0 samples (an empty batch): the mean loss over no samples is undefined "
-                "(NaN); skip empty batches"
-            )
+        check_not_empty("x", x, hint="skip empty batches")
         y = as_target(y, self.maps[0][0])
         return self.head.expected_nll(self.hidden(x), y)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pyro_gpn.kernels import gpn_kernel
+from pyro_gpn.kernels import _gpn_kernel
 
 __all__ = ["activation_cholesky", "cat_rows", "conditional_rows", "layer_cholesky"]
 
@@ -34,7 +34,7 @@ def layer_cholesky(
         factorisation fails numerically the factor is NaN, so that a sampler rejects the state
         instead of crashing.
     """
-    cov = gpn_kernel(inputs, None, weight.mT, lengthscale)
+    cov = _gpn_kernel(inputs, None, weight.mT, lengthscale)
     diag = noise_std.square() + jitter
     cov = cov + diag[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype)
     chol, info = torch.linalg.cholesky_ex(cov)
@@ -69,7 +69,7 @@ def activation_cholesky(
     Returns:
         ``[..., S K, S K]`` lower-triangular factor, NaN where the factorisation fails.
     """
-    cov = gpn_kernel(inputs, None, weight.mT, lengthscale)  # [..., N, S, S]
+    cov = _gpn_kernel(inputs, None, weight.mT, lengthscale)  # [..., N, S, S]
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
     cov = cov + noise_std.square()[..., None, None] * eye
     rows, width = cov.shape[-1], top_weight.shape[-2]

@@ -14,7 +14,7 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from pyro_gpn._validation import check_finite, check_ndim, check_tensor
+from pyro_gpn._validation import check_finite, check_ndim, check_tensor, integer_sizes
 
 __all__ = [
     "LIKELIHOODS",
@@ -24,34 +24,12 @@ __all__ = [
     "check_xy",
     "class_probs",
     "default_noise_prior",
-    "integer_sizes",
     "per_layer",
 ]
 
 LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
 """Observation models of the last layer: Gaussian noise (regression), or a Bernoulli /
 categorical likelihood on its latent function values (classification)."""
-
-
-def integer_sizes(sizes: Sequence[int]) -> list[int]:
-    """``sizes`` as a list of Python ints. Integers (NumPy's too) and integral floats (``2.0``)
-    are converted; bools, fractional numbers and strings raise ``ValueError`` naming
-    ``sizes`` (``int(2.5)`` or ``int(True)`` would silently build another network)."""
-    try:
-        values = list(sizes)
-    except TypeError:
-        raise ValueError(f"sizes must be a sequence of integers, got {sizes!r}") from None
-    out = []
-    for value in values:
-        try:
-            number = int(value)
-            integral = not isinstance(value, (bool, str, bytes)) and bool(number == value)
-        except (TypeError, ValueError, OverflowError):
-            integral = False
-        if not integral:
-            raise ValueError(f"sizes must be integers, got {value!r} in {sizes!r}")
-        out.append(number)
-    return out
 
 
 def check_sizes(sizes: Sequence[int], likelihood: str) -> list[int]:

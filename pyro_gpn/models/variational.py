@@ -171,7 +171,7 @@ class VariationalGPN(GPNNet):
         unscented_kappa: float | None = None,
         **layer_kwargs,
     ) -> None:
-        check_num_data(num_data)
+        num_data = check_num_data(num_data)
         check_whiten(whiten)
         whiten = VGPN.whiten if whiten is None else whiten
         layer_kwargs.setdefault("targets_init", VGPN.targets_init)

@@ -367,6 +367,13 @@ def cpu_response_mean(mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta
         ValueError: naming the argument, for shapes that do not fit together.
     """
     _check_shapes(mu, v, V, lam, beta)
+    return _cpu_response_mean(mu, v, V, lam, beta)
+
+
+def _cpu_response_mean(
+    mu: Tensor, v: Tensor | None, V: Tensor, lam: Tensor, beta: Tensor
+) -> Tensor:
+    """:func:`cpu_response_mean` without the shape checks (``response_moments`` made them)."""
     return _MeanVar.apply(mu, v, V, lam, beta, None, None)
 
 
@@ -397,6 +404,20 @@ def cpu_response_meanvar(
         ValueError: naming the argument, for shapes that do not fit together.
     """
     _check_shapes(mu, v, V, lam, beta, C, noise_var)
+    return _cpu_response_meanvar(mu, v, V, lam, beta, C, noise_var)
+
+
+def _cpu_response_meanvar(
+    mu: Tensor,
+    v: Tensor,
+    V: Tensor,
+    lam: Tensor,
+    beta: Tensor,
+    C: Tensor,
+    noise_var: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`cpu_response_meanvar` without the shape checks (``response_moments`` made
+    them)."""
     return _MeanVar.apply(mu, v, V, lam, beta, C, noise_var)
 
 

@@ -183,11 +183,6 @@ def response_moments(
             :func:`pyro_gpn.settings.is_validation_enabled`, non-positive ``lengthscales`` or a
             negative ``noise_var``.
     """
-    _check_mode(mode)
-    if mode != "mean" and variance_reduction is None:
-        raise ValueError(f"variance_reduction is required in mode {mode!r}")
-    if variance_inner is not None and variance_cholesky is None:
-        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
     _check_response_arguments(
         activations,
         inducing_points,
@@ -198,6 +193,41 @@ def response_moments(
         variance_cholesky,
         variance_inner,
     )
+    return _response_moments(
+        activations,
+        inducing_points,
+        lengthscales,
+        beta,
+        variance_reduction,
+        noise_var,
+        mode,
+        equidistant,
+        variance_cholesky,
+        variance_inner,
+    )
+
+
+def _response_moments(
+    activations: Moments,
+    inducing_points: Tensor,
+    lengthscales: Tensor,
+    beta: Tensor,
+    variance_reduction: Tensor | None,
+    noise_var: Tensor | None = None,
+    mode: Mode = "meanvar",
+    equidistant: bool | None = None,
+    variance_cholesky: Tensor | None = None,
+    variance_inner: Tensor | None = None,
+) -> Moments:
+    """:func:`response_moments` without the argument checks: the layers call it every step
+    with their own parameters (checked when the layer was built) and activations they
+    computed, so neither the shape checks nor the values' device synchronisation run there
+    (only the O(1) checks of ``mode`` and of the optional arguments it needs)."""
+    _check_mode(mode)
+    if mode != "mean" and variance_reduction is None:
+        raise ValueError(f"variance_reduction is required in mode {mode!r}")
+    if variance_inner is not None and variance_cholesky is None:
+        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()
@@ -515,7 +545,8 @@ def _fused_response_moments(
     mean = activations.mean
     var = None if activations.is_deterministic else activations.variance
     if kind == "cpu":
-        from .cpu_kernels import cpu_response_mean, cpu_response_meanvar
+        from .cpu_kernels import _cpu_response_mean as cpu_response_mean
+        from .cpu_kernels import _cpu_response_meanvar as cpu_response_meanvar
 
         if mode == "mean":
             return Moments(

@@ -29,7 +29,7 @@ def virtual_observation_weights(
     targets: Tensor,
     target_variances: Tensor,
     lengthscales: Tensor,
-    jitter: float = 0.0,
+    jitter: float | Tensor = 0.0,
     with_kappa: bool = True,
     with_cholesky: bool = False,
 ) -> tuple[Tensor | None, Tensor] | tuple[Tensor | None, Tensor, Tensor]:
@@ -40,7 +40,8 @@ def virtual_observation_weights(
         targets: ``[N | 1, R]`` targets ``U``.
         target_variances: ``[N | 1, R]`` variances ``S`` (positive).
         lengthscales: ``[N | 1]``.
-        jitter: added to the diagonal of ``K(V, V) + diag(S)``.
+        jitter: added to the diagonal of ``K(V, V) + diag(S)``: a non-negative number (or a
+            one-element tensor).
         with_kappa: also return ``kappa`` (needed for variances, not for means).
         with_cholesky: also return the lower Cholesky factor ``L`` of ``K(V, V) + diag(S)``,
             the ``variance_cholesky`` of :func:`response_moments` (the accurate conditional
@@ -56,15 +57,34 @@ def virtual_observation_weights(
         path uses ``L`` instead.
 
     Raises:
-        TypeError: if an argument is not a tensor (``jitter`` not a real number).
+        TypeError: if an argument is not a tensor (``jitter`` neither a tensor nor a real
+            number: Python's or NumPy's).
         ValueError: naming the argument, for shapes that do not fit together (every argument
-            has ``G`` rows or 1, and ``R`` inducing points as ``inducing_points``), mixed
-            dtypes or devices, or a negative or non-finite ``jitter`` (all checked always); and
-            while :func:`pyro_gpn.settings.is_validation_enabled`, non-finite
-            ``inducing_points`` or ``targets``, negative ``target_variances`` or non-positive
-            ``lengthscales``; or if ``K(V, V) + diag(S)`` is not positive definite.
+            has ``G`` rows or 1, and ``R`` inducing points as ``inducing_points``; a tensor
+            ``jitter`` has one element), mixed dtypes or devices, or a
+            negative or non-finite number ``jitter`` (all checked always); and while
+            :func:`pyro_gpn.settings.is_validation_enabled`, non-finite ``inducing_points`` or
+            ``targets``, negative ``target_variances`` or a tensor ``jitter`` that is negative
+            or not finite, or non-positive ``lengthscales``; or if ``K(V, V) + diag(S)`` is not
+            positive definite.
     """
     _check_weight_arguments(inducing_points, targets, target_variances, lengthscales, jitter)
+    return _virtual_observation_weights(
+        inducing_points, targets, target_variances, lengthscales, jitter, with_kappa, with_cholesky
+    )
+
+
+def _virtual_observation_weights(
+    inducing_points: Tensor,
+    targets: Tensor,
+    target_variances: Tensor,
+    lengthscales: Tensor,
+    jitter: float | Tensor = 0.0,
+    with_kappa: bool = True,
+    with_cholesky: bool = False,
+) -> tuple[Tensor | None, Tensor] | tuple[Tensor | None, Tensor, Tensor]:
+    """:func:`virtual_observation_weights` without the argument checks: the layers call it
+    every step with their own parameters (checked when the layer was built)."""
     if not with_cholesky and cpu_parameter_kernels(
         inducing_points, targets, target_variances, lengthscales
     ):
@@ -95,11 +115,11 @@ def _check_weight_arguments(
     targets: Tensor,
     target_variances: Tensor,
     lengthscales: Tensor,
-    jitter: float,
+    jitter: float | Tensor,
 ) -> None:
     """The argument checks of :func:`virtual_observation_weights`: types, shapes, dtypes,
-    devices and ``jitter`` (no device synchronisation: the parametric layers call it every
-    step), and the tensors' values in one synchronisation while validation is on."""
+    devices and a number ``jitter`` (no device synchronisation), and the tensors' values (a
+    tensor ``jitter``'s included) in one synchronisation while validation is on."""
     check_tensor("inducing_points", inducing_points)
     if inducing_points.dim() != 2:
         raise ValueError(
@@ -131,8 +151,16 @@ def _check_weight_arguments(
     check_per_unit("targets", targets, groups, (num_points,), points)
     check_per_unit("target_variances", target_variances, groups, (num_points,), points)
     check_per_unit("lengthscales", lengthscales, groups)
-    scalar = isinstance(jitter, Tensor) and jitter.numel() == 1
-    check_number("jitter", jitter.item() if scalar else jitter)
+    jitter_value = None
+    if isinstance(jitter, Tensor):  # its value is checked with the others (no .item() here)
+        check_tensor("jitter", jitter)
+        if jitter.numel() != 1:  # the fused CPU path takes one number
+            raise ValueError(
+                f"jitter must be a number or a one-element tensor, got shape {tuple(jitter.shape)}"
+            )
+        jitter_value = jitter
+    else:
+        check_number("jitter", jitter)
     check_same_dtype_device(
         "inducing_points",
         inducing_points,
@@ -140,7 +168,7 @@ def _check_weight_arguments(
     )
     check_values(
         finite={"inducing_points": inducing_points, "targets": targets},
-        nonnegative={"target_variances": target_variances},
+        nonnegative={"target_variances": target_variances, "jitter": jitter_value},
         positive={"lengthscales": lengthscales},
     )
 

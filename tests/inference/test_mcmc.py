@@ -325,9 +325,9 @@ def test_without_test_inputs():
         ({"x_train": torch.zeros(6, 2, dtype=F64)}, "x_train"),
         # these raised torch's, NumPy's or Python's own errors, or printed every step
         ({"x_test": torch.zeros(0, 1, dtype=F64)}, "x_test has 0 rows"),
-        ({"seed": -1}, "seed must be an integer >= 0"),
-        ({"seed": "a"}, "seed must be an integer >= 0"),
-        ({"progress_every": -1}, "progress_every must be an integer >= 0"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": "a"}, "seed must be a non-negative integer"),
+        ({"progress_every": -1}, "progress_every must be a non-negative integer"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

@@ -438,8 +438,34 @@ def test_evaluate_refuses_labels_outside_the_classes(shift):
 
     x, y = _blobs(0)
     torch.manual_seed(0)
-    with pytest.raises(ValueError, match=r"data y holds class labels .* takes \[0, 3\)"):
+    with pytest.raises(ValueError, match=r"data y must hold class labels in \[0, 3\)"):
         evaluate(GPNNet([2, 3, 3]), x, y + shift)
     # a model without a head: the class count comes from its predictions
     with pytest.raises(ValueError, match=r"(data y|labels).* class labels"):
         evaluate(FixedPredictor(), torch.randn(4, 2), torch.tensor([0, 1, 2, 1]) + shift)
+
+
+def test_evaluate_checks_the_labels_once_not_per_batch(monkeypatch):
+    """The labels were read back on entry and again (min and max) in every batch."""
+    from pyro_gpn import GPNNet, _validation, metrics
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("classification_error's checks ran per batch")
+
+    monkeypatch.setattr(metrics, "_check_labels", refuse)
+    calls = []
+    original = _validation.check_class_labels
+    monkeypatch.setattr(
+        _validation, "check_class_labels", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    from pyro_gpn.inference import evaluation
+
+    monkeypatch.setattr(evaluation, "check_class_labels", _validation.check_class_labels)
+    x, y = _blobs(0)
+    torch.manual_seed(0)
+    assert 0.0 <= evaluate(GPNNet([2, 3, 3]), x, y, batch_size=4)["error"] <= 1.0
+    assert len(calls) == 1
+    # without a head the first prediction gives the classes, checked once too
+    calls.clear()
+    evaluate(FixedPredictor(), torch.randn(4, 3), torch.tensor([0, 1, 2, 1]), batch_size=1)
+    assert len(calls) == 2  # the dtype on entry, the range with the first prediction

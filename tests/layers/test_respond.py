@@ -311,3 +311,38 @@ def test_a_recurrent_layer_decides_once_per_sequence(monkeypatch):
     out = layer(x, "meanvar")
     assert calls == [1]
     assert torch.isfinite(out.var).all()
+
+
+def _refuse(name):
+    def check(*args, **kwargs):
+        raise AssertionError(f"{name} ran on the layers' per-step path")
+
+    return check
+
+
+@pytest.mark.parametrize("kind", ["reference", "cpu"])
+def test_layers_call_the_unchecked_implementations(monkeypatch, kind):
+    """The public response_moments / virtual_observation_weights / squared_exponential and the
+    CPU kernels check their arguments (a device synchronisation for the values); the layers
+    call the private implementations, which check nothing, every step."""
+    from pyro_gpn import GPNNet
+    from pyro_gpn import kernels as kernels_module
+    from pyro_gpn.models.variational import VariationalGPN
+    from pyro_gpn.moments import cpu_kernels, propagate, weights
+
+    monkeypatch.setattr(propagate, "_check_response_arguments", _refuse("response checks"))
+    monkeypatch.setattr(weights, "_check_weight_arguments", _refuse("weight checks"))
+    monkeypatch.setattr(cpu_kernels, "_check_shapes", _refuse("cpu kernel checks"))
+    monkeypatch.setattr(kernels_module, "_check_squared_exponential", _refuse("kernel checks"))
+    monkeypatch.setattr(kernels_module, "_check_gpn_kernel", _refuse("gpn kernel checks"))
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 1, dtype=torch.float64)
+    with backend(kind):
+        for mode in ("meanvar", "cov"):
+            net = GPNNet([3, 4, 1], head="gaussian", dtype=torch.float64, mode=mode)
+            net.loss(x, y).backward()
+            net.predict(x)
+            vgpn = VariationalGPN(
+                [3, 4, 1], head="gaussian", dtype=torch.float64, mode=mode, num_data=6
+            )
+            vgpn.loss(x, y).backward()

@@ -434,3 +434,14 @@ def test_whiten_must_be_a_bool(whiten):
     """A string would be read by its truth value (``"false"`` whitens)."""
     with pytest.raises(ValueError, match="whiten must be True, False or None"):
         VariationalGPNLayer(3, 2, whiten=whiten)
+
+
+def test_whiten_takes_numpy_bools():
+    import numpy as np
+
+    from pyro_gpn.layers.variational import check_whiten
+
+    check_whiten(np.bool_(True))
+    assert VariationalGPNLayer(2, 3, whiten=np.bool_(False)).whiten is False
+    with pytest.raises(ValueError, match="whiten must be True, False or None"):
+        check_whiten("yes")

@@ -145,3 +145,18 @@ def test_variational_loss_is_the_negative_elbo_per_sample_and_trains_with_the_tr
     assert result.epochs == 3 and all(
         torch.isfinite(torch.tensor(r["train_loss"])) for r in result.history
     )
+
+
+def test_num_data_refuses_bools_and_takes_numpy_integers():
+    """num_data=True was taken as 1."""
+    import numpy as np
+
+    from pyro_gpn.models._contract import check_num_data
+
+    assert check_num_data(np.int64(5)) == 5 and check_num_data(None) is None
+    for bad in (True, False, 2.0, 0):
+        with pytest.raises(ValueError, match="num_data must be a positive integer or None"):
+            check_num_data(bad)
+    x, y = torch.randn(4, 2), torch.randn(4, 1)
+    with pytest.raises(ValueError, match="num_data must be a positive integer"):
+        closed_form_elbo(VariationalGPN([2, 3, 1], head="gaussian"), x, y, num_data=True)

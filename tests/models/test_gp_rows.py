@@ -60,3 +60,22 @@ def test_activation_cholesky_failure_is_nan():
     x, w, noise, top = _blocks(3, 1, 2, 1)
     chol = activation_cholesky(x, w, noise, 1.0, torch.zeros_like(top), 0.0)
     assert torch.isnan(chol).all()
+
+
+def test_a_divergent_state_gives_a_nan_factor_not_an_error():
+    """The kernel's value checks raised on the overflowing weights of a divergent leapfrog
+    state (validation is on in run_nuts' initialisation, Predictive and jit_compile=False)."""
+    from pyro_gpn import settings
+    from pyro_gpn.models.gp_rows import layer_cholesky
+
+    x = torch.randn(5, 2, dtype=torch.float64)
+    weight = torch.tensor([[1e200, 1e200], [1.0, 2.0]], dtype=torch.float64) * 1e200
+    noise = torch.full((2,), 0.1, dtype=torch.float64)
+    with settings.validation(True):
+        assert torch.isnan(layer_cholesky(x, weight, noise, 1.0, 1e-6)).any()
+        nan_inputs = torch.full((5, 2), float("nan"), dtype=torch.float64)
+        assert torch.isnan(
+            layer_cholesky(nan_inputs, torch.ones(2, 2, dtype=torch.float64), noise, 1.0, 0)
+        ).any()
+        top = torch.ones(1, 2, dtype=torch.float64)
+        assert torch.isnan(activation_cholesky(x, weight, noise, 1.0, top, 1e-6)).any()

@@ -126,3 +126,13 @@ def test_shared_inducing_points_may_be_one_dimensional():
         torch.testing.assert_close(
             function(mean, second, points[0], ls), function(mean, second, points, ls)
         )
+
+
+def test_an_empty_batch_has_empty_expectations():
+    """check_psd took amax over no entries: a RuntimeError from torch."""
+    V = torch.linspace(-2, 2, 5, dtype=torch.float64).expand(3, 5)
+    lam = torch.ones(3, dtype=torch.float64)
+    empty = torch.zeros(0, 3, dtype=torch.float64)
+    out = expected_cross_kernel_product(empty, torch.zeros(0, 3, 3, dtype=torch.float64), V, lam)
+    assert out.shape == (0, 3, 3, 5, 5)
+    assert expected_kernel(empty, empty, V, lam).shape == (0, 3, 5)

@@ -313,6 +313,8 @@ def test_response_moments_checks_shapes_always_and_values_under_validation():
         ({"targets": torch.randn(3, 5)}, "targets has dtype torch.float32 but inducing_points"),
         ({"jitter": -1.0}, "jitter must be non-negative"),
         ({"jitter": float("nan")}, "jitter must be non-negative"),
+        ({"jitter": torch.tensor(-1.0, dtype=DT)}, "jitter must be non-negative"),
+        ({"jitter": torch.full((3, 1), 1e-6, dtype=DT)}, "jitter must be a number or a one-elem"),
         ({"target_variances": -torch.ones(3, 5, dtype=DT)}, "target_variances must be non-neg"),
         ({"lengthscales": torch.zeros(3, dtype=DT)}, "lengthscales must be positive"),
         ({"targets": torch.full((3, 5), float("nan"), dtype=DT)}, "targets contains NaN"),
@@ -329,3 +331,24 @@ def test_virtual_observation_weights_refuse_bad_arguments_naming_them(bad, messa
     }
     with pytest.raises(ValueError, match=message):
         virtual_observation_weights(**{**args, **bad}, with_cholesky=with_cholesky)
+
+
+def test_virtual_observation_weights_take_numpy_and_tensor_jitter_without_a_sync():
+    """A np.float32 jitter was refused (TypeError); a tensor jitter was read back with .item()
+    on every call, validation or not."""
+    import numpy as np
+
+    from pyro_gpn import settings
+    from pyro_gpn.moments.weights import _check_weight_arguments
+    from tests.syncs import count_syncs
+
+    points, ls, _, _, _, targets, variances = _params(N=3, R=5)
+    expected = virtual_observation_weights(points, targets, variances, ls, jitter=1e-6)
+    for jitter in (np.float32(1e-6), np.float64(1e-6), torch.tensor(1e-6, dtype=DT)):
+        got = virtual_observation_weights(points, targets, variances, ls, jitter=jitter)
+        torch.testing.assert_close(got[1], expected[1])
+    with settings.validation(False), count_syncs() as counter:
+        _check_weight_arguments(points, targets, variances, ls, torch.tensor(-1.0, dtype=DT))
+    assert counter["n"] == 0
+    with pytest.raises(TypeError, match="jitter must be a real number"):
+        virtual_observation_weights(points, targets, variances, ls, jitter=np.bool_(True))
