@@ -36,6 +36,7 @@ from ._validation import (
     check_finite,
     check_ndim,
     check_nonnegative,
+    check_not_empty,
     check_positive,
     check_shape,
     check_tensor,
@@ -474,11 +475,13 @@ def gaussian_predictive_log_likelihood(
 
     Raises:
         ValueError: naming the argument, for shape mismatches, non-finite values, a
-            deterministic or degenerate predictive, or an unknown ``reduction``.
+            deterministic or degenerate predictive, an unknown ``reduction``, or no rows with
+            ``reduction="mean"``.
     """
     _check_reduction(reduction)
     _check_moments("predictive", predictive)
     _check_target(target, predictive.mean)
+    check_not_empty("target", target, reduction)
     if predictive.is_deterministic:
         raise ValueError("predictive must carry a variance or covariance, got a point mass")
     diff = target - predictive.mean

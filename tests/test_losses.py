@@ -444,3 +444,14 @@ class TestTargetVariancePenalty:
             target_variance_penalty([torch.ones(2)], beta=0.0)
         with pytest.raises(ValueError, match=r"target_variances\[1\]"):
             target_variance_penalty([torch.ones(2), torch.tensor([float("nan")])])
+
+
+def test_gaussian_predictive_log_likelihood_refuses_a_mean_over_no_rows():
+    empty = Moments(
+        torch.zeros(0, 2, dtype=torch.float64), var=torch.ones(0, 2, dtype=torch.float64)
+    )
+    target = torch.zeros(0, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="target has 0 samples"):
+        gaussian_predictive_log_likelihood(empty, target)
+    assert gaussian_predictive_log_likelihood(empty, target, reduction="sum") == 0
+    assert gaussian_predictive_log_likelihood(empty, target, reduction="none").shape == (0,)
