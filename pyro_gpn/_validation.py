@@ -220,7 +220,7 @@ def check_class_labels(
         num_classes: ``C``, or ``None`` for no upper bound.
         check_range: read the range back (the per-step losses pass
             :func:`pyro_gpn.settings.is_validation_enabled`).
-        hint: appended to the messages.
+        hint: appended to the message of a wrong dtype (not to the range's).
 
     Raises:
         TypeError: ``labels`` is not a tensor.
@@ -234,14 +234,17 @@ def check_class_labels(
         )
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer class labels, got dtype {labels.dtype}{extra}")
+    # long first: aminmax has no kernel for uint16-uint64 (a uint64 label >= 2^63 wraps to a
+    # negative one, refused below)
+    labels = labels.long()
     if check_range and labels.numel() > 0 and labels.device.type != "meta":
         low, high = torch.stack(torch.aminmax(labels.detach())).tolist()
         if low < 0 or (num_classes is not None and high >= num_classes):
             bound = "" if num_classes is None else f", {num_classes}"
             raise ValueError(
-                f"{name} must hold class labels in [0{bound}), got range [{low}, {high}]{extra}"
+                f"{name} must hold class labels in [0{bound}), got range [{low}, {high}]"
             )
-    return labels.long()
+    return labels
 
 
 #: the advice of :func:`check_not_empty` for a loss with a ``reduction`` argument
@@ -258,9 +261,13 @@ def check_not_empty(
     if reduction != "mean" or not shape:
         return
     if (shape[0] if rows else math.prod(shape)) == 0:
+        size = tuple(shape)
+        what = (
+            f"has 0 samples (an empty batch, shape {size})" if rows else f"is empty (shape {size})"
+        )
         raise ValueError(
-            f"{name} has 0 samples (an empty batch, shape {tuple(shape)}): the mean over no "
-            f"samples is undefined (NaN){'; ' + hint if hint else ''}"
+            f"{name} {what}: the mean over no samples is undefined (NaN)"
+            f"{'; ' + hint if hint else ''}"
         )
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validation import check_class_labels, check_finite, check_not_empty, check_tensor
+from ._validation import check_class_labels, check_finite, check_int, check_not_empty, check_tensor
 from .heads import Prediction
 from .losses import gaussian_predictive_log_likelihood
 from .moments.gaussian import Moments
@@ -388,8 +388,7 @@ def reliability_diagram(
     """
     probs = _class_probs(probs)
     labels = _check_labels(probs, labels)
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    num_bins = check_int("num_bins", num_bins, 1)
     if labels.shape[0] == 0:
         raise ValueError("labels is empty: a reliability diagram needs at least one sample")
     confidence, predicted = probs.detach().to(torch.float64).max(-1)
@@ -434,8 +433,7 @@ def expected_calibration_error(
     """
     probs = _class_probs(probs)
     labels = _check_labels(probs, labels)
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    num_bins = check_int("num_bins", num_bins, 1)
     if labels.shape[0] == 0:
         raise ValueError("labels is empty: the calibration error needs at least one sample")
     confidence, predicted = probs.to(torch.float64).max(-1)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._validation import EMPTY_BATCH_HINT, check_not_empty
+from ._validation import EMPTY_BATCH_HINT, check_int, check_not_empty
 from .heads import HEADS, Head, Prediction, make_head
 from .layers.base import GPNLayerBase
 from .layers.linear import MomentFlatten
@@ -127,8 +127,7 @@ class GPNSequential(GPNModule):
         input_shape = tuple(input_shape)
         if not input_shape or any(not isinstance(s, int) or s < 1 for s in input_shape):
             raise ValueError(f"input_shape must be positive integers, got {input_shape}")
-        if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
-            raise ValueError(f"num_data must be a positive integer or None, got {num_data!r}")
+        num_data = check_int("num_data", num_data, 1, none_ok=True)
         shape = input_shape
         for block in blocks:
             shape = block_output_shape(block, shape)
@@ -282,7 +281,7 @@ class GPNSequential(GPNModule):
             ValueError: ``x`` has no rows (the mean over no samples is undefined, as in
                 :meth:`pyro_gpn.GPNNet.loss`), or bad ``x`` / ``y``.
         """
-        check_not_empty("x", x, hint=EMPTY_BATCH_HINT)
+        check_not_empty("x", x, hint="skip empty batches")
         num_data = _num_rows(x) if self.num_data is None else self.num_data
         if self.objective == "predictive":
             data = -self.log_predictive(x, y, calibrated=False).mean()

@@ -312,7 +312,7 @@ def test_check_not_empty_names_the_argument():
 
     with pytest.raises(ValueError, match=r"x has 0 samples .*undefined \(NaN\); skip"):
         check_not_empty("x", torch.zeros(0, 3), hint="skip empty batches")
-    with pytest.raises(ValueError, match="mean has 0 samples"):
+    with pytest.raises(ValueError, match=r"mean is empty \(shape \(3, 0\)\)"):
         check_not_empty("mean", torch.zeros(3, 0), rows=False)
     check_not_empty("x", torch.zeros(0, 3), reduction="sum")
     check_not_empty("x", torch.zeros(3, 0))
@@ -329,3 +329,41 @@ def test_check_psd_skips_empty_batches_and_traces():
         check_psd("cov", bad)
     traced = torch.jit.trace(lambda c: check_psd("cov", c) * 2, (bad,), check_trace=False)
     assert torch.equal(traced(bad), bad * 2)
+
+
+def test_check_class_labels_takes_every_integer_dtype_and_hints_only_the_dtype():
+    from pyro_gpn._validation import check_class_labels
+
+    for dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int16):
+        got = check_class_labels("y", torch.tensor([0, 2, 1]).to(dtype), 3)
+        assert got.dtype == torch.long and got.tolist() == [0, 2, 1]
+    in_range = r"y must hold class labels in \[0, 3\), got range \[0, 5\]$"  # no hint
+    with pytest.raises(ValueError, match=in_range):
+        check_class_labels("y", torch.tensor([0, 5]).to(torch.uint16), 3, hint="a hint")
+    with pytest.raises(ValueError, match="integer class labels, got dtype torch.float32 .a hint."):
+        check_class_labels("y", torch.tensor([0.0, 1.0]), 3, hint="a hint")
+
+
+def test_integer_arguments_follow_one_rule():
+    """Bools (``True`` is 1 to ``isinstance``) are refused and NumPy integers accepted, by every
+    integer argument that had a check of its own."""
+    from pyro_gpn import GPNSequential
+    from pyro_gpn.experiments.routes.settings import RouteBudget, check_sizes
+    from pyro_gpn.metrics import expected_calibration_error
+
+    def net(num_data):
+        layer = GPNLayer(2, 3, output_noise=False)
+        return GPNSequential([layer], input_shape=(2,), head="gaussian", num_data=num_data)
+
+    with pytest.raises(ValueError, match="num_data must be a positive integer or None, got True"):
+        net(True)
+    assert net(np.int64(5)).num_data == 5
+    with pytest.raises(ValueError, match="nuts_sizes must be integers, got True"):
+        check_sizes("nuts_sizes", (True, 2))
+    assert check_sizes("nuts_sizes", (np.int64(2),)) == (2,)
+    with pytest.raises(ValueError, match="nuts_subsample must be a positive integer or None"):
+        RouteBudget(nuts_subsample=True)
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    with pytest.raises(ValueError, match="num_bins must be a positive integer, got True"):
+        expected_calibration_error(probs, torch.tensor([0, 1]), num_bins=True)
+    assert expected_calibration_error(probs, torch.tensor([0, 1]), num_bins=np.int64(2)) >= 0

@@ -503,8 +503,7 @@ def fit_vgpn(
     num_data = x.shape[0]
     if batch_size == "auto":
         batch_size = VGPN.batch_for(num_data)
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    batch_size = check_int("batch_size", batch_size, 1, none_ok=True)
     full = batch_size is None or batch_size >= num_data
     vgpn.num_data = num_data
     out = VGPNFit(num_train=num_data, num_val=0 if x_val is None else int(x_val.shape[0]))

@@ -147,9 +147,7 @@ def _make_loss(loss: str | ELBO | Callable, num_particles: int | None) -> ELBO |
     if isinstance(loss, str):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, an ELBO or a callable, got {loss!r}")
-        particles = 1 if num_particles is None else num_particles
-        if not isinstance(particles, int) or particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        particles = check_int("num_particles", 1 if num_particles is None else num_particles, 1)
         cls = Trace_ELBO if loss == "trace" else TraceMeanField_ELBO
         return cls(num_particles=particles)
     if num_particles is not None:
@@ -367,12 +365,7 @@ def _check_checkpoint_args(
         raise ValueError(f"out_dir must be a path or None, got {type(out_dir).__name__}")
     if not isinstance(resume, bool):
         raise ValueError(f"resume must be a bool, got {resume!r}")
-    if (
-        not isinstance(checkpoint_every, int)
-        or isinstance(checkpoint_every, bool)
-        or checkpoint_every < 1
-    ):
-        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    check_int("checkpoint_every", checkpoint_every, 1)
     return None if out_dir is None else Path(out_dir)
 
 

@@ -41,7 +41,7 @@ def virtual_observation_weights(
         target_variances: ``[N | 1, R]`` variances ``S`` (positive).
         lengthscales: ``[N | 1]``.
         jitter: added to the diagonal of ``K(V, V) + diag(S)``: a non-negative number (or a
-            one-element tensor).
+            one-element floating-point tensor).
         with_kappa: also return ``kappa`` (needed for variances, not for means).
         with_cholesky: also return the lower Cholesky factor ``L`` of ``K(V, V) + diag(S)``,
             the ``variance_cholesky`` of :func:`response_moments` (the accurate conditional

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..._validation import check_int, integer_sizes
 from ...layers.parametric import TARGET_INITS
 from ...layers.variational import VARIATIONAL_TARGET_INITS as TARGETS_INITS
 from ..options import int_at_least_two, nonnegative_int, option, positive_float, positive_int
@@ -181,13 +182,9 @@ class RouteBudget:
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         for name in _NONNEGATIVE:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 0))
         for name in ("svi_lr", "vgpn_lr", "clt_lr"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -203,9 +200,7 @@ class RouteBudget:
                 f"vgpn_targets_init must be one of {TARGETS_INITS}, got {self.vgpn_targets_init!r}"
             )
         for name in ("svi_batch_size", "nuts_subsample"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1, none_ok=True))
         if self.sampled_u_inducing < 2:
             raise ValueError(
                 f"sampled_u_inducing must be at least 2, got {self.sampled_u_inducing}"
@@ -217,7 +212,7 @@ class RouteBudget:
 
 def check_sizes(name: str, sizes: Sequence[int]) -> tuple[int, ...]:
     """``sizes`` as a tuple of positive hidden widths, else a ``ValueError`` naming ``name``."""
-    sizes = tuple(sizes)
-    if any(not isinstance(s, int) or s < 1 for s in sizes):
+    sizes = tuple(integer_sizes(sizes, name))
+    if any(s < 1 for s in sizes):
         raise ValueError(f"{name} must be positive integers (hidden widths), got {sizes}")
     return sizes
