@@ -112,6 +112,21 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
+def _check_response_options(
+    mode: str,
+    variance_reduction: Tensor | None,
+    variance_cholesky: Tensor | None,
+    variance_inner: Tensor | None,
+) -> None:
+    """The O(1) checks of :func:`response_moments`' mode and of the optional arguments it
+    needs (also run by the layers' unchecked path)."""
+    _check_mode(mode)
+    if mode != "mean" and variance_reduction is None:
+        raise ValueError(f"variance_reduction is required in mode {mode!r}")
+    if variance_inner is not None and variance_cholesky is None:
+        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
+
+
 def response_moments(
     activations: Moments,
     inducing_points: Tensor,
@@ -183,6 +198,7 @@ def response_moments(
             :func:`pyro_gpn.settings.is_validation_enabled`, non-positive ``lengthscales`` or a
             negative ``noise_var``.
     """
+    _check_response_options(mode, variance_reduction, variance_cholesky, variance_inner)
     _check_response_arguments(
         activations,
         inducing_points,
@@ -223,11 +239,7 @@ def _response_moments(
     with their own parameters (checked when the layer was built) and activations they
     computed, so neither the shape checks nor the values' device synchronisation run there
     (only the O(1) checks of ``mode`` and of the optional arguments it needs)."""
-    _check_mode(mode)
-    if mode != "mean" and variance_reduction is None:
-        raise ValueError(f"variance_reduction is required in mode {mode!r}")
-    if variance_inner is not None and variance_cholesky is None:
-        raise ValueError("variance_inner requires variance_cholesky (C = L^-T M L^-1)")
+    _check_response_options(mode, variance_reduction, variance_cholesky, variance_inner)
     mean, var = activations.mean, activations.variance
     num_units = mean.shape[-1]
     ls2 = lengthscales.square()

@@ -160,9 +160,10 @@ def test_layer_same_on_every_cpu_backend(mode, share, compute_dtype, monkeypatch
 
     calls = []
     for module, name in (
-        (cpu_kernels, "cpu_response_mean"),
-        (cpu_kernels, "cpu_response_meanvar"),
-        (cpu_layer, "layer_response"),  # the layers' fused path
+        # the unchecked kernels that response_moments calls, and the layers' fused path
+        (cpu_kernels, "_cpu_response_mean"),
+        (cpu_kernels, "_cpu_response_meanvar"),
+        (cpu_layer, "layer_response"),
     ):
         original = getattr(module, name)
         monkeypatch.setattr(
@@ -188,7 +189,7 @@ def test_layer_same_on_every_cpu_backend(mode, share, compute_dtype, monkeypatch
     if mode != "mean" and compute_dtype is None:
         # ("cov": the kernels give the mean and the diagonal, Mehler's series the off-diagonal)
         # float32 algebra: the layer hands its Cholesky factors to the reference path
-        assert calls == [] or not {"cpu_response_meanvar", "layer_response"} & set(calls)
+        assert calls == [] or not {"_cpu_response_meanvar", "layer_response"} & set(calls)
         with backend("cpu"), pytest.raises(RuntimeError, match="variance_cholesky"):
             run()
     else:
