@@ -8,6 +8,7 @@ from torch.autograd import gradcheck
 from pyro_gpn import GPNSequential, Moments
 from pyro_gpn.layers import GPNRecurrent, MomentLinear, VariationalGPNRecurrent
 from pyro_gpn.layers.recurrent import add_independent
+from tests.dtype_rule import assert_follows_dtype_rule
 from tests.gradients import assert_gradcheck, gradcheck_parameters
 from tests.mc import assert_mc_mean, assert_mc_variance
 
@@ -235,18 +236,7 @@ def test_inputs_follow_the_dtype_rule():
     """float64, float16 and NumPy sequences are cast to the parameters' dtype (GPNLayer's
     rule), not refused with a message about the weight's dtype."""
     torch.manual_seed(0)
-    layer = GPNRecurrent(2, 3)
-    x = torch.rand(2, 10)
-    want = layer(x)
-    for given in (x.double(), x.numpy()):
-        got = layer(given)
-        assert got.mean.dtype == torch.float32
-        torch.testing.assert_close(got.mean, want.mean)
-        torch.testing.assert_close(got.var, want.var)
-    half = x.half()
-    torch.testing.assert_close(layer(half).mean, layer(half.float()).mean)
-    with pytest.raises(ValueError, match="inputs must be a floating-point tensor"):
-        layer(torch.ones(2, 10, dtype=torch.long))
+    assert_follows_dtype_rule(GPNRecurrent(2, 3), torch.rand(2, 10))
 
 
 def test_unscaled_inputs_warn_and_empty_batches_are_empty():
