@@ -21,10 +21,17 @@ def test_accuracy_table_orders_the_node_counts():
     assert errors[(64, 48)] < 1e-3
 
 
-def test_uci_test_rows_reports_the_worst_rows():
-    from benchmarks.uci import DATA_DIR
+def test_uci_test_rows_reports_the_worst_rows(monkeypatch):
+    import benchmarks.uci_test_rows as uci_test_rows
+    from benchmarks.uci import DATA_DIR, bgpn_config
     from benchmarks.uci_test_rows import worst_test_rows
 
+    # the report's code path, not the fit's quality: 100 steps instead of the column's budget
+    monkeypatch.setattr(
+        uci_test_rows,
+        "bgpn_config",
+        lambda model, name: {**bgpn_config(model, name), "num_steps": 100},
+    )
     try:
         text = worst_test_rows("yacht", 0, "bgpn", num_rows=3)
     except (FileNotFoundError, OSError, RuntimeError) as err:
