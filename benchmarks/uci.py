@@ -97,6 +97,8 @@ DATA_DIR = os.environ.get(
     os.environ.get("PYRO_GPN_TEST_DATA", str(ROOT.parent / "shared" / "datasets")),
 )
 SETS = ("boston", "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht")
+#: fixed splits of every set but protein (the datasets' ``n_splits.txt``), and of protein
+NUM_SPLITS, NUM_SPLITS_PROTEIN = 20, 5
 #: the Bayesian GPN's columns; each also exists trained on the predictive log-likelihood
 #: objective instead of the ELBO, with the suffix ``_pll`` (``fit_vgpn(elbo="predictive")``,
 #: docs/results/uci.md section 10)
@@ -1338,20 +1340,43 @@ def aggregate(out: Path, diag: Path | None = None) -> dict:
     return result
 
 
+def _bounded_int(low: int, high: int | None) -> Callable[[str], int]:
+    """An ``argparse`` type: an integer in ``[low, high]`` (no upper bound if ``high`` is
+    ``None``), refused by ``argparse`` with the range otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"in {low}-{high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=["boston", "concrete", "energy", "wine", "yacht"])
-    p.add_argument("--splits", nargs="+", type=int, default=list(range(20)))
+    p.add_argument(
+        "--splits",
+        nargs="+",
+        type=_bounded_int(0, NUM_SPLITS - 1),
+        default=list(range(NUM_SPLITS)),
+        help=f"fixed splits 0-{NUM_SPLITS - 1} (protein's others than 0-4 are skipped)",
+    )
     p.add_argument(
         "--models",
         nargs="+",
         default=["bgpn", "clt", "mcdrop", "dgp"],
         help="benchmark models (chosen: each set's validation-chosen Bayesian GPN)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_bounded_int(0, 2**32 - 1), default=0)
     p.add_argument("--out", default=str(ROOT / "docs/results/uci_runs"))
     p.add_argument("--summary", action="store_true", help="print the table and exit")
-    p.add_argument("--large-steps", type=int, default=LARGE_STEPS["value"])
+    p.add_argument("--large-steps", type=_bounded_int(1, None), default=LARGE_STEPS["value"])
     p.add_argument("--json", default=None, help="with --summary: write the aggregate here")
     p.add_argument("--diag", default=str(ROOT / "docs/results/uci_diagnose_runs"))
     a = p.parse_args(argv)
@@ -1361,6 +1386,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     bad_sets = sorted(set(a.sets) - set(SETS))
     if bad_sets:
         p.error(f"unknown set(s) {bad_sets}: choose from {', '.join(SETS)}")
+    if "protein" in a.sets and not a.summary:
+        skipped = sorted({k for k in a.splits if k >= NUM_SPLITS_PROTEIN})
+        if a.sets == ["protein"] and set(a.splits) <= set(skipped):
+            p.error(f"protein has {NUM_SPLITS_PROTEIN} splits (0-4), got --splits {skipped}")
+        if skipped:
+            print(f"# protein has {NUM_SPLITS_PROTEIN} splits: skipping its splits {skipped}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.summary:
@@ -1406,7 +1437,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     )
     for split in a.splits:
         for name in a.sets:
-            if name == "protein" and split >= 5:
+            if name == "protein" and split >= NUM_SPLITS_PROTEIN:
                 continue
             for model in dict.fromkeys(chosen[name] if m == "chosen" else m for m in a.models):
                 path = out / f"{model}__{name}__{split:02d}.json"

@@ -286,6 +286,12 @@ def test_uci_passes_its_arguments_to_the_benchmark(tmp_path, capsys):
     for bad, message in (
         (["--models", "nope"], "unknown model"),
         (["--sets", "iris"], "unknown set"),
+        (["--splits", "20"], "--splits: expected an integer in 0-19, got 20"),
+        (["--splits", "-1"], "--splits: expected an integer in 0-19, got -1"),
+        (["--splits", "two"], "--splits: expected an integer, got 'two'"),
+        (["--sets", "protein", "--splits", "5", "7"], "protein has 5 splits (0-4)"),
+        (["--large-steps", "0"], "--large-steps: expected an integer at least 1, got 0"),
+        (["--seed", "-3"], "--seed: expected an integer in 0-4294967295, got -3"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["uci", *bad, "--out", str(tmp_path)])
@@ -325,6 +331,12 @@ def test_uci_runs_each_sets_chosen_column(tmp_path, monkeypatch, capsys):
         }
 
     monkeypatch.setattr(uci, "run_cell", fake_cell)
+    # protein's splits past its five are skipped with a note, the other sets' run
+    assert main(["uci", "--splits", "6", "--sets", "protein", "wine", "--models", "mcdrop",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert "protein has 5 splits: skipping its splits [6]" in capsys.readouterr().out
+    assert fitted == [("mcdrop", "wine", 6)]
+    fitted.clear()
     chosen = uci.CHOSEN["kin8nm"]
     argv = ["uci", "--splits", "0", "--out", str(tmp_path)]
     assert main([*argv, "--sets", "kin8nm", "--models", "chosen", chosen, "dgp"]) == 0
