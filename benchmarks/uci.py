@@ -1100,6 +1100,8 @@ def log_target_std(name: str, split: int) -> float:
 
 
 def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
+    """One cell: ``model`` fitted on split ``split`` of UCI set ``name`` and scored
+    (:func:`score_cell`)."""
     from pyro_gpn.data.uci_regression import load_uci_regression
 
     if model == "bgpn_stack":
@@ -1108,6 +1110,15 @@ def run_cell(model: str, name: str, split: int, seed: int = 0) -> dict:
             "unscaled), which the library no longer follows: run bgpn_select (today's rule)"
         )
     data = load_uci_regression(name, DATA_DIR, split=split, seed=seed, download=False)
+    return score_cell(model, data, split, seed)
+
+
+def score_cell(model: str, data, split: int, seed: int = 0) -> dict:
+    """Fit ``model`` on ``data`` (a :class:`~pyro_gpn.data.RegressionData`: its training rows,
+    its validation rows for every choice) with seed ``seed + split``, and score it on the test
+    and validation rows: the cell's record (metrics in original units, time, the fit's own
+    fields). ``data.name`` decides the per-set settings (width, large-set batches and steps)."""
+    name = data.name
     t0, c0 = time.perf_counter(), time.process_time()
     if model.removesuffix(PLL) in BGPN_MODELS:
         fit = fit_bgpn(data, bgpn_config(model, name), seed + split)

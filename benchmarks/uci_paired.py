@@ -91,18 +91,19 @@ def paired_table(
     substitute: dict[str, str],
     rows: str = "test",
     columns: dict[str, dict[str, str]] | None = None,
+    sets: tuple[str, ...] = SETS,
 ) -> str:
     """The markdown table (module docstring) of the ``rows`` (``"test"``; ``"val"``: the
     validation rows, where choices are made); ``substitute`` maps a set to the cell name that
     stands for ``models[0]`` there (e.g. naval's ``bgpn_long``), ``columns`` a model name to
-    such a map of its own (e.g. ``dgp_chosen``)."""
+    such a map of its own (e.g. ``dgp_chosen``); one row per set of ``sets`` with cells."""
     columns = {**(columns or {}), models[0]: substitute}
     first, others = models[0], models[1:]
     head = ["set", "splits", *models]
     head += [f"{first} − {m} (won)" for m in others]
     head += [f"cov. 90 % {m}" for m in models]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for name in SETS:
+    for name in sets:
         cells = {m: _cells(runs, columns.get(m, {}).get(name, m), name, rows) for m in models}
         splits = sorted(set.intersection(*(set(c) for c in cells.values())))
         if not splits:

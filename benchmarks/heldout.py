@@ -1,0 +1,197 @@
+"""The library's default Bayesian GPN on a regression set it was never developed on.
+
+Every default of the Bayesian GPN (:func:`pyro_gpn.inference.select_vgpn` and its portfolio,
+:data:`pyro_gpn.recommended.VGPN_PORTFOLIO`) was chosen on the validation rows of the nine UCI
+sets of ``benchmarks/uci.py``. Whether the uncertainty it reports holds on data nobody tuned on
+is the question this script answers, on sets that played no part in any of those choices:
+
+* ``diabetes``: scikit-learn's diabetes data (Efron et al. 2004; 442 patients, 10 inputs, the
+  disease progression one year on; shipped inside scikit-learn, so no download).
+
+The protocol is the UCI benchmark's (Hernandez-Lobato & Adams 2015): 20 random splits, 90 %
+training and 10 % test rows (split ``k``'s test rows: the first 10 %, rounded, of the row
+permutation drawn by ``numpy.random.default_rng(k)``), inputs and target standardised with the
+training statistics, 10 % of the training rows held out for every choice (the same
+:meth:`~pyro_gpn.data.RegressionData.from_arrays` as the UCI sets), metrics in original units.
+The models are ``benchmarks/uci.py``'s, fitted and scored by the same
+:func:`benchmarks.uci.score_cell`: the library's default ``bgpn_select``, GPyTorch's 2-layer
+deep GP with Gaussian (``dgp``) and Student-t noise (``dgp_t4``; the summary's ``dgp_chosen``
+is the one of the two with the higher mean validation log-likelihood over the splits, the rule
+of ``uci.md`` section 26) and MC dropout (``mcdrop``). Usage::
+
+    PYRO_GPN_UCI_DIR=../shared/datasets python benchmarks/heldout.py --splits 0 1 2
+    python benchmarks/heldout.py --summary
+
+Cells are written atomically to ``docs/results/heldout_runs/MODEL__SET__SS.json`` as each
+finishes; a rerun skips the cells that exist (after reading them back), so an interrupted run
+resumes where it stopped. Results: ``docs/results/heldout.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.uci import _atomic_json, _bounded_int, score_cell  # noqa: E402
+from benchmarks.uci_paired import paired_table  # noqa: E402
+
+#: the held-out sets
+SETS = ("diabetes",)
+#: random train / test splits per set, and the share of test rows
+NUM_SPLITS, TEST_FRACTION = 20, 0.1
+#: the models fitted on each split (``benchmarks/uci.py``'s names)
+MODELS = ("bgpn_select", "dgp", "dgp_t4", "mcdrop")
+#: where the cells are written
+RUNS = ROOT / "docs/results/heldout_runs"
+
+
+def _diabetes() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes(scaled=False)
+    return bunch.data, bunch.target, tuple(bunch.feature_names)
+
+
+#: ``name -> () -> (x [S, D], y [S], feature names)``
+LOADERS: dict[str, Callable[[], tuple[np.ndarray, np.ndarray, tuple[str, ...]]]] = {
+    "diabetes": _diabetes,
+}
+
+
+def split_rows(num_rows: int, split: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and test rows of split ``split`` (module docstring), both sorted."""
+    order = np.random.default_rng(split).permutation(num_rows)
+    num_test = round(TEST_FRACTION * num_rows)
+    return np.sort(order[num_test:]), np.sort(order[:num_test])
+
+
+def load_heldout(name: str, split: int, seed: int = 0):
+    """Split ``split`` of held-out set ``name`` as a :class:`~pyro_gpn.data.RegressionData`
+    (validation hold-out seeded by ``seed``)."""
+    from pyro_gpn.data.dataset import RegressionData
+
+    if name not in LOADERS:
+        raise ValueError(f"name must be one of {sorted(LOADERS)}, got {name!r}")
+    if not 0 <= split < NUM_SPLITS:
+        raise ValueError(f"split must lie in [0, {NUM_SPLITS}), got {split}")
+    x, y, features = LOADERS[name]()
+    train, test = split_rows(len(y), split)
+    return RegressionData.from_arrays(
+        name,
+        np.asarray(x, dtype=np.float64),
+        np.asarray(y, dtype=np.float64),
+        train,
+        test,
+        feature_names=features,
+        description=f"held-out regression set {name!r}, random split {split} of {NUM_SPLITS} "
+        f"({len(train)} train / {len(test)} test rows)",
+        seed=seed,
+    )
+
+
+def _read_cell(path: Path) -> dict | None:
+    """A finished cell, or ``None`` where the file is missing or does not read back whole (it
+    is then run again)."""
+    try:
+        cell = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return cell if isinstance(cell, dict) and {"test", "val"} <= set(cell) else None
+
+
+def run(sets: Sequence[str], splits: Sequence[int], models: Sequence[str], out: Path,
+        seed: int = 0, command: str = "") -> int:  # fmt: skip
+    """Fit and score every missing cell, in split order; returns the number fitted."""
+    out.mkdir(parents=True, exist_ok=True)
+    fitted = 0
+    for split in splits:
+        for name in sets:
+            data = None
+            for model in models:
+                path = out / f"{model}__{name}__{split:02d}.json"
+                if _read_cell(path) is not None:
+                    continue
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {model} {name} split {split} "
+                    f"(load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+                data = data or load_heldout(name, split, seed)
+                cell = score_cell(model, data, split, seed)
+                cell["command"] = command
+                cell["load_avg_1m_end"] = os.getloadavg()[0]
+                _atomic_json(path, cell)
+                fitted += 1
+                test = cell["test"]
+                print(
+                    f"    test log-lik {test['log_lik']:.3f}, RMSE {test['rmse']:.3f}, "
+                    f"coverage {test['coverage90']:.3f}; {cell['cell_cpu_s']:.0f} CPU s",
+                    flush=True,
+                )
+    return fitted
+
+
+def dgp_chosen(out: Path, name: str) -> str:
+    """``dgp`` or ``dgp_t4``: the higher mean validation log-likelihood over the splits both
+    ran (``dgp`` where they share none)."""
+    val = {}
+    for model in ("dgp", "dgp_t4"):
+        cells = (_read_cell(p) for p in out.glob(f"{model}__{name}__*.json"))
+        val[model] = {c["split"]: c["val"]["log_lik"] for c in cells if c is not None}
+    common = sorted(set(val["dgp"]) & set(val["dgp_t4"]))
+    if not common:
+        return "dgp"
+    means = {m: statistics.mean(val[m][s] for s in common) for m in val}
+    return max(means, key=means.get)
+
+
+def summary(out: Path) -> str:
+    """The paired table of ``benchmarks/uci_paired.py`` over the held-out sets: the default
+    against the chosen deep GP and MC dropout, on the splits all of them ran."""
+    chosen = {name: dgp_chosen(out, name) for name in SETS}
+    table = paired_table(
+        out, ["bgpn_select", "dgp_chosen", "mcdrop"], {}, columns={"dgp_chosen": chosen},
+        sets=SETS,
+    )  # fmt: skip
+    picks = ", ".join(f"{name}: {model}" for name, model in chosen.items())
+    return f"{table}\n\n(the deep GP chosen on validation rows: {picks})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    p.add_argument(
+        "--splits",
+        nargs="+",
+        type=_bounded_int(0, NUM_SPLITS - 1),
+        default=list(range(NUM_SPLITS)),
+    )
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--seed", type=_bounded_int(0, 2**32 - 1), default=0)
+    p.add_argument("--out", default=str(RUNS))
+    p.add_argument("--summary", action="store_true", help="print the paired table and exit")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.summary:
+        print(summary(out))
+        return 0
+    command = " ".join(["python benchmarks/heldout.py", *(argv or sys.argv[1:])])
+    run(a.sets, a.splits, a.models, out, a.seed, command)
+    print(summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
