@@ -191,6 +191,16 @@ def test_central_interval_coverage_against_hand_computed_counts():
     target = torch.tensor([0.5, -1.0, 1.5, 2.5], dtype=torch.float64)
     coverage = central_interval_coverage(prediction, target, levels=(0.5, 0.9, 0.99))
     assert coverage.tolist() == [0.25, 0.75, 1.0]
+    # the same counts at mean 1 and standard deviation 2 (the targets scaled and shifted):
+    # a predictive read as a variance (4) or a standard deviation of 1 would count otherwise
+    scaled = Prediction(mean + 1.0, torch.full_like(mean, 2.0), "regression")
+    coverage = central_interval_coverage(scaled, 1.0 + 2.0 * target, levels=(0.5, 0.9, 0.99))
+    assert coverage.tolist() == [0.25, 0.75, 1.0]
+    # std 0.5: the 90 % interval is +-0.822, so only the target at 0.25 std (0.125) and at
+    # -0.8 lie inside (hand count: 2 of 4), the 50 % one (+-0.337) holds one
+    half = Prediction(mean, torch.full_like(mean, 0.5), "regression")
+    inside = torch.tensor([0.125, -0.8, 0.9, -1.3], dtype=torch.float64)
+    assert central_interval_coverage(half, inside, levels=(0.5, 0.9)).tolist() == [0.25, 0.5]
 
 
 def test_central_interval_coverage_of_a_calibrated_gaussian_matches_its_levels():
@@ -203,8 +213,15 @@ def test_central_interval_coverage_of_a_calibrated_gaussian_matches_its_levels()
     prediction = Prediction(torch.zeros_like(std), std, "regression")
     levels = (0.5, 0.8, 0.95)
     coverage = central_interval_coverage(prediction, target, levels)
-    # binomial standard error at n = 20000 is at most 0.0035
-    assert torch.allclose(coverage, torch.tensor(levels, dtype=torch.float64), atol=0.015)
+    # binomial standard error at n = 20000 is at most 0.0035: three of them
+    assert torch.allclose(coverage, torch.tensor(levels, dtype=torch.float64), atol=0.0105)
+    # per band of standard deviations too (5,000 rows each: 3 binomial s.e. <= 0.021), so that
+    # errors at small and large std cannot cancel
+    for lo in (0.5, 0.75, 1.0, 1.25):
+        band = ((std >= lo) & (std < lo + 0.25)).squeeze(1)
+        part = Prediction(prediction.mean[band], std[band], "regression")
+        got = central_interval_coverage(part, target[band], levels)
+        assert torch.allclose(got, torch.tensor(levels, dtype=torch.float64), atol=0.021), lo
     # an over-confident predictive (std halved) covers less
     narrow = Prediction(prediction.mean, std / 2, "regression")
     assert (central_interval_coverage(narrow, target, levels) < coverage - 0.1).all()

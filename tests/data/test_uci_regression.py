@@ -43,9 +43,17 @@ def test_splits_match_the_index_files(shared_data: Path) -> None:
     folder = shared_data / "uci-regression" / "concrete"
     raw = np.loadtxt(folder / "data.txt")
     test_rows = np.loadtxt(folder / "index_test_3.txt", dtype=int)
+    train_rows = np.loadtxt(folder / "index_train_3.txt", dtype=int)
     data = load_uci_regression("concrete", shared_data, split=3)
     y_test, _ = data.unstandardize(data.y_test)
     np.testing.assert_allclose(y_test.squeeze(1).numpy(), raw[test_rows, -1], rtol=1e-5)
+    # the inputs too, with the statistics of the training split's rows (numpy's, ddof 0):
+    # statistics fitted on the test rows would map them back wrongly
+    x_train = raw[train_rows, :-1]
+    np.testing.assert_allclose(data.x_mean.numpy(), x_train.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(data.x_std.numpy(), x_train.std(0), rtol=1e-6)
+    x_test = data.x_test.numpy() * data.x_std.numpy() + data.x_mean.numpy()
+    np.testing.assert_allclose(x_test, raw[test_rows, :-1], rtol=1e-5, atol=1e-3)
 
 
 def test_bundled_yacht_loads_offline_and_matches_the_shared_copy(shared_data: Path) -> None:

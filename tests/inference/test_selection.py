@@ -5,8 +5,9 @@
 References that do not share the code under test: a candidate's score against a plain
 ``fit_vgpn`` of the same network and seed; the cross-fitted scores against the two halves
 written out by hand with the Gaussian scale's closed form ``sqrt(mean(z^2))``; the stacked
-mixture's cross-fitted scores against scipy's optimisers and normal density; the portfolio
-against the benchmark's per-set choices (``benchmarks/uci.py``'s ``CHOSEN``).
+mixture's cross-fitted scores against scipy's optimisers and normal density. (The portfolio
+against the benchmark's per-set choices, ``benchmarks/uci.py``'s ``CHOSEN``, is
+``tests/benchmarks/test_uci.py``'s.)
 """
 
 import math

@@ -135,6 +135,10 @@ def test_classifiers_mix_their_class_probabilities():
         expected = mixed[torch.arange(9), labels].log()
         got = ensemble.log_predictive(x, labels)
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=0)
+        # the spread by the law of total variance over the members' own predictives
+        stds = torch.stack([m.predict(x).std for m in members])
+        total = torch.einsum("k,ksc->sc", shares, stds.square() + (probs - mixed).square())
+        torch.testing.assert_close(pred.std, total.sqrt(), rtol=1e-10, atol=1e-13)
     with pytest.raises(ValueError, match="regression heads only"):
         ensemble.predictive_mixture(x)
 
@@ -214,6 +218,34 @@ def test_scaled_mixture_is_the_mixture_stretched_about_its_mean(head, scale, mix
     mix_mean = torch.einsum("k,ksd->sd", weights, mean)
     mix_var = torch.einsum("k,ksd->sd", weights, var + mean.square()) - mix_mean.square()
     torch.testing.assert_close(mix_var.sqrt(), pred.std, rtol=1e-9, atol=1e-12)
+
+
+def test_scaled_mixture_of_two_outputs_stretches_each_output_by_its_scale():
+    """``D = 2`` with a scale per output: ``log p_s(y) = log p_1(m + (y - m) / s) - sum_d log
+    s_d``, each member's density the product over its outputs, by scipy."""
+    members = _members(sizes=(2, 4, 2))
+    x, _ = _rows()
+    y = torch.randn(9, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ensemble = NetworkEnsemble(members, (0.2, 0.5, 0.3))
+    scale = np.array([0.6, 1.7])
+    ensemble.predictive_scale.copy_(torch.as_tensor(scale))
+    parts = []
+    for net in members:
+        with torch.no_grad():
+            _, m, v = (t.numpy() for t in net.head.predictive_mixture(net.hidden(x)))
+        parts.append((m[0], np.sqrt(v[0])))  # one component a member: [S, 2]
+    centre = sum(share * m for share, (m, _) in zip((0.2, 0.5, 0.3), parts))
+    u = centre + (y.numpy() - centre) / scale
+    terms = [stats.norm.logpdf(u, m, sd).sum(1) for m, sd in parts]
+    expected = special.logsumexp(np.stack(terms) + np.log([0.2, 0.5, 0.3])[:, None], axis=0)
+    expected -= np.log(scale).sum()
+    got = ensemble.log_predictive(x, y).detach().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+    # the standard deviations stretch per output
+    plain = NetworkEnsemble(members, (0.2, 0.5, 0.3)).predict(x)
+    torch.testing.assert_close(
+        ensemble.predict(x).std, plain.std * torch.as_tensor(scale), rtol=1e-12, atol=1e-14
+    )
 
 
 def test_scale_one_changes_no_bit_and_members_keep_their_scales():
