@@ -230,6 +230,43 @@ class TestUnscentedCrossEntropy:
         with pytest.raises(ValueError, match="kappa"):
             unscented_cross_entropy(moments, target, weight, bias, kappa=-self.N)
 
+    @staticmethod
+    def _julier_uhlmann_cross_entropy(mean, cov, target, weight, bias, kappa):
+        """The unscented cross-entropy written out (Julier and Uhlmann): the ``2N + 1`` sigma
+        points ``mu``, ``mu +- sqrt((N + kappa) Sigma)`` columns by Cholesky, weighted
+        ``kappa / (N + kappa)`` (centre) and ``1 / (2 (N + kappa))`` (the others)."""
+        n = mean.shape[1]
+        root = torch.linalg.cholesky((n + kappa) * cov)  # [S, N, N], L L^T = (N + kappa) Sigma
+        columns = root.mT  # [S, N (column), N (feature)]
+        points = torch.cat(
+            [mean.unsqueeze(1), mean.unsqueeze(1) + columns, mean.unsqueeze(1) - columns], 1
+        )  # [S, 2N + 1, N]
+        weights = torch.full((2 * n + 1,), 1 / (2 * (n + kappa)), dtype=mean.dtype)
+        weights[0] = kappa / (n + kappa)
+        logits = points @ weight + bias  # [S, 2N + 1, C]
+        labels = target.view(-1, 1).expand(-1, 2 * n + 1)
+        ce = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+        )
+        return ce.view(-1, 2 * n + 1) @ weights  # [S]
+
+    @pytest.mark.parametrize("kappa", [1.5, 3 - N])
+    @pytest.mark.parametrize("diagonal", [True, False])
+    def test_kappa_matches_explicit_sigma_points(self, kappa, diagonal):
+        """At a non-zero kappa (positive, and the paper's negative ``3 - N``) the value is the
+        hand-written transform's, for diagonal moments (the fused CPU kernel where it runs)
+        and for a full covariance (the Cholesky path)."""
+        g, mean, weight, bias, target = self._problem(7)
+        if diagonal:
+            var = 0.2 + torch.rand(self.S, self.N, generator=g, dtype=DTYPE)
+            moments, cov = Moments(mean, var=var), torch.diag_embed(var)
+        else:
+            cov = _random_cov(g, self.S, self.N, 0.5)
+            moments = Moments(mean, cov=cov)
+        got = unscented_cross_entropy(moments, target, weight, bias, kappa=kappa, reduction="none")
+        expected = self._julier_uhlmann_cross_entropy(mean, cov, target, weight, bias, kappa)
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
     def test_gradcheck(self):
         g, mean, weight, bias, target = self._problem(6)
         a = 0.5 * torch.randn(self.S, self.N, self.N, generator=g, dtype=DTYPE)

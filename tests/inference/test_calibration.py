@@ -226,6 +226,22 @@ def test_a_scale_at_the_bound_warns():
     assert any("bound" in str(w.message) for w in caught)
 
 
+def test_a_scale_at_the_lower_bound_warns():
+    """Targets at a tenth of a standard deviation from the predictive mean: the closed-form
+    optimum ``sqrt(mean(z^2)) = 0.1`` lies below the searched range, so the fit stops at its
+    lower end 0.5 and warns, as at the upper end."""
+    net = _net()
+    x, _ = _data(40)
+    weights, mean, var = _unscaled_mixture(net, x)
+    assert weights.shape == (1,)  # one Gaussian: the closed form holds
+    signs = torch.ones(40, 1, dtype=DT)
+    signs[::2] = -1.0
+    y = mean[0] + 0.1 * var[0].sqrt() * signs  # z = +-0.1 on every row
+    with pytest.warns(UserWarning, match=r"scale of output\(s\) \[0\] reached a bound"):
+        scale = fit_predictive_scale(net, x, y, bounds=(0.5, 2.0))
+    assert float(scale) == pytest.approx(0.5, rel=0.02)
+
+
 # ------------------------------------------------------------------------ temperature scaling
 class _Features(torch.nn.Module):
     """A stub network: the inputs are the features (their moments given), a softmax head."""

@@ -140,6 +140,78 @@ def test_non_finite_loss_raises_and_keeps_checkpoint(tmp_path):
     assert checkpoint["result"]["epochs"] == 1
 
 
+def test_plateau_schedule_uses_lr_factor():
+    # lr_factor=0.5 instead of the paper's 0.1: with patience 2 the lr is halved after every 3
+    # bad evaluations, 1e-3 -> 5e-4 -> 2.5e-4 (exactly: halving is exact in binary floats)
+    model = ScriptedModel([1.0])
+    result = Trainer(model, _config(max_epochs=10, batch_size=4, lr_factor=0.5)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    lrs = [row["lr"] for row in result.history]
+    assert lrs == [1e-3] * 4 + [1e-3 * 0.5] * 3 + [1e-3 * 0.25] * 3
+    assert result.stop_reason == "max_epochs"
+
+
+class RecordingModel(nn.Module):
+    """Training loss: the mean of the batch's targets (``y_i = i^2`` for row ``i``), at the
+    minimum of ``w^2`` so that Adam's steps (zero gradients) leave ``w`` at 0; penalty: 0.25.
+    Records the rows (``x[:, 0]`` holds the row index) of every training batch."""
+
+    PENALTY = 0.25
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.batches = []
+
+    def forward(self, x):
+        return Moments(x[:, :1] * 0 + self.w, var=torch.ones_like(x[:, :1]), validate=False)
+
+    def loss(self, x, y):
+        if self.training:
+            self.batches.append(x[:, 0].long().tolist())
+        return y[:, 0].mean() + self.w.square().sum()
+
+    def penalty(self):
+        return self.w.new_tensor(self.PENALTY) + 0 * self.w.sum()
+
+
+def _indexed_rows(n):
+    rows = torch.arange(n, dtype=torch.float32)
+    return rows[:, None], rows.square()[:, None]
+
+
+def test_train_loss_is_the_row_weighted_mean_of_loss_plus_penalty():
+    # 10 rows in batches of 4: 4 + 4 + 2. Each step's objective is mean(y_batch) + 0.25; the
+    # epoch's train_loss weights each by its rows: (sum_i i^2) / 10 + 0.25 = 28.5 + 0.25
+    model = RecordingModel()
+    data = _indexed_rows(10)
+    result = Trainer(model, _config(max_epochs=2, batch_size=4, lr=0.1)).fit(data, data)
+    assert [len(b) for b in model.batches] == [4, 4, 2, 4, 4, 2]
+    expected = sum(i * i for i in range(10)) / 10 + RecordingModel.PENALTY
+    assert expected == 28.75
+    for row in result.history:
+        assert row["train_loss"] == pytest.approx(expected, rel=1e-6)
+    assert float(model.w.detach()) == 0.0  # the objective did not move between the steps
+
+
+def test_each_epoch_visits_the_seeded_permutation_of_the_rows():
+    # the shuffling generator is a torch.Generator seeded with config.seed at the start of a
+    # fresh run; epoch e takes its e-th randperm, cut into consecutive batches
+    seed = 7
+    model = RecordingModel()
+    data = _indexed_rows(10)
+    Trainer(model, _config(max_epochs=2, batch_size=4, seed=seed)).fit(data, data)
+    generator = torch.Generator().manual_seed(seed)
+    expected = []
+    for _ in range(2):
+        order = torch.randperm(10, generator=generator).tolist()
+        expected.append([order[0:4], order[4:8], order[8:10]])
+    assert model.batches == expected[0] + expected[1]
+    assert expected[0] != expected[1]  # the order changes between epochs
+    assert sorted(sum(expected[0], [])) == list(range(10))
+
+
 # ---------------------------------------------------------------------------------- resume
 def _params(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
