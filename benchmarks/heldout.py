@@ -17,7 +17,9 @@ The models are ``benchmarks/uci.py``'s, fitted and scored by the same
 :func:`benchmarks.uci.score_cell`: the library's default ``bgpn_select``, GPyTorch's 2-layer
 deep GP with Gaussian (``dgp``) and Student-t noise (``dgp_t4``; the summary's ``dgp_chosen``
 is the one of the two with the higher mean validation log-likelihood over the splits, the rule
-of ``uci.md`` section 26) and MC dropout (``mcdrop``). Usage::
+of ``uci.md`` section 26) and MC dropout (``mcdrop``); beside them, as a floor that needs no
+tuning, scikit-learn's Bayesian linear regression (``blr``, ``BayesianRidge`` on the training
+rows, its Gaussian predictive with the learned noise). Usage::
 
     PYRO_GPN_UCI_DIR=../shared/datasets python benchmarks/heldout.py --splits 0 1 2
     python benchmarks/heldout.py --summary
@@ -44,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.uci import _atomic_json, _bounded_int, score_cell  # noqa: E402
+from benchmarks.uci import _atomic_json, _bounded_int, metrics_of, score_cell  # noqa: E402
 from benchmarks.uci_paired import paired_table  # noqa: E402
 
 #: the held-out sets
@@ -52,7 +54,7 @@ SETS = ("diabetes",)
 #: random train / test splits per set, and the share of test rows
 NUM_SPLITS, TEST_FRACTION = 20, 0.1
 #: the models fitted on each split (``benchmarks/uci.py``'s names)
-MODELS = ("bgpn_select", "dgp", "dgp_t4", "mcdrop")
+MODELS = ("bgpn_select", "dgp", "dgp_t4", "mcdrop", "blr")
 #: where the cells are written
 RUNS = ROOT / "docs/results/heldout_runs"
 
@@ -101,6 +103,36 @@ def load_heldout(name: str, split: int, seed: int = 0):
     )
 
 
+def bayesian_linear_cell(data, split: int, seed: int = 0) -> dict:
+    """The ``blr`` cell: scikit-learn's ``BayesianRidge`` fitted on the training rows, scored
+    by :func:`benchmarks.uci.metrics_of` like every other model (its predictive standard
+    deviation includes the learned noise)."""
+    import torch
+    from sklearn.linear_model import BayesianRidge
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = BayesianRidge().fit(data.x_train.double().numpy(), data.y_train.double().numpy()[:, 0])
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    def score(x, y):
+        mean, std = model.predict(x.double().numpy(), return_std=True)
+        mean, var = torch.as_tensor(mean)[None], torch.as_tensor(std)[None] ** 2  # [1, S]
+        return metrics_of(mean, var, y.double(), float(data.y_std))
+
+    return {
+        "model": "blr",
+        "set": data.name,
+        "split": split,
+        "seed": seed,
+        "num_train": int(data.x_train.shape[0]),
+        "test": score(data.x_test, data.y_test),
+        "val": score(data.x_val, data.y_val),
+        "cell_s": total,
+        "cell_cpu_s": cpu,
+        "noise_std": float(model.alpha_**-0.5),
+    }
+
+
 def _read_cell(path: Path) -> dict | None:
     """A finished cell, or ``None`` where the file is missing or does not read back whole (it
     is then run again)."""
@@ -129,7 +161,10 @@ def run(sets: Sequence[str], splits: Sequence[int], models: Sequence[str], out: 
                     flush=True,
                 )
                 data = data or load_heldout(name, split, seed)
-                cell = score_cell(model, data, split, seed)
+                if model == "blr":
+                    cell = bayesian_linear_cell(data, split, seed)
+                else:
+                    cell = score_cell(model, data, split, seed)
                 cell["command"] = command
                 cell["load_avg_1m_end"] = os.getloadavg()[0]
                 _atomic_json(path, cell)
@@ -162,7 +197,7 @@ def summary(out: Path) -> str:
     against the chosen deep GP and MC dropout, on the splits all of them ran."""
     chosen = {name: dgp_chosen(out, name) for name in SETS}
     table = paired_table(
-        out, ["bgpn_select", "dgp_chosen", "mcdrop"], {}, columns={"dgp_chosen": chosen},
+        out, ["bgpn_select", "dgp_chosen", "mcdrop", "blr"], {}, columns={"dgp_chosen": chosen},
         sets=SETS,
     )  # fmt: skip
     picks = ", ".join(f"{name}: {model}" for name, model in chosen.items())

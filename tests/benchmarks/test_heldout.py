@@ -66,6 +66,7 @@ def test_run_resumes_and_the_summary_pairs_the_splits(tmp_path, monkeypatch, cap
         ("dgp", 0): (-1.5, -1.0), ("dgp", 1): (-1.0, -1.2),
         ("dgp_t4", 0): (-1.25, -1.05), ("dgp_t4", 1): (-2.43, -0.95),
         ("mcdrop", 0): (-3.0, -2.0), ("mcdrop", 1): (-4.0, -2.0),
+        ("blr", 0): (-1.0, -1.0), ("blr", 1): (-1.0, -1.0),
     }  # fmt: skip
     fitted = []
     fake = _fake_cells(scores)
@@ -75,13 +76,15 @@ def test_run_resumes_and_the_summary_pairs_the_splits(tmp_path, monkeypatch, cap
         return fake(model, data, split, seed)
 
     monkeypatch.setattr(heldout, "score_cell", spy)
-    assert heldout.run(["diabetes"], [0, 1], heldout.MODELS, tmp_path) == 8
-    assert len(fitted) == 8
+    monkeypatch.setattr(heldout, "bayesian_linear_cell", lambda d, k, seed=0: spy("blr", d, k))
+    models = list(heldout.MODELS)
+    assert heldout.run(["diabetes"], [0, 1], models, tmp_path) == 10
+    assert len(fitted) == 10
     # a rerun fits nothing; a damaged cell is fitted again
-    assert heldout.run(["diabetes"], [0, 1], heldout.MODELS, tmp_path) == 0
+    assert heldout.run(["diabetes"], [0, 1], models, tmp_path) == 0
     (tmp_path / "dgp__diabetes__01.json").write_text('{"test": ')
     fitted.clear()
-    assert heldout.run(["diabetes"], [0, 1], heldout.MODELS, tmp_path) == 1
+    assert heldout.run(["diabetes"], [0, 1], models, tmp_path) == 1
     assert fitted == [("dgp", 1)]
     assert json.loads((tmp_path / "dgp__diabetes__01.json").read_text())["test"]["log_lik"] == -1.0
 
@@ -89,11 +92,43 @@ def test_run_resumes_and_the_summary_pairs_the_splits(tmp_path, monkeypatch, cap
     text = heldout.summary(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| diabetes"))
     cols = [c.strip() for c in row.strip("|").split("|")]
-    # bgpn -1.5 +- 0.5; dgp_t4 -1.84 +- 0.59; mcdrop -3.5 +- 0.5; differences to dgp_t4
-    # (0.25, 0.43): 0.34 +- 0.09, 2 of 2; to mcdrop (2, 2): 2.00 +- 0.00
-    assert cols[:5] == ["diabetes", "2", "-1.50 ± 0.50", "-1.84 ± 0.59", "-3.50 ± 0.50"]
-    assert cols[5] == "0.34 ± 0.09 (2/2)" and cols[6] == "2.00 ± 0.00 (2/2)"
+    # bgpn -1.5 +- 0.5; dgp_t4 -1.84 +- 0.59; mcdrop -3.5 +- 0.5; blr -1 +- 0; differences to
+    # dgp_t4 (0.25, 0.43): 0.34 +- 0.09, 2 of 2; to mcdrop (2, 2): 2.00 +- 0.00; to blr (0, -1)
+    assert cols[:6] == [
+        "diabetes",
+        "2",
+        "-1.50 ± 0.50",
+        "-1.84 ± 0.59",
+        "-3.50 ± 0.50",
+        "-1.00 ± 0.00",
+    ]
+    assert cols[6:9] == ["0.34 ± 0.09 (2/2)", "2.00 ± 0.00 (2/2)", "-0.50 ± 0.50 (0/2)"]
     assert "diabetes: dgp_t4" in text
+
+
+def test_bayesian_linear_cell_scores_its_gaussian_predictive_in_original_units():
+    from scipy import stats
+    from sklearn.datasets import load_diabetes
+    from sklearn.linear_model import BayesianRidge
+
+    data = heldout.load_heldout("diabetes", 5)
+    cell = heldout.bayesian_linear_cell(data, 5)
+    # the same model on the raw rows' scale by hand: sklearn on the standardised rows, then
+    # the density and the interval in original units
+    model = BayesianRidge().fit(data.x_train.double().numpy(), data.y_train.double().numpy()[:, 0])
+    mean, std = model.predict(data.x_test.double().numpy(), return_std=True)
+    y_std, y_mean = float(data.y_std), float(data.y_mean)
+    _, y = load_diabetes(scaled=False, return_X_y=True)
+    _, test = heldout.split_rows(len(y), 5)
+    restored = data.y_test.double().numpy()[:, 0] * y_std + y_mean
+    np.testing.assert_allclose(restored, y[test], rtol=1e-5)  # the test rows, in order
+    mu, sd = mean * y_std + y_mean, std * y_std
+    y_orig = data.y_test.double().numpy()[:, 0] * y_std + y_mean
+    log_lik = stats.norm.logpdf(y_orig, mu, sd).mean()
+    assert cell["test"]["log_lik"] == pytest.approx(log_lik, rel=1e-6)
+    inside = np.abs(y_orig - mu) <= stats.norm.ppf(0.95) * sd
+    assert cell["test"]["coverage90"] == pytest.approx(inside.mean())
+    assert cell["test"]["rmse"] == pytest.approx(np.sqrt(np.mean((y_orig - mu) ** 2)), rel=1e-6)
 
 
 def test_command_line_refuses_bad_arguments(capsys):
