@@ -201,7 +201,57 @@ def summary(out: Path) -> str:
         sets=SETS,
     )  # fmt: skip
     picks = ", ".join(f"{name}: {model}" for name, model in chosen.items())
-    return f"{table}\n\n(the deep GP chosen on validation rows: {picks})"
+    return f"{table}\n\n(the deep GP chosen on validation rows: {picks})\n\n{details(out)}"
+
+
+def _mean_se(values: list[float], digits: int = 3) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f}" if values else "-"
+    se = statistics.stdev(values) / len(values) ** 0.5
+    return f"{statistics.mean(values):.{digits}f} ± {se:.{digits}f}"
+
+
+def details(out: Path) -> str:
+    """Per set and model, over every cell it has: test log-likelihood, RMSE and 90 % coverage
+    (mean ± standard error over the splits), median CPU seconds per cell; for the default,
+    each candidate's mean stacking weight and median validation log-likelihood (standardised
+    units)."""
+    lines = []
+    for name in SETS:
+        lines += [
+            f"**{name}** (every cell)",
+            "",
+            "| model | splits | test log-lik | RMSE | coverage 90 % | CPU s per cell (median) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for model in MODELS:
+            cells = [_read_cell(p) for p in sorted(out.glob(f"{model}__{name}__*.json"))]
+            cells = [c for c in cells if c is not None]
+            if not cells:
+                continue
+            test = [c["test"] for c in cells]
+            lines.append(
+                f"| {model} | {len(cells)} | {_mean_se([t['log_lik'] for t in test])} | "
+                f"{_mean_se([t['rmse'] for t in test], 1)} | "
+                f"{_mean_se([t['coverage90'] for t in test])} | "
+                f"{statistics.median(c['cell_cpu_s'] for c in cells):.0f} |"
+            )
+        stacks = [_read_cell(p) for p in sorted(out.glob(f"bgpn_select__{name}__*.json"))]
+        stacks = [c for c in stacks if c is not None and "weights" in c]
+        if stacks:
+            lines += ["", "| candidate | mean stacking weight | median validation log-lik |"]
+            lines.append("| --- | --- | --- |")
+            for cand in stacks[0]["candidate_val_log_lik_std"]:
+                weight = statistics.mean(c["weights"].get(cand, 0.0) for c in stacks)
+                val = statistics.median(c["candidate_val_log_lik_std"][cand] for c in stacks)
+                lines.append(f"| {cand} | {weight:.3f} | {val:.2f} |")
+            scaled = sum(any(v != 1.0 for v in c["predictive_scale"]) for c in stacks)
+            lines += [
+                "",
+                f"mixtures scaled (predictive scale other than 1): {scaled} of {len(stacks)}",
+            ]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -104,6 +104,8 @@ def test_run_resumes_and_the_summary_pairs_the_splits(tmp_path, monkeypatch, cap
     ]
     assert cols[6:9] == ["0.34 ± 0.09 (2/2)", "2.00 ± 0.00 (2/2)", "-0.50 ± 0.50 (0/2)"]
     assert "diabetes: dgp_t4" in text
+    # every model's own cells: mcdrop's -3 and -4
+    assert "| mcdrop | 2 | -3.500 ± 0.500 | 1.0 ± 0.0 | 0.900 ± 0.000 | 1 |" in text
 
 
 def test_bayesian_linear_cell_scores_its_gaussian_predictive_in_original_units():
