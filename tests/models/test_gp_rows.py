@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pyro_gpn.kernels import gpn_kernel
-from pyro_gpn.models.gp_rows import activation_cholesky
+from pyro_gpn.models.gp_rows import activation_cholesky, layer_cholesky
 
 F64 = torch.float64
 
@@ -20,14 +19,19 @@ def _blocks(s: int, m: int, n: int, k: int, seed: int = 0):
     return x, w, noise, top
 
 
+def _kernel(x, w, lengthscale):
+    """k_w(x, x') = exp(-[sum_m w_m (x_m - x'_m)]^2 / (2 lambda^2)) for one unit ``w [M]``,
+    written out (the projection of every pairwise difference)."""
+    proj = ((x[:, None, :] - x[None, :, :]) * w).sum(-1)
+    return torch.exp(-0.5 * proj.square() / lengthscale**2)
+
+
 def _reference(x, w, noise, top, lengthscale, jitter):
     """Cov of vec(A), A = X top^T, X[:, n] ~ N(0, C_n) independent: with x = vec of X (units
     major) and A_{sk} = sum_n top_{kn} X_{sn}, vec(A) = M x, Cov = M blockdiag(C_n) M^T."""
     s, (k, n) = x.shape[0], top.shape
     blocks = [
-        gpn_kernel(x, None, w[i : i + 1].mT, lengthscale)[0]
-        + noise[i] ** 2 * torch.eye(s, dtype=F64)
-        for i in range(n)
+        _kernel(x, w[i], lengthscale) + noise[i] ** 2 * torch.eye(s, dtype=F64) for i in range(n)
     ]
     big = torch.block_diag(*blocks)  # [n s, n s], index n_i * s + s_i
     lin = torch.zeros(s * k, n * s, dtype=F64)
@@ -46,13 +50,37 @@ def test_activation_covariance_matches_the_linear_map():
 
 
 def test_activation_covariance_single_output_and_batch():
-    """N_L = 1 and a batch of two draws (as Predictive's vectorised traces have)."""
-    x, w, noise, top = _blocks(4, 1, 4, 1, seed=1)
-    batch_w = torch.stack([w, -w])  # k_w is even in w: both draws give the same covariance
-    chol = activation_cholesky(x, batch_w, noise.expand(2, -1), 1.0, top.expand(2, -1, -1), 0.0)
-    want = _reference(x, w, noise, top, 1.0, 0.0)
-    torch.testing.assert_close(chol[0] @ chol[0].mT, want)
-    torch.testing.assert_close(chol[1] @ chol[1].mT, want)
+    """N_L = 1 and a batch of two independent draws (as Predictive's vectorised traces have:
+    inputs, weights, noise and top weights all differ per draw): each batch element is its own
+    draw's covariance."""
+    draws = [_blocks(4, 1, 4, 1, seed=seed) for seed in (1, 2)]
+    x, w, noise, top = (torch.stack(parts) for parts in zip(*draws))
+    chol = activation_cholesky(x, w, noise, 1.0, top, 0.0)
+    assert chol.shape == (2, 4, 4)
+    for b, draw in enumerate(draws):
+        torch.testing.assert_close(chol[b] @ chol[b].mT, _reference(*draw, 1.0, 0.0))
+
+
+def test_layer_cholesky_uses_the_lengthscale():
+    """L L^T = K_w(X, X) + (sigma^2 + jitter) I per unit, with lengthscales other than 1: one
+    shared scalar, and one per unit (and per draw, with a batch of draws)."""
+    x, w, noise, _ = _blocks(5, 2, 2, 1, seed=3)
+    eye = torch.eye(5, dtype=F64)
+    for lengthscale in (0.6, torch.tensor([0.6, 1.7], dtype=F64)):
+        chol = layer_cholesky(x, w, noise, lengthscale, 1e-6)
+        scales = torch.as_tensor(lengthscale, dtype=F64).expand(2)
+        for n in range(2):
+            want = _kernel(x, w[n], scales[n]) + (noise[n] ** 2 + 1e-6) * eye
+            torch.testing.assert_close(chol[n] @ chol[n].mT, want)
+    x2, w2, noise2, _ = _blocks(5, 2, 2, 1, seed=4)
+    scales = torch.tensor([[0.6, 1.7], [0.4, 2.5]], dtype=F64)
+    chol = layer_cholesky(
+        torch.stack([x, x2]), torch.stack([w, w2]), torch.stack([noise, noise2]), scales, 1e-6
+    )
+    for b, (xb, wb, nb) in enumerate(((x, w, noise), (x2, w2, noise2))):
+        for n in range(2):
+            want = _kernel(xb, wb[n], scales[b, n]) + (nb[n] ** 2 + 1e-6) * eye
+            torch.testing.assert_close(chol[b, n] @ chol[b, n].mT, want)
 
 
 def test_activation_cholesky_failure_is_nan():

@@ -93,6 +93,43 @@ def test_one_cholesky_factor_gives_the_joint_density():
     torch.testing.assert_close(got, joint.log_prob(torch.cat([y, y_test])))
 
 
+def _hand_kernel(x, w, lengthscale):
+    """k_w(x, x') = exp(-[sum_m w_m (x_m - x'_m)]^2 / (2 lambda^2)) (eq:gpn_cov_fn) for one unit
+    ``w [M]``, written out over every pair of rows."""
+    proj = ((x[:, None, :] - x[None, :, :]) * w).sum(-1)
+    return torch.exp(-0.5 * proj.square() / lengthscale**2)
+
+
+@pytest.mark.parametrize("how", ["fixed", "sampled"])
+def test_lengthscale_sets_the_output_density(how):
+    """A lengthscale other than 1, fixed (``lengthscale=0.6``) or a conditioned
+    ``lengthscale1`` site (one per unit, 0.6 and 1.7): log p(y_train) of each output is
+    N(0, K_w(X, X) + (sigma^2 + jitter) I) with the kernel at that unit's lengthscale."""
+    x, y, _ = _data(num_train=6, m=2, n_out=2)
+    weight = torch.tensor([[0.7, -1.3], [1.1, 0.4]], dtype=F64)
+    sigma = torch.tensor([0.3, 0.5], dtype=F64)
+    values = {"W1": weight, "sigma1": sigma}
+    if how == "fixed":
+        gpn = NonParametricGPN([2, 2], lengthscale=0.6)
+        scales = torch.tensor([0.6, 0.6], dtype=F64)
+    else:
+        prior = dist.LogNormal(torch.tensor(0.0, dtype=F64), torch.tensor(0.5, dtype=F64))
+        gpn = NonParametricGPN([2, 2], lengthscale_prior=prior)
+        scales = torch.tensor([0.6, 1.7], dtype=F64)
+        values["lengthscale1"] = scales
+    trace = poutine.trace(poutine.condition(gpn.model, values)).get_trace(x, y)
+    if how == "sampled":
+        assert torch.equal(trace.nodes["lengthscale1"]["value"], scales)
+    site = trace.nodes["y_train"]
+    got = site["fn"].log_prob(site["value"])  # [N_L]
+    assert got.shape == (2,)
+    eye = torch.eye(6, dtype=F64)
+    for n in range(2):
+        cov = _hand_kernel(x, weight[n], scales[n]) + (sigma[n] ** 2 + gpn.jitter) * eye
+        want = dist.MultivariateNormal(torch.zeros(6, dtype=F64), cov).log_prob(y[:, n])
+        torch.testing.assert_close(got[n], want)
+
+
 def test_conditional_rows_is_gp_regression():
     """eq:gp_f_reg_mean_var: mean K21 K11^-1 x1, covariance K22 - K21 K11^-1 K12."""
     g = torch.Generator().manual_seed(0)
@@ -307,27 +344,34 @@ def test_integrated_last_layer_matches_its_latent_function():
         torch.testing.assert_close(joint - posterior.log_prob(f), marginal, rtol=0, atol=1e-5)
 
 
-def test_pointwise_log_likelihood_is_leave_one_out():
+@pytest.mark.parametrize("n_out", [1, 2])
+def test_pointwise_log_likelihood_is_leave_one_out(n_out):
     """Regression terms are log p(y_s | y_-s, theta) of the marginal MVN: log p(y) minus the
-    log density of y without row s."""
-    x, y, _ = _data(num_train=6, m=2)
-    gpn = NonParametricGPN([2, 1])
+    log density of y without row s, summed over the outputs (each its own MVN)."""
+    x, y, _ = _data(num_train=6, m=2, n_out=n_out)
+    gpn = NonParametricGPN([2, n_out])
     samples = {
-        "W1": torch.tensor([[[0.9, -0.4]], [[0.3, 1.2]]], dtype=F64),
-        "sigma1": torch.tensor([[0.35], [0.6]], dtype=F64),
+        "W1": torch.tensor([[[0.9, -0.4], [-1.1, 0.5]], [[0.3, 1.2], [0.8, 0.7]]], dtype=F64)[
+            :, :n_out
+        ],
+        "sigma1": torch.tensor([[0.35, 0.2], [0.6, 0.45]], dtype=F64)[:, :n_out],
     }
     terms = gpn.pointwise_log_likelihood(samples, x, y)
     assert terms.shape == (2, 6)
+    ys = y.reshape(6, n_out)
     for d in range(2):
-        w, s = samples["W1"][d, 0], samples["sigma1"][d]
-        cov = gpn_kernel(x, None, w) + (s.square() + gpn.jitter) * torch.eye(6, dtype=F64)
-        full = dist.MultivariateNormal(torch.zeros(6, dtype=F64), cov).log_prob(y)
-        for row in range(6):
-            keep = [i for i in range(6) if i != row]
-            rest = dist.MultivariateNormal(torch.zeros(5, dtype=F64), cov[keep][:, keep]).log_prob(
-                y[keep]
-            )
-            torch.testing.assert_close(terms[d, row], full - rest)
+        want = torch.zeros(6, dtype=F64)
+        for n in range(n_out):
+            w, s = samples["W1"][d, n], samples["sigma1"][d, n]
+            cov = _hand_kernel(x, w, 1.0) + (s.square() + gpn.jitter) * torch.eye(6, dtype=F64)
+            full = dist.MultivariateNormal(torch.zeros(6, dtype=F64), cov).log_prob(ys[:, n])
+            for row in range(6):
+                keep = [i for i in range(6) if i != row]
+                rest = dist.MultivariateNormal(
+                    torch.zeros(5, dtype=F64), cov[keep][:, keep]
+                ).log_prob(ys[keep, n])
+                want[row] += full - rest
+        torch.testing.assert_close(terms[d], want)
 
 
 @pytest.mark.parametrize("likelihood", ["bernoulli", "categorical"])

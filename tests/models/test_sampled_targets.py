@@ -204,8 +204,49 @@ def test_bernoulli_likelihood_matches_quadrature():
         assert float(probs[i]) == pytest.approx(want, abs=1e-6)
 
 
+def _output_moments_by_hand(gpn, draw, x):
+    """The last layer's output moments of one draw: targets ``U = L_K z`` with ``L_K`` the
+    Cholesky factor of the hand-built ``K(V, V) + jitter I``, then the layers' closed-form
+    moments (checked against quadrature above) chained from the deterministic inputs."""
+    inducing, lam = gpn.inducing_points, gpn.lengthscale
+    k = torch.exp(-0.5 * (inducing[:, None] - inducing[None, :]) ** 2 / lam**2)
+    chol = torch.linalg.cholesky(k + gpn.jitter * torch.eye(len(inducing), dtype=F64))
+    mean, var = x, torch.zeros_like(x)
+    for l in range(1, gpn.num_layers + 1):
+        u = draw[f"z{l}"] @ chol.mT
+        mean, var = clt_layer_moments(
+            mean, var, draw[f"W{l}"], inducing, u, lam, gpn.jitter, draw.get(f"sigma{l}")
+        )
+    return mean, var
+
+
+def _bernoulli_probs(mean: Tensor, var: Tensor) -> Tensor:
+    """E[sigmoid(f)], f ~ N(mean, var), by 100-node probabilists' Gauss-Hermite in numpy."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(100)
+    f = mean.numpy()[..., None] + np.sqrt(var.numpy())[..., None] * nodes
+    return torch.as_tensor((weights / (1 + np.exp(-f))).sum(-1) / math.sqrt(2 * math.pi))
+
+
+def _probit_logits(mean: Tensor, var: Tensor) -> Tensor:
+    return mean / torch.sqrt(1 + math.pi * var / 8)
+
+
+def _log_lik_by_hand(likelihood: str, mean: Tensor, var: Tensor, y: Tensor) -> Tensor:
+    """Per-row log p(y_s) under the observation model, built here from the moments."""
+    if likelihood == "gaussian":
+        return torch.distributions.Normal(mean[:, 0], var[:, 0].sqrt()).log_prob(y)
+    if likelihood == "bernoulli":
+        p = _bernoulli_probs(mean[:, 0], var[:, 0])
+        return torch.where(y == 1, p.log(), (1 - p).log())
+    log_probs = torch.log_softmax(_probit_logits(mean, var), -1)
+    return log_probs.gather(-1, y[:, None]).squeeze(-1)
+
+
 @pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli", "categorical"])
 def test_sites_and_pointwise_log_likelihood(likelihood):
+    """Sites and shapes; the pointwise terms of two different posterior draws are each draw's
+    per-row log density of the observed y (computed by hand from the draw's output moments);
+    and ``p_test`` holds the class probabilities of ``y_test``."""
     pyro.set_rng_seed(0)
     n_out = {"gaussian": 1, "bernoulli": 1, "categorical": 3}[likelihood]
     gpn = SampledTargetsGPN([2, 3, n_out], likelihood=likelihood, num_inducing=5)
@@ -217,18 +258,45 @@ def test_sites_and_pointwise_log_likelihood(likelihood):
     )
     if likelihood == "categorical":
         y = torch.tensor([0, 2, 1, 2, 1, 0, 1])
-    trace = poutine.trace(gpn.model).get_trace(x, y, x[:4])
+    traces = [poutine.trace(gpn.model).get_trace(x, y, x[:4]) for _ in range(2)]
+    trace = traces[0]
     shapes = {k: tuple(v["value"].shape) for k, v in trace.nodes.items() if v["type"] == "sample"}
     assert shapes["z1"] == (3, 5) and shapes["W2"] == (n_out, 3)
     assert ("sigma2" in shapes) == (likelihood == "gaussian")
-    samples = {
-        k: trace.nodes[k]["value"][None].expand(2, *shapes[k]) for k in gpn.parameter_sites()
-    }
+    draws = [{k: t.nodes[k]["value"] for k in gpn.parameter_sites()} for t in traces]
+    samples = {k: torch.stack([draw[k] for draw in draws]) for k in gpn.parameter_sites()}
     terms = gpn.pointwise_log_likelihood(samples, x, y)
-    assert terms.shape == (2, 7) and torch.isfinite(terms).all()
-    if likelihood != "gaussian":
-        probs = trace.nodes["p_test"]["value"]
-        torch.testing.assert_close(probs.sum(-1), torch.ones(4, dtype=F64))
+    assert terms.shape == (2, 7)
+    for d, draw in enumerate(draws):
+        mean, var = _output_moments_by_hand(gpn, draw, x)
+        torch.testing.assert_close(terms[d], _log_lik_by_hand(likelihood, mean, var, y))
+    assert (terms[0] - terms[1]).abs().max() > 1e-3  # the two draws are told apart
+    if likelihood == "gaussian":
+        return
+    mean, var = _output_moments_by_hand(gpn, draws[0], x[:4])
+    probs = trace.nodes["p_test"]["value"]
+    assert probs.shape == (4, 2 if likelihood == "bernoulli" else 3)
+    fn = trace.nodes["y_test"]["fn"]
+    if likelihood == "bernoulli":
+        # column 1 is P(y = 1): the y_test site's Bernoulli probability
+        torch.testing.assert_close(probs[:, 1], fn.probs)
+        torch.testing.assert_close(probs[:, 1], _bernoulli_probs(mean[:, 0], var[:, 0]))
+        torch.testing.assert_close(probs[:, 0], 1 - probs[:, 1])
+    else:
+        torch.testing.assert_close(probs, torch.softmax(_probit_logits(mean, var), -1))
+        torch.testing.assert_close(fn.probs, probs)
+
+
+def test_categorical_observation_is_the_probit_approximation():
+    """Logits ``mean / sqrt(1 + pi var / 8)`` at given moments; the variance correction matters
+    (different variances per class change the class probabilities)."""
+    gpn = SampledTargetsGPN([2, 3], likelihood="categorical")
+    mean = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.2, -0.3]], dtype=F64)
+    var = torch.tensor([[0.1, 4.0, 9.0], [2.0, 0.5, 6.0]], dtype=F64)
+    fn = gpn.observation(mean, var)
+    want = torch.softmax(mean / torch.sqrt(1 + math.pi * var / 8), -1)
+    torch.testing.assert_close(fn.probs, want)
+    assert (want - torch.softmax(mean, -1)).abs().max() > 0.05
 
 
 @pytest.mark.parametrize(
