@@ -175,6 +175,13 @@ def test_compare_heldout_lpd_ranks_by_the_sum_and_checks_its_inputs():
     table = compare_heldout_lpd({"bad": bad, "good": good})
     assert list(table.index) == ["good", "bad"]
     assert table.loc["good", "elpd_loo"] == pytest.approx(good.sum())
+    # the documented se, sqrt(S_test) sd_j, with the population sd (ddof 0) as az.loo has it,
+    # sqrt(3 * mean((lpd - mean lpd)^2)); for good the squared deviations from -1/15 sum to
+    # 0.38/3, so se = sqrt(0.38/3) = 0.3559 (ddof 1 would give 0.4359)
+    for name, lpd in (("good", good), ("bad", bad)):
+        by_hand = np.sqrt(3 * np.mean((lpd - lpd.mean()) ** 2))
+        assert table.loc[name, "se"] == pytest.approx(by_hand)
+    assert table.loc["good", "se"] == pytest.approx(np.sqrt(0.38 / 3), rel=1e-12)
     diff = good - bad
     assert table.loc["bad", "elpd_diff"] == pytest.approx(diff.sum())
     assert table.loc["bad", "dse"] == pytest.approx(np.sqrt(3) * diff.std())

@@ -34,16 +34,48 @@ def _close_figures():
     plt.close("all")
 
 
+def _gp_posterior(points, targets, variances, lengthscale, a, jitter=1e-6):
+    """Written out: the posterior mean and variance at ``a`` of a unit-amplitude SE-kernel GP
+    given virtual observations ``f(V) = U + N(0, diag(S))`` (``jitter``: the layer's default,
+    added to the diagonal), ``k(a, V) (K + S)^-1 U`` and ``1 - k(a, V) (K + S)^-1 k(V, a)``."""
+
+    def kernel(p, q):
+        return torch.exp(-0.5 * ((p[:, None] - q[None, :]) / lengthscale) ** 2)
+
+    gram = kernel(points, points) + torch.diag(variances + jitter)
+    cross = kernel(a, points)
+    mean = cross @ torch.linalg.solve(gram, targets)
+    var = 1 - (cross * torch.linalg.solve(gram, cross.T).T).sum(-1)
+    return mean, var
+
+
 def test_activation_curves_match_layer_parameters():
     torch.manual_seed(0)
     layer = GPNLayer(3, 4, num_inducing=6)
+    with torch.no_grad():  # a lengthscale and a noise of each unit's own
+        layer.lengthscales = torch.tensor([0.4, 0.5, 0.7, 0.9])
+        layer.noise_std = torch.tensor([0.1, 0.2, 0.3, 0.4])
     curves = activation_curves(layer, units=(1, 3), grid=(-2.5, 2.5), num_points=11)
     assert curves["a"].shape == (11,)
     assert curves["mean"].shape == curves["std"].shape == (11, 2)
+    a = -2.5 + 0.5 * torch.arange(11, dtype=torch.float64)
+    torch.testing.assert_close(curves["a"].double(), a)
+    noisy = activation_curves(layer, units=(1, 3), grid=(-2.5, 2.5), num_points=11, noise=True)
+    for k, unit in enumerate((1, 3)):
+        mean, var = _gp_posterior(
+            *(t[unit].detach().double() for t in (layer.inducing_points, layer.targets)),
+            layer.target_variances[unit].detach().double(),
+            float(layer.lengthscales[unit].detach()),
+            a,
+        )
+        close = {"rtol": 1e-5, "atol": 1e-5}  # float32 curves
+        torch.testing.assert_close(curves["mean"][:, k].double(), mean, **close)
+        torch.testing.assert_close(curves["std"][:, k].double().square(), var, **close)
+        sigma2 = float(layer.noise_std[unit].detach()) ** 2
+        torch.testing.assert_close(noisy["std"][:, k].double().square(), var + sigma2, **close)
     torch.testing.assert_close(curves["points"], layer.inducing_points[[1, 3]].detach())
     torch.testing.assert_close(curves["targets"], layer.targets[[1, 3]].detach())
     torch.testing.assert_close(curves["target_std"], layer.target_variances[[1, 3]].sqrt().detach())
-    noisy = activation_curves(layer, units=(1, 3), grid=(-2.5, 2.5), num_points=11, noise=True)
     assert (noisy["std"] > curves["std"]).all()
     torch.testing.assert_close(noisy["mean"], curves["mean"])
 
