@@ -15,6 +15,7 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import Predictive
+from pyro.infer.mcmc.util import initialize_model
 
 from pyro_gpn.diagnostics import (
     ConvergenceWarning,
@@ -116,13 +117,64 @@ def test_result_layout_and_arviz_groups(gp_run):
     assert idata.sample_stats["diverging"].shape == (2, 100)
     for name in ("energy", "lp", "tree_depth", "n_steps", "step_size", "acceptance_rate"):
         assert idata.sample_stats[name].shape == (2, 100), name
-    # lp is minus the potential energy of the kept state; energy adds the kinetic energy >= 0
-    assert (idata.sample_stats["energy"] >= -idata.sample_stats["lp"] - 50).all()
+    # lp is minus the potential energy of the kept state, recomputed here by Pyro's own
+    # initialize_model on the draws mapped to the unconstrained space: to rounding with the
+    # JIT-traced potential the run uses, and closely with the eager one (the two differ by a
+    # constant ~4e-7 on this model)
+    args = (gp_run.x_train, gp_run.y_train, None)
+    _, jit_potential, transforms, _ = initialize_model(
+        gp_run.model.model, model_args=args, jit_compile=True
+    )
+    _, eager_potential, _, _ = initialize_model(gp_run.model.model, model_args=args)
+    lp = idata.sample_stats["lp"].values
+    energy = idata.sample_stats["energy"].values
+    draws = gp_run.mcmc.get_samples(group_by_chain=True)
+    for c, i in [(0, 0), (0, 57), (1, 3), (1, 99)]:
+        z = {k: transforms[k](v[c, i]) for k, v in draws.items()}
+        with warnings.catch_warnings():  # the JIT trace's TracerWarnings
+            warnings.simplefilter("ignore")
+            jit_pe = float(jit_potential(z))
+        assert lp[c, i] == pytest.approx(-jit_pe, abs=1e-8, rel=1e-10)
+        assert lp[c, i] == pytest.approx(-float(eager_potential(z)), abs=1e-5)
+    # energy: the kinetic energy of the fresh momentum (chi^2_D / 2 for the D = 2 unconstrained
+    # dimensions, > 0) plus the potential at the start, the previous kept draw
+    kinetic = energy[:, 1:] + lp[:, :-1]
+    assert (kinetic > 0).all()
+    assert 0.6 < kinetic.mean() < 1.4  # E = D / 2 = 1; s.e. ~0.07 over 198 transitions
     steps = idata.sample_stats["n_steps"].values
     assert ((steps >= 1) & (steps <= 2**10)).all()
     assert (idata.sample_stats["tree_depth"].values == np.ceil(np.log2(steps + 1))).all()
     assert idata.log_likelihood["y"].shape == (2, 100, 15)
     assert az.bfmi(idata).shape == (2,)
+
+
+def test_acceptance_rate_is_per_transition_and_averages_to_pyros_acc_prob():
+    """Pyro's kernel reports ("acc. prob") the running mean of the acceptance probabilities of
+    the sampling transitions; the recorded per-transition rates must average to it after every
+    transition, so they are the individual values, not the running mean itself."""
+    from pyro.infer import MCMC
+
+    from pyro_gpn.inference.nuts_kernel import RecordingNUTS
+
+    def model():
+        pyro.sample("a", pyro.distributions.Normal(0.0, 1.0))
+        pyro.sample("b", pyro.distributions.LogNormal(0.0, 1.0))
+
+    reported = []
+
+    def hook(kernel, params, stage, i):
+        if stage == "Sample":
+            reported.append(kernel._mean_accept_prob)
+            assert kernel.logging()["acc. prob"] == f"{kernel._mean_accept_prob:.3f}"
+
+    pyro.set_rng_seed(0)
+    kernel = RecordingNUTS(model)
+    MCMC(kernel, num_samples=30, warmup_steps=10, hook_fn=hook, disable_progbar=True).run()
+    rates = np.array(kernel.records[-1]["acceptance_rate"])
+    assert rates.shape == (30,) and ((rates >= 0) & (rates <= 1)).all()
+    running = np.cumsum(rates) / np.arange(1, 31)
+    np.testing.assert_allclose(running, reported, rtol=0, atol=1e-12)
+    assert not np.allclose(rates, reported)  # the check has power: the rates vary
 
 
 def test_loo_and_waic_work_on_the_run(gp_run):

@@ -43,6 +43,8 @@ def test_checkpoints_resume_without_rerunning(tmp_path, monkeypatch):
     # other settings: a different key, so the chains must run (and here they fail)
     with pytest.raises(AssertionError, match="run again"):
         _run(checkpoint_dir=tmp_path, seed=4)
+    with pytest.raises(AssertionError, match="run again"):  # more draws: not the saved chain
+        _run(checkpoint_dir=tmp_path, num_samples=9)
 
 
 def test_one_lost_chain_is_rerun_alone(tmp_path, monkeypatch):
@@ -81,6 +83,21 @@ def test_chain_key_depends_on_what_sets_the_draws():
         ChainSpec(**(base | {"model": NonParametricGPN([1, 1], jitter=1e-5).model}))
     )
     assert key != chain_key(ChainSpec(**base, kernel_kwargs={"max_tree_depth": 5}))
+    assert key != chain_key(ChainSpec(**(base | {"num_samples": 6})))
+    assert key != chain_key(ChainSpec(**(base | {"warmup_steps": 6})))
+    start = {"W1": torch.zeros(1, 1, dtype=F64), "sigma1": torch.zeros(1, dtype=F64)}
+    moved = {"W1": torch.zeros(1, 1, dtype=F64), "sigma1": torch.full((1,), 0.5, dtype=F64)}
+    with_start = chain_key(ChainSpec(**base, initial_params=start))
+    assert with_start != key
+    assert with_start != chain_key(ChainSpec(**base, initial_params=moved))
+    dense = chain_key(ChainSpec(**base, inverse_mass=torch.eye(2, dtype=F64)))
+    assert dense != key
+    assert dense != chain_key(ChainSpec(**base, inverse_mass=2 * torch.eye(2, dtype=F64)))
+    diagonal = {"W1": torch.ones(1, dtype=F64), "sigma1": torch.ones(1, dtype=F64)}
+    by_site = chain_key(ChainSpec(**base, inverse_mass=diagonal))
+    assert by_site != key
+    scaled = diagonal | {"sigma1": torch.full((1,), 3.0, dtype=F64)}
+    assert by_site != chain_key(ChainSpec(**base, inverse_mass=scaled))
 
 
 def test_workers_give_the_sequential_draws():

@@ -148,6 +148,30 @@ class TestFit:
         se = (full.var() / 200 + batch.var() / 200).sqrt()
         assert abs(full.mean() - batch.mean()) < 4 * se
 
+    def test_fit_svi_minibatch_losses_estimate_the_full_data_loss(self):
+        """fit_svi passes num_data = S, so each mini-batch loss estimates the full-data loss.
+
+        With a negligible learning rate the parameters stay put, and the recorded losses must
+        average to Pyro's own full-data Trace_ELBO (not to a 20-sample loss, ten times smaller).
+        """
+        x, y = _data()
+        m = Gaussian()
+        mean, std = _posterior(x, y)  # the exact posterior: a low-variance loss estimate
+        m.q_loc = torch.nn.Parameter(torch.tensor(mean))
+        m.q_scale = PyroParam(torch.tensor(std), constraints.positive)
+        result = fit_svi(
+            m.model, m.guide, x, y, num_steps=200, lr=1e-9, batch_size=20, seed=0, progress=False
+        )
+        assert m.q_loc.item() == pytest.approx(mean, abs=1e-5)
+        batch = torch.tensor(result.losses)
+        elbo = Trace_ELBO()
+        pyro.set_rng_seed(1)
+        full = torch.tensor([elbo.loss(m.model, m.guide, x, y) for _ in range(200)])
+        se = (full.var() / 200 + batch.var() / 200).sqrt()
+        assert abs(full.mean() - batch.mean()) < 4 * se
+        # the check has power: a loss of the 20-sample batch alone is far off
+        assert abs(full.mean() - batch.mean() / 10) > 50 * se
+
     def test_seed_reproducible(self):
         x, y = _data()
         runs = []
