@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.uci import _atomic_json, _bounded_int, metrics_of, score_cell  # noqa: E402
-from benchmarks.uci_paired import paired_table  # noqa: E402
+from benchmarks.uci_paired import _mean_se, paired_table  # noqa: E402
 
 #: the held-out sets
 SETS = ("diabetes",)
@@ -161,7 +161,8 @@ def run(sets: Sequence[str], splits: Sequence[int], models: Sequence[str], out: 
                     f"(load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
-                data = data or load_heldout(name, split, seed)
+                if data is None:
+                    data = load_heldout(name, split, seed)
                 if model == "blr":
                     cell = bayesian_linear_cell(data, split, seed)
                 else:
@@ -216,13 +217,6 @@ def summary(out: Path) -> str:
     return f"{table}\n\n(the deep GP chosen on validation rows: {picks})\n\n{details(out)}"
 
 
-def _mean_se(values: list[float], digits: int = 3) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.{digits}f}" if values else "-"
-    se = statistics.stdev(values) / len(values) ** 0.5
-    return f"{statistics.mean(values):.{digits}f} ± {se:.{digits}f}"
-
-
 def _paired_rmse(out: Path, name: str) -> list[str]:
     """The default's test RMSE minus each other model's, paired on their common splits: mean ±
     standard error (splits where the default's is higher)."""
@@ -263,9 +257,9 @@ def details(out: Path) -> str:
                 continue
             test = [c["test"] for c in cells]
             lines.append(
-                f"| {model} | {len(cells)} | {_mean_se([t['log_lik'] for t in test])} | "
+                f"| {model} | {len(cells)} | {_mean_se([t['log_lik'] for t in test], 3)} | "
                 f"{_mean_se([t['rmse'] for t in test], 1)} | "
-                f"{_mean_se([t['coverage90'] for t in test])} | "
+                f"{_mean_se([t['coverage90'] for t in test], 3)} | "
                 f"{statistics.median(c['cell_cpu_s'] for c in cells):.0f} |"
             )
         lines += ["", *_paired_rmse(out, name)]

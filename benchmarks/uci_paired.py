@@ -78,11 +78,14 @@ def _log_y_std(name: str, split: int) -> float:
     return log_target_std(name, split)
 
 
-def _mean_se(values: list[float]) -> str:
+def _mean_se(values: list[float], digits: int = 2) -> str:
+    """``mean ± standard error`` of ``values`` with ``digits`` decimals (the mean alone for one
+    value)."""
     mean = statistics.mean(values)
     if len(values) < 2:
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ± {statistics.stdev(values) / math.sqrt(len(values)):.2f}"
+        return f"{mean:.{digits}f}"
+    se = statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
 def paired_table(
