@@ -286,6 +286,46 @@ def test_calibration_scales_the_mixture():
     assert scale == pytest.approx(best, rel=0.02)
 
 
+def test_calibrated_false_is_the_t_at_scale_one_whatever_the_predictive_scale():
+    """A point-mass ``F`` and a predictive scale of 2: the calibrated predictive is the t of
+    scale ``2 sigma`` (a t stretched about its centre is a t), ``calibrated=False`` the t of
+    scale ``sigma`` (scipy both), and the unscaled mixture's variance is ``sigma^2 nu / (nu -
+    2)``, not four times it."""
+    df, sigma = 5.0, 0.3
+    head = _head(df, sigma)
+    head.predictive_scale.fill_(2.0)
+    features = _features([0.4, -1.0, 0.0], 0.0)
+    y = torch.tensor([[0.5], [2.0], [-3.0]], dtype=DT)
+    r = (y - features.mean).numpy()
+    with torch.no_grad():
+        calibrated = head.log_predictive(features, y)
+        raw = head.log_predictive(features, y, calibrated=False)
+        weights, mean, var = head.predictive_mixture(features, calibrated=False)
+    want = torch.as_tensor(stats.t.logpdf(r, df, 0, 2 * sigma), dtype=DT)
+    torch.testing.assert_close(calibrated, want.reshape(-1), rtol=0, atol=1e-6)
+    want_raw = torch.as_tensor(stats.t.logpdf(r, df, 0, sigma), dtype=DT)
+    torch.testing.assert_close(raw, want_raw.reshape(-1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(mean[0], features.mean)
+    mixture_var = torch.einsum("k,ksd->sd", weights, var)
+    torch.testing.assert_close(
+        mixture_var, torch.full_like(mixture_var, sigma**2 * df / (df - 2)), rtol=1e-6, atol=0
+    )
+
+
+def test_shared_noise_is_one_scale_for_every_output():
+    head = StudentTHead(3, df=4.0, noise_scale_init=0.2, shared=True, dtype=DT)
+    assert head.noise_scale_unconstrained.shape == (1,)
+    assert sum(p.numel() for p in head.parameters()) == 1
+    with torch.no_grad():
+        head.noise_scale_unconstrained.fill_(math.log(0.5))
+    features = Moments(torch.zeros(2, 3, dtype=DT), var=torch.zeros(2, 3, dtype=DT))
+    # every output's noise variance is 0.5^2 * 4 / 2, from the one shared scale
+    torch.testing.assert_close(
+        head.predictive(features).variance, torch.full((2, 3), 0.5, dtype=DT)
+    )
+    assert StudentTHead(3, shared=False).noise_scale_unconstrained.shape == (3,)
+
+
 @pytest.mark.parametrize("df", [2.4, 0.5, 101.0, float("nan"), True, "4"])
 def test_df_out_of_range_is_refused_by_name(df):
     with pytest.raises(ValueError, match="df must be"):

@@ -125,6 +125,74 @@ def test_scaled_predictive_is_the_stretched_distribution(head):
     assert not torch.allclose(lp, lp1)
 
 
+@pytest.mark.parametrize("df", [None, 4.0])
+def test_scaled_mixture_of_unequal_component_means_is_the_stretched_distribution(df):
+    """The heteroscedastic head with ``F`` and its log noise correlated: the Gauss-Hermite
+    components have different means, and the scale must move each towards the mixture's mean
+    (``s mu_k + (1 - s) m``), so that the calibrated density is the change of variables
+    ``log p_1(m + (y - m) / s) - log s`` of the unscaled one, with and without t noise."""
+    from pyro_gpn.moments.gaussian import Moments
+
+    head = HeteroscedasticGaussianHead(1, df=df, num_nodes=16, dtype=DT)
+    with torch.no_grad():
+        head.noise_offset.fill_(-1.0)
+        head.noise_slope.fill_(1.5)
+    cov = torch.tensor([[0.3, 0.25], [0.25, 0.4]], dtype=DT).expand(3, 2, 2)
+    features = Moments(torch.tensor([[0.1, 0.0], [-0.5, 0.3], [1.0, -0.2]], dtype=DT), cov=cov)
+    y = torch.tensor([[0.9], [-2.0], [1.2]], dtype=DT)
+    with torch.no_grad():
+        w, m, _ = head.predictive_mixture(features)
+        assert float((m - m[:1]).abs().max()) > 0.1  # the components' means differ
+        centre = torch.einsum("k,ksd->sd", w, m)
+        u = centre + (y - centre) / 0.4
+        expected = head.log_predictive(features, u) - math.log(0.4)
+        head.predictive_scale.fill_(0.4)
+        got = head.log_predictive(features, y)
+        raw = head.log_predictive(features, y, calibrated=False)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(got, raw)
+
+
+def test_ensemble_scale_with_unequal_weights_maximises_the_numpy_log_density():
+    """A mixture of three Gaussian networks weighted 0.7, 0.2, 0.1 (as a stacked selection
+    weights them): the scale stretches about the weighted mean, and equals scipy's maximiser
+    of the stretched mixture's log density written out in numpy."""
+    from pyro_gpn.models import NetworkEnsemble
+
+    members = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        net = VariationalGPN(
+            [2, 4, 1], head=GaussianHead(1, noise_std_init=0.3, dtype=DT), dtype=DT
+        )
+        with torch.no_grad():  # members in different modes: perturb every parameter
+            for p in net.parameters():
+                p.add_(0.5 * torch.randn_like(p))
+        members.append(net)
+    weights = np.array([0.7, 0.2, 0.1])
+    x, y = _data(60, seed=8, noise=0.5)
+    with torch.no_grad():
+        preds = [net.predict(x) for net in members]
+    mean = np.stack([p.mean[:, 0].numpy() for p in preds])  # [3, S]
+    sd = np.stack([p.std[:, 0].numpy() for p in preds])
+    assert np.abs(weights @ mean - mean.mean(0)).mean() > 0.05  # the weights move the centre
+    yy = y.numpy()[:, 0]
+    centre = weights @ mean
+
+    def neg_log_density(log_s):
+        s = math.exp(log_s)
+        u = centre + (yy - centre) / s
+        comp = -0.5 * (np.log(2 * np.pi * sd**2) + (u - mean) ** 2 / sd**2)
+        return -(logsumexp(comp + np.log(weights)[:, None], axis=0).mean() - log_s)
+
+    best = minimize_scalar(
+        neg_log_density, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10}
+    )
+    ensemble = NetworkEnsemble(members, tuple(weights))
+    scale = fit_predictive_scale(ensemble, x, y, set_scale=False)
+    assert float(scale) == pytest.approx(math.exp(best.x), rel=1e-5)
+
+
 def test_scale_one_is_the_unscaled_mixture_bit_for_bit():
     net = _net("heteroscedastic")
     x, _ = _data(20)

@@ -249,6 +249,87 @@ def test_bad_arguments_are_refused_before_any_fit(monkeypatch):
     assert not calls
 
 
+def _unfitted(monkeypatch):
+    """Stub out the fits: every candidate keeps its initial state (fast, and reproducible by
+    building the same network after the same seed)."""
+    monkeypatch.setattr(selection_module, "fit_vgpn", lambda *a, **k: VGPNFit())
+
+
+def test_every_candidate_starts_from_the_seed(monkeypatch):
+    """Each candidate's network is built right after ``torch.manual_seed(seed)``: the second
+    and third candidates' initial states are the network built by hand after that seed, not
+    a continuation of the first candidate's random stream."""
+    _unfitted(monkeypatch)
+    x, y, x_val, y_val = _split(*_outlier_data(80, share=0.0), num_val=20)
+    names = ("first", "second", "third")
+    candidates = [VGPNCandidate(name) for name in names]
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=4, candidates=candidates, seed=3, calibrate=False,
+        combine="best",
+    )  # fmt: skip
+    torch.manual_seed(3)
+    want = VariationalGPN([2, 4, 1], weights=VGPNCandidate("x").weights).state_dict()
+    for name in names:
+        got = sel.models[name].state_dict()
+        assert set(got) == set(want)
+        assert all(torch.equal(got[k], want[k]) for k in want), name
+
+
+def test_forced_calibration_fits_the_scale_on_the_validation_rows(monkeypatch):
+    """``calibrate=True`` fits the kept network's scale on the validation rows: for a Gaussian
+    predictive ``sqrt(mean(z^2))`` of those rows (closed form), with the validation targets
+    shrunk so that the training rows would give a very different scale."""
+    _unfitted(monkeypatch)
+    x, y, x_val, y_val = _split(*_outlier_data(120, share=0.0), num_val=40)
+    y_val = 0.2 * y_val
+    sel = select_vgpn(
+        x, y, x_val, y_val, hidden=4, candidates=[VGPNCandidate("a")], calibrate=True,
+        combine="best",
+    )  # fmt: skip
+    assert sel.calibrated
+    torch.manual_seed(0)
+    net = VariationalGPN([2, 4, 1], weights=VGPNCandidate("a").weights)
+    with torch.no_grad():
+        pred = net.predict(x_val)
+        pred_train = net.predict(x)
+    z = (y_val.double() - pred.mean.double()) / pred.std.double()
+    want = float(z.square().mean().sqrt())
+    z_train = (y.double() - pred_train.mean.double()) / pred_train.std.double()
+    assert abs(float(z_train.square().mean().sqrt()) - want) > 0.1 * want  # rows matter
+    assert float(sel.model.head.predictive_scale) == pytest.approx(want, rel=1e-6)
+
+
+def test_a_heteroscedastic_candidate_keeps_its_degrees_of_freedom(monkeypatch):
+    """``VGPNCandidate(head="heteroscedastic", df=4.0)`` is the heteroscedastic head with t
+    noise of 4 degrees of freedom (the portfolio's ``het_t4_qw2``); without ``df`` Gaussian."""
+    from pyro_gpn.heads import HeteroscedasticGaussianHead
+
+    _unfitted(monkeypatch)
+    x, y, x_val, y_val = _split(*_outlier_data(80, share=0.0), num_val=20)
+    candidates = [
+        VGPNCandidate("het_t4", head="heteroscedastic", df=4.0),
+        VGPNCandidate("het", head="heteroscedastic"),
+    ]
+    sel = select_vgpn(x, y, x_val, y_val, hidden=3, candidates=candidates, calibrate=False)
+    heads = {name: net.head for name, net in sel.models.items()}
+    assert all(type(h) is HeteroscedasticGaussianHead for h in heads.values())
+    assert heads["het_t4"].df == 4.0 and heads["het"].df is None
+    portfolio = {c.name: c for c in VGPN_PORTFOLIO}
+    assert selection_module._head(portfolio["het_t4_qw2"], 1).df == 4.0
+
+
+def test_stacked_weights_drop_the_floor_and_renormalise(monkeypatch):
+    """Weights below ``MIN_STACKING_WEIGHT`` (1e-4) are dropped with their networks and the
+    rest divided by their sum (written out: ``0.6 / 0.99995`` and ``0.39995 / 0.99995``)."""
+    given = torch.tensor([0.6, 0.39995, 0.00005], dtype=torch.float64)
+    monkeypatch.setattr(selection_module, "stacking_weights", lambda log_densities: given)
+    kept = selection_module.stacked_weights(["a", "b", "c"], torch.zeros(5, 3))
+    assert list(kept) == ["a", "b"]
+    assert kept["a"] == pytest.approx(0.6 / 0.99995, rel=1e-12)
+    assert kept["b"] == pytest.approx(0.39995 / 0.99995, rel=1e-12)
+    assert sum(kept.values()) == pytest.approx(1.0, abs=1e-15)
+
+
 # ------------------------------------------------------------------------------ stacking
 
 

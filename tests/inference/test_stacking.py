@@ -129,3 +129,12 @@ def test_crossfitting_leaves_out_a_model_without_mass_on_one_half():
     even_fit = torch.cat([stacking_weights(log_p[0::2, :3]), torch.zeros(1, dtype=log_p.dtype)])
     expected = 0.5 * _mixed(log_p[1::2], even_fit) + 0.5 * _mixed(log_p[0::2], odd_fit)
     assert stacked == pytest.approx(expected, abs=1e-12)
+
+
+def test_crossfitted_choice_is_made_on_the_other_half():
+    """Model 0 is ahead on every even row, model 1 on every odd one: the even half chooses 0
+    and the odd rows score it, the odd half chooses 1 and the even rows score it (written out:
+    ``0.5 * -3 + 0.5 * -2``). Choosing on the scored half would report ``0.5 * -1 + 0.5 * 0``."""
+    log_p = torch.tensor([[0.0, -2.0], [-3.0, -1.0]], dtype=torch.float64).repeat(3, 1)
+    best, _ = crossfitted_combination(log_p)
+    assert best == pytest.approx(-2.5, abs=1e-12)
