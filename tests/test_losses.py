@@ -217,6 +217,24 @@ class TestUnscentedCrossEntropy:
         expected = expected + (self.N - 1) / self.N * ce(mean)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
+    def test_jitter_perturbs_only_the_singular_matrices_of_a_batch(self):
+        """A batch of a positive-definite and a rank-one covariance: the jitter that lets the
+        rank-one factorise must leave the other's sigma points those of its exact Cholesky
+        factor (the jitter, 1e-8 of the diagonal, would show at 1e-12)."""
+        g = torch.Generator().manual_seed(9)
+        n = self.N
+        good = _random_cov(g, 1, n, 1.0)[0]
+        v = torch.randn(n, 1, generator=g, dtype=DTYPE)
+        mean = torch.randn(2, n, generator=g, dtype=DTYPE)
+        points, _ = unscented_points(Moments(mean, cov=torch.stack([good, v @ v.mT])))
+        chol = torch.linalg.cholesky(good)
+        expected = torch.cat(
+            [mean[:1], mean[:1] + math.sqrt(n) * chol.mT, mean[:1] - math.sqrt(n) * chol.mT]
+        )
+        torch.testing.assert_close(points[0], expected, rtol=0, atol=1e-12)
+        spread = points[1, 1:] - mean[1]  # the singular one: its points still carry v v^T
+        torch.testing.assert_close(spread.mT @ spread / (2 * n), v @ v.mT, rtol=0, atol=1e-6)
+
     def test_kappa(self):
         g, mean, weight, bias, target = self._problem(5)
         var = torch.rand(self.S, self.N, generator=g, dtype=DTYPE)

@@ -671,3 +671,169 @@ def test_objectives_refuse_a_num_data_that_is_not_a_positive_integer(objective, 
     x, y = _regression_data(n=20)
     with pytest.raises(ValueError, match="num_data must be a positive integer"):
         objective(_net([2, 1]), x, y, num_data=num_data)
+
+
+# ------------------------------------------------------------- fit_vgpn: schedule and batches
+def test_fit_vgpn_mini_batch_loss_is_the_per_sample_objective_scaled_by_num_data():
+    """With identical rows every mini-batch has the same data term, so the first step's loss
+    is known by hand whatever rows are drawn: ``-(S/B * B * ell - KL) / S = -ell + KL / S``
+    per sample (a batch scaled by ``B`` instead of ``S``, or its KL weighted by ``1 / B``,
+    gives another value)."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=1, seed=2)
+    x, y = x.expand(40, -1).contiguous(), y.expand(40, -1).contiguous()
+    for elbo in ("closed_form", "predictive"):
+        start = _net([2, 3, 1])
+        with torch.no_grad():
+            if elbo == "closed_form":
+                row = float(start.expected_log_likelihood(x[:1], y[:1]))
+            else:
+                row = float(start.log_predictive(x[:1], y[:1], calibrated=False))
+            expected = -row + float(start.kl_divergence()) / 40
+        fit = fit_vgpn(
+            _net([2, 3, 1]), x, y, num_steps=1, batch_size=10, val_fraction=0.0, elbo=elbo
+        )
+        assert math.isclose(fit.losses[0], expected, rel_tol=1e-9), (elbo, fit.losses[0])
+
+
+def test_fit_vgpn_draws_mini_batches_from_all_the_rows():
+    """With a learning rate too small to move anything, each step's loss is
+    ``-mean(ell over the batch) + KL / S``; over many steps its mean is the full-batch loss
+    within the Monte Carlo error of sampling rows. The rows are ordered best fitted first,
+    so batches of always the same (first) rows land far from it."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=24, seed=11)
+    start = _net([2, 3, 1])
+    with torch.no_grad():
+        ell = start.expected_log_likelihood(x, y)
+        kl = float(start.kl_divergence())
+    order = ell.argsort(descending=True)
+    x, y, ell = x[order], y[order], ell[order]
+    steps, batch = 200, 6
+    fit = fit_vgpn(
+        _net([2, 3, 1]), x, y, num_steps=steps, batch_size=batch, lr=1e-12,
+        val_fraction=0.0, elbo="closed_form", seed=3,
+    )  # fmt: skip
+    losses = torch.tensor(fit.losses, dtype=DT)
+    full = float(-ell.mean() + kl / 24)
+    # the batch mean of B rows drawn without replacement from S
+    se = math.sqrt(float(ell.var()) / batch * (24 - batch) / 23 / steps)
+    assert losses.std() > 0  # the batches differ
+    assert abs(float(losses.mean()) - full) < 4 * se, (float(losses.mean()), full, se)
+
+
+def test_fit_vgpn_learning_rate_decays_over_the_run(monkeypatch):
+    """Step ``t`` (1-based) of ``num_steps`` runs at ``lr * lr_decay^((t - 1) / num_steps)``:
+    the first at ``lr``, the rate reaching ``lr * lr_decay`` after the last."""
+    from pyro_gpn.inference import fit_vgpn
+
+    seen = []
+
+    class Recording(torch.optim.Adam):
+        def step(self, closure=None):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "Adam", Recording)
+    x, y = _regression_data(n=20)
+    fit_vgpn(_net([2, 2, 1]), x, y, num_steps=10, lr=0.1, lr_decay=0.01, val_fraction=0.0)
+    expected = [0.1 * 0.01 ** (t / 10) for t in range(10)]
+    assert len(seen) == 10
+    for got, want in zip(seen, expected, strict=True):
+        assert math.isclose(got, want, rel_tol=1e-9), (seen, expected)
+
+
+def test_fit_vgpn_releases_the_noise_on_the_step_after_the_warmup():
+    """``noise_warmup=K``: step ``K + 1`` is the noise's first Adam step, whose size is the
+    learning rate (Adam's first update is ``lr * g / (|g| + eps)``); one step after the
+    warm-up the log noise has moved by exactly ``lr``."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=30, seed=3)
+    vgpn = _net([2, 3, 1])
+    start = vgpn.head.noise_std_unconstrained.detach().clone()
+    fit_vgpn(vgpn, x, y, num_steps=5, lr=0.01, lr_decay=1.0, val_fraction=0.0, noise_warmup=4)
+    moved = (vgpn.head.noise_std_unconstrained.detach() - start).abs()
+    torch.testing.assert_close(moved, torch.full_like(moved, 0.01), rtol=1e-5, atol=0)
+
+
+def _scripted_validation(monkeypatch, values):
+    """Replace the validation score by ``values`` in turn; returns the list of the network's
+    states at each evaluation (deep copies)."""
+    import copy
+
+    import pyro_gpn.inference.closed_form as closed_form_module
+
+    states, scores = [], iter(values)
+
+    def scripted(vgpn, x_val, y_val):
+        states.append(copy.deepcopy(vgpn.state_dict()))
+        return next(scores)
+
+    monkeypatch.setattr(closed_form_module, "validation_log_lik", scripted)
+    return states
+
+
+@pytest.mark.parametrize(
+    "values, patience, best, evaluations",
+    [
+        # improvements interleaved with setbacks: the count restarts at every improvement
+        ([0.0, -1.0, 1.0, 0.5, 2.0, 1.0, 1.5, 3.0, 2.0, 2.0, 2.0], 2, 8, 11),
+        # a tie is no improvement: the first of equal scores is kept
+        ([1.0, 1.0, 1.0, 0.0], 2, 1, 4),
+        # patience 0: the first evaluation without improvement stops
+        ([0.0, 1.0, 0.5, 9.0], 0, 2, 3),
+    ],
+)
+def test_fit_vgpn_stopping_rule_and_restored_state_on_a_scripted_curve(
+    monkeypatch, values, patience, best, evaluations
+):
+    """The loop stops once more than ``patience`` evaluations in a row brought no
+    improvement, and restores the state of the best evaluation (by hand on scripted
+    scores)."""
+    from pyro_gpn.inference import fit_vgpn
+
+    states = _scripted_validation(monkeypatch, values + [-math.inf] * 10)
+    x, y = _regression_data(n=30, seed=5)
+    vgpn = _net([2, 2, 1])
+    fit = fit_vgpn(
+        vgpn, x, y, x[:5], y[:5], num_steps=100, eval_every=2, patience=patience, lr=0.05
+    )
+    assert len(fit.curve) == evaluations
+    assert [s for s, _ in fit.curve] == [2 * (i + 1) for i in range(evaluations)]
+    assert fit.stopped_early and fit.num_steps == 2 * evaluations
+    assert fit.best_step == 2 * best and fit.best_val_log_lik == values[best - 1]
+    restored = vgpn.state_dict()
+    for name, value in states[best - 1].items():
+        assert torch.equal(restored[name], value), name
+    assert not all(torch.equal(restored[k], v) for k, v in states[-1].items())
+
+
+def test_fit_vgpn_evaluates_at_the_last_step_off_the_grid(monkeypatch):
+    """Every ``eval_every`` steps and at the last: 7 steps, every 5 -> steps 5 and 7; a best
+    last evaluation is the state kept."""
+    from pyro_gpn.inference import fit_vgpn
+
+    states = _scripted_validation(monkeypatch, [0.0, 1.0])
+    x, y = _regression_data(n=30, seed=5)
+    vgpn = _net([2, 2, 1])
+    fit = fit_vgpn(vgpn, x, y, x[:5], y[:5], num_steps=7, eval_every=5, patience=3)
+    assert fit.curve == [(5, 0.0), (7, 1.0)] and fit.best_step == 7 and not fit.stopped_early
+    assert all(torch.equal(vgpn.state_dict()[k], v) for k, v in states[1].items())
+
+
+def test_fit_vgpn_stops_on_a_non_finite_loss_with_finite_gradients():
+    """A target of 1e155 overflows the squared error: the loss is infinite, and with the noise
+    held (``noise_warmup``) the only non-finite gradient, the noise's, is dropped; the loss
+    itself must stop the fit before the optimiser steps."""
+    from pyro_gpn.inference import fit_vgpn
+
+    x, y = _regression_data(n=20)
+    y[4] = 1e155
+    vgpn = _net([2, 2, 1])
+    before = {k: v.clone() for k, v in vgpn.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at step 1"):
+        fit_vgpn(vgpn, x, y, num_steps=3, val_fraction=0.0, noise_warmup=3, elbo="closed_form")
+    assert all(torch.equal(v, before[k]) for k, v in vgpn.state_dict().items())
