@@ -651,7 +651,11 @@ def test_jit_potential_and_gradient_equal_eager_away_from_the_trace_point(model)
     for _ in range(3):
         point = {k: v + torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in init.items()}
         (grad_j, value_j), (grad_e, value_e) = (potential_grad(f, point) for f in (jitted, eager))
-        torch.testing.assert_close(value_j, value_e, rtol=1e-7, atol=1e-8)  # round-off only
+        # A constant offset of about 2e-8 remains (measured on this data, 2026-11-29): the
+        # Python-float constants of torch's log-densities enter the trace in the default dtype
+        # (float32 here); with a float64 default dtype the two values are equal. A constant
+        # cannot move NUTS (only differences of the potential enter) and the gradients agree.
+        torch.testing.assert_close(value_j, value_e, rtol=1e-7, atol=1e-8)
         assert abs(float(value_j) - float(potential_grad(eager, init)[1])) > 1e-6  # moved
         for k in grad_e:
             torch.testing.assert_close(grad_j[k], grad_e[k], rtol=1e-6, atol=1e-6)
