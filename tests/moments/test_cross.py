@@ -278,3 +278,39 @@ def test_series_gradcheck(name):
     inputs = tuple(t.clone().requires_grad_(True) for t in (mean, cov, beta, ls))
     with backend(name):
         assert gradcheck(fn, inputs, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "ls, mu, v, rho",
+    [
+        ((0.4, 0.6), (0.3, -0.5), (1.0, 1.0), 0.6),  # both broad: Lambda's closed form
+        ((0.4, 0.6), (2.5, 1.0), (0.05, 2.0), -0.9),  # one narrow: Lambda's closed form
+        ((1.2, 1.8), (-0.4, 0.9), (1.0, 1.0), 0.8),  # both narrow: the nodes' conditional
+    ],
+)
+def test_lambda_fallback_with_unequal_lengthscales_matches_quadrature(monkeypatch, ls, mu, v, rho):
+    """Every pair sent through the fallback (no Mehler term allowed), two units with different
+    lengthscales: ``Lambda``'s closed form where a unit is broad, the Gauss-Hermite nodes of
+    ``a_n`` and the conditional of ``a_m`` given it where both are narrow. The covariance
+    agrees with the brute-force two-dimensional quadrature to 1e-9 of ``sd f_n sd f_m``.
+    Caught: a per-unit quantity taken from the wrong unit of the pair
+    (``c_n = lambda_m^2 + Sigma_nn``), the conditional variance without ``- Sigma_nm^2 /
+    Sigma_nn``."""
+    monkeypatch.setattr(cross, "MEHLER_MAX_TERMS", 0)
+    _, points, lengthscales, beta, kappa, _ = _weights(ls, 1e-1)
+    c = rho * math.sqrt(v[0] * v[1])
+    cov = np.array([[v[0], c], [c, v[1]]])
+    brute = _brute_force_cov(mu, cov, points.numpy(), ls, beta.numpy())
+    with backend("reference"):
+        out = response_moments(
+            Moments(torch.tensor([mu], dtype=F64), cov=torch.tensor(cov).unsqueeze(0)),
+            points,
+            lengthscales,
+            beta,
+            kappa,
+            None,
+            "cov",
+        )
+    scale = float(out.cov[0, 0, 0] * out.cov[0, 1, 1]) ** 0.5
+    assert abs(float(out.cov[0, 0, 1]) - brute) <= 1e-9 * scale
+    assert float(out.cov[0, 0, 1]) == float(out.cov[0, 1, 0])

@@ -108,3 +108,17 @@ def test_traced_expansion_with_the_branch_given_is_exact_away_from_the_trace_poi
     torch.testing.assert_close(
         traced(matrix2, mean2, var2), _trace_by_quadrature(mean2, var2, points, matrix2, ls)
     )
+
+
+def test_three_uneven_points_take_the_general_expansion():
+    """Three unevenly spaced points (the smallest grid whose spacing can differ) are not
+    equidistant, and the detected expansion agrees with quadrature: the anti-diagonal
+    grouping would put the pair (V_0, V_2) at the midpoint of (V_1, V_1)."""
+    points = torch.tensor([[-1.0, 0.2, 1.0], [-2.0, -1.5, 0.5]], dtype=F64)
+    assert not is_equidistant(points)
+    assert not is_equidistant(points[:1]) and not is_equidistant(points[1:])
+    assert is_equidistant(torch.tensor([[-1.0, 0.0, 1.0]], dtype=F64))
+    mean, var, _, matrix, ls = _problem((), 3, True, num_units=2)
+    want = _trace_by_quadrature(mean, var, points, matrix, ls)
+    got = _expansion_trace(mean, var, points, matrix, ls, None)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-11)

@@ -1,5 +1,6 @@
 """One-layer moment propagation: closed form vs materialised reference vs Monte Carlo."""
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -352,3 +353,79 @@ def test_virtual_observation_weights_take_numpy_and_tensor_jitter_without_a_sync
     assert counter["n"] == 0
     with pytest.raises(TypeError, match="jitter must be a real number"):
         virtual_observation_weights(points, targets, variances, ls, jitter=np.bool_(True))
+
+
+# ------------------------------------------------------------- mutations no test caught before
+@pytest.mark.parametrize("name", ["reference", "auto"])
+@pytest.mark.parametrize("with_cholesky", [False, True])
+def test_virtual_observation_weights_add_the_jitter_to_the_diagonal(name, with_cholesky):
+    """``kappa = (K + diag(S) + jitter I)^-1`` and ``beta = kappa U`` against the Gram matrix
+    built by hand in NumPy, with a jitter large enough to matter (every other test uses 0),
+    on the reference path (also the ``with_cholesky`` one) and the CPU kernels."""
+    points, ls, _, _, _, targets, variances = _params()
+    jitter = 0.25
+    with backend(name):
+        kappa, beta, *chol = virtual_observation_weights(
+            points, targets, variances, ls, jitter=jitter, with_cholesky=with_cholesky
+        )
+    p, lam = points.numpy(), ls.numpy()
+    gram = np.exp(-((p[:, :, None] - p[:, None, :]) ** 2) / (2 * lam[:, None, None] ** 2))
+    gram = gram + np.stack([np.diag(s) for s in variances.numpy() + jitter])
+    torch.testing.assert_close(kappa, torch.from_numpy(np.linalg.inv(gram)))
+    want_beta = np.linalg.solve(gram, targets.numpy()[..., None])[..., 0]
+    torch.testing.assert_close(beta, torch.from_numpy(want_beta))
+    if with_cholesky:
+        torch.testing.assert_close(chol[0] @ chol[0].mT, torch.from_numpy(gram))
+
+
+@pytest.mark.parametrize("mode", ["meanvar", "cov"])
+@pytest.mark.parametrize("equidistant", [True, False])
+def test_negative_conditional_variances_are_clamped_to_the_noise(mode, equidistant):
+    """With ``C = 5 I`` the conditional variance ``1 - alpha^T C alpha`` is negative around the
+    inducing points, and so is its expectation (checked by quadrature below) for a point
+    activation (narrow regime) and a broad one (closed form): the noise-free output variance
+    is clamped at 0, so the output variance is exactly the noise."""
+    points = torch.tensor([[-0.5, 0.0, 0.5]], dtype=DT)
+    if not equidistant:
+        points = torch.tensor([[-0.5, 0.1, 0.5]], dtype=DT)
+    ls = torch.tensor([0.5], dtype=DT)
+    beta = torch.zeros(1, 3, dtype=DT)
+    reduction = 5 * torch.eye(3, dtype=DT).unsqueeze(0)
+    noise_var = torch.tensor([0.01], dtype=DT)
+    mean = torch.tensor([[0.0], [0.2]], dtype=DT)
+    var = torch.tensor([[0.0], [2.0]], dtype=DT)  # narrow (v = 0) and broad (v > (1.25 ls)^2)
+    # E[1 - alpha^T C alpha] by the trapezoid rule: negative in both rows
+    z = np.linspace(-12, 12, 4001)
+    w = np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi) * (z[1] - z[0])
+    for mu, v in zip(mean[:, 0].tolist(), var[:, 0].tolist()):
+        alpha = np.exp(-((mu + np.sqrt(v) * z[:, None] - points.numpy()[0]) ** 2) / 0.5)
+        assert w @ (1 - 5 * (alpha**2).sum(-1)) < -0.1
+    with backend("reference"):
+        out = response_moments(
+            Moments(mean, var=var), points, ls, beta, reduction, noise_var, mode, equidistant
+        )
+    torch.testing.assert_close(out.variance, noise_var.expand(2, 1), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("equidistant", [True, False])
+@pytest.mark.parametrize("uncertain", [False, True])
+def test_mean_mode_returns_means_only_on_the_reference_path(equidistant, uncertain):
+    """``"mean"`` mode (the paper's "GPN mean") returns a point mass: no ``var``, no ``cov``,
+    whatever the activations carry, on the reference path as on the fused one; the means are
+    ``E[alpha(a)]^T beta`` by quadrature."""
+    points, ls, beta, kappa, noise_var, *_ = _params(equidistant=equidistant)
+    mean, cov = _inputs()
+    acts = Moments(mean, cov=cov) if uncertain else Moments(mean)
+    with backend("reference"):
+        out = response_moments(acts, points, ls, beta, None, noise_var, "mean")
+    assert out.var is None and out.cov is None and out.is_deterministic
+    var = acts.variance.numpy()
+    z = np.linspace(-12, 12, 4001)
+    w = np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi) * (z[1] - z[0])
+    a = mean.numpy()[..., None] + np.sqrt(var)[..., None] * z  # [S, N, Q]
+    p, lam = points.expand(4, -1).numpy(), ls.expand(4).numpy()
+    alpha = np.exp(
+        -((a[..., None] - p[None, :, None, :]) ** 2) / (2 * lam[None, :, None, None] ** 2)
+    )
+    want = np.einsum("snqr,nr,q->sn", alpha, beta.expand(4, -1).numpy(), w)
+    torch.testing.assert_close(out.mean, torch.from_numpy(want), rtol=0, atol=1e-12)
