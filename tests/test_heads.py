@@ -143,3 +143,18 @@ def test_bad_targets_name_y():
         SoftmaxHead(2, 3).check_target(torch.tensor([0, 3]), 2)
     with pytest.raises(ValueError, match="noise_std_init"):
         GaussianHead(2, noise_std_init=0.0)
+
+
+def test_gaussian_head_observation_density_is_normal_with_std_sigma():
+    """The Pyro site's density is ``prod_d N(y_d | F_d, sigma_d^2)``, by hand."""
+    head = GaussianHead(3, noise_std_init=0.4, dtype=DT)
+    with torch.no_grad():
+        head.noise_std_unconstrained.copy_(torch.tensor([0.3, 0.5, 1.7], dtype=DT).log())
+    g = torch.Generator().manual_seed(1)
+    f = torch.randn(5, 3, dtype=DT, generator=g)
+    y = f + torch.randn(5, 3, dtype=DT, generator=g)
+    sigma = torch.tensor([0.3, 0.5, 1.7], dtype=DT)
+    expected = (-0.5 * math.log(2 * math.pi) - sigma.log() - 0.5 * ((y - f) / sigma) ** 2).sum(-1)
+    got = head.observation(f).log_prob(y)
+    assert got.shape == (5,)
+    torch.testing.assert_close(got, expected)

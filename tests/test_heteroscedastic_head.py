@@ -304,3 +304,17 @@ def test_noise_floor_quadrature_and_bound(corr):
         assert bool((comp_var >= floor**2).all())
         sample_scale = head.observation(draws[:10]).base_dist.scale
         assert bool((sample_scale >= floor).all())
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.2])
+def test_observation_density_uses_the_noise_features(floor):
+    """The Pyro site: ``y_d ~ N(F_d, c^2 + exp(a + b H_d))`` with ``F`` the first ``D``
+    features and ``H`` the last ``D``, by hand."""
+    head = _head(offset=-1.0, slope=1.3, num_outputs=2, noise_floor=floor)
+    g = torch.Generator().manual_seed(3)
+    features = torch.randn(6, 4, dtype=DT, generator=g)
+    y = torch.randn(6, 2, dtype=DT, generator=g)
+    f, h = features[:, :2], features[:, 2:]
+    var = floor**2 + torch.exp(-1.0 + 1.3 * h)
+    expected = (-0.5 * torch.log(2 * math.pi * var) - 0.5 * (y - f) ** 2 / var).sum(-1)
+    torch.testing.assert_close(head.observation(features).log_prob(y), expected)

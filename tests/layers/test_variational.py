@@ -445,3 +445,58 @@ def test_whiten_takes_numpy_bools():
     assert VariationalGPNLayer(2, 3, whiten=np.bool_(False)).whiten is False
     with pytest.raises(ValueError, match="whiten must be True, False or None"):
         check_whiten("yes")
+
+
+@pytest.mark.parametrize("q_cov", ["full", "diag"])
+@pytest.mark.parametrize("whiten", [False, True])
+def test_initial_q_marginal_variances_are_a_fraction_of_the_prior(q_cov, whiten):
+    """``targets_scale_init = c``: the initial q(U) has marginal variances ``c^2 diag(K)``
+    (every parametrisation). A large jitter makes ``diag(K) = 1 + jitter`` differ from its
+    square root, so a variance initialised as a standard deviation is seen."""
+    torch.manual_seed(0)
+    c, jitter = 0.3, 0.5
+    layer = VariationalGPNLayer(
+        2,
+        3,
+        num_inducing=5,
+        q_cov=q_cov,
+        whiten=whiten,
+        targets_scale_init=c,
+        jitter=jitter,
+        targets_init="zero",
+        weights="point",
+        dtype=DT,
+    )
+    _, cov = _unwhitened_q(layer)
+    expected = torch.full((3, 5), c**2 * (1 + jitter), dtype=DT)  # diag of the SE gram + jitter
+    torch.testing.assert_close(torch.diagonal(cov, dim1=-2, dim2=-1), expected)
+    if q_cov == "full":  # Sigma_hat = c^2 K, off-diagonal terms included
+        torch.testing.assert_close(cov, c**2 * _gram(layer))
+
+
+@pytest.mark.parametrize("kwargs", VARIANTS)
+def test_factored_weights_reassemble_khat_and_k(kwargs):
+    """The factors of the float32 path: ``L L^T = K`` and ``L^-T M L^-1 = K^-1 - K^-1 Sigma_hat
+    K^-1`` (``M = I - B B^T``, not ``I - B^T B``), against K and q(U) rebuilt by hand."""
+    layer = _layer(**kwargs)
+    beta, khat, chol, inner = layer.response_factored_weights()
+    loc, cov = _unwhitened_q(layer)
+    gram = _gram(layer)
+    kinv = torch.linalg.inv(gram)
+    torch.testing.assert_close(chol @ chol.mT, gram)
+    torch.testing.assert_close(beta, (kinv @ loc.unsqueeze(-1)).squeeze(-1))
+    expected = kinv - kinv @ cov @ kinv
+    torch.testing.assert_close(khat, expected)
+    linv = torch.linalg.inv(chol)
+    torch.testing.assert_close(linv.mT @ inner @ linv, expected)
+
+
+def test_target_conditional_noise_adds_the_noise_variance():
+    """``noise=True`` adds ``sigma^2`` (not ``sigma``) to the GP conditional's variance."""
+    layer = _layer()
+    a = torch.randn(5, 4, dtype=DT)
+    _, var = layer.target_conditional(a, layer.targets_loc)
+    _, noisy = layer.target_conditional(a, layer.targets_loc, noise=True)
+    sigma = layer.noise_std.detach()
+    assert bool((sigma < 0.3).all())  # sigma^2 and sigma differ clearly
+    torch.testing.assert_close(noisy - var, (sigma**2).expand(5, 4))

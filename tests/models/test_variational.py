@@ -243,3 +243,56 @@ def test_per_layer_weights_keep_q_w_where_asked_and_reject_bad_sequences():
     for bad in [("point",), ("variational", "point", "point"), ("variational", "map"), 3]:
         with pytest.raises(ValueError, match="weights"):
             VariationalGPN([3, 4, 1], weights=bad, num_inducing=5, dtype=DT)
+
+
+def _independent_kl(vgpn):
+    """sum over layers of KL(q(U) || N(0, K)) + KL(q(W) || N(0, s^2)), from the raw parameters
+    (K rebuilt by hand, q(U) mapped to U coordinates, torch's KL): independent of the library's
+    KL code."""
+    total = torch.zeros((), dtype=DT)
+    for layer in vgpn.layers:
+        v, ls = layer.inducing_points, layer.lengthscales
+        r = v.shape[-1]
+        sq = (v[:, :, None] - v[:, None, :]) ** 2
+        gram = torch.exp(-sq / (2 * ls[:, None, None] ** 2)) + layer.jitter * torch.eye(r, dtype=DT)
+        loc, tril = layer.targets_loc, layer.variational_scale_tril()
+        if layer.whiten:
+            chol = torch.linalg.cholesky(gram)
+            loc, tril = (chol @ loc.unsqueeze(-1)).squeeze(-1), chol @ tril
+        q = torch.distributions.MultivariateNormal(loc, covariance_matrix=tril @ tril.mT)
+        p = torch.distributions.MultivariateNormal(torch.zeros_like(loc), covariance_matrix=gram)
+        total = total + torch.distributions.kl_divergence(q, p).sum()
+        if layer.variational_weights:
+            prior_std = 1.0 / layer.in_features**0.5  # weight_prior_scale 1 (the default)
+            qw = torch.distributions.Normal(layer.weight, layer.weight_scale)
+            pw = torch.distributions.Normal(torch.zeros_like(layer.weight), prior_std)
+            total = total + torch.distributions.kl_divergence(qw, pw).sum()
+    return total
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_network_kl_is_the_sum_of_every_layers_kl(whiten):
+    """vgpn.kl_divergence() = sum over all layers of the KL of q(U) and q(W), each layer's
+    term non-negligible (a KL of one layer only, or of the last, would fail)."""
+    vgpn = _net(
+        dict(sizes=[2, 3, 2, 2], head="gaussian", whiten=whiten, targets_init="random"),
+        targets_scale_init=0.3,
+        weight_scale_init=0.4,
+    )
+    per_layer = [float(layer.kl_divergence().detach()) for layer in vgpn.layers]
+    assert min(per_layer) > 0.5
+    expected = _independent_kl(vgpn)
+    torch.testing.assert_close(vgpn.kl_divergence(), expected)
+
+
+def test_loss_divides_the_kl_by_num_data_not_by_the_batch():
+    """loss(x, y) = mean_s E[-log p(y_s)] + KL / num_data with num_data (60) != batch (6)."""
+    config = dict(sizes=[2, 3, 1], head="gaussian")
+    vgpn = _net(config, num_data=60, targets_scale_init=0.3, weight_scale_init=0.4)
+    x, y = _data(config, batch=6)
+    kl = _independent_kl(vgpn)
+    assert float(kl) > 1.0  # large enough that KL / 6 and KL / 60 differ visibly
+    got = vgpn.loss(x, y) - vgpn.expected_nll(x, y)
+    torch.testing.assert_close(got, kl / 60)
+    vgpn.num_data = None  # then the batch is the data set
+    torch.testing.assert_close(vgpn.loss(x, y) - vgpn.expected_nll(x, y), kl / 6)
