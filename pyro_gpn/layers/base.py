@@ -224,7 +224,6 @@ class GPNLayerBase(GPNModule):
             self.inducing_points = nn.Parameter(points)
         else:
             self.register_buffer("inducing_points", points)
-        self._equidistant = None if learn_inducing else is_equidistant(points)
         self.lengthscales = PyroParam(
             torch.full((groups,), lengthscale_init, **factory), constraints.positive
         )
@@ -269,6 +268,24 @@ class GPNLayerBase(GPNModule):
             super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ numerics
+    @property
+    def _equidistant(self) -> bool | None:
+        """Whether the fixed inducing points are equally spaced (``None`` for learned points).
+
+        Decided from the buffer itself and decided again whenever it changes (a new tensor,
+        or an in-place write such as :meth:`load_state_dict`'s copy: ``Tensor._version``), so
+        that points loaded from a state dict, for example those of a layer trained with
+        ``learn_inducing=True``, are never replaced by an even grid between their end points.
+        """
+        if self.learn_inducing:
+            return None
+        points = self.inducing_points
+        cached = self.__dict__.get("_equidistant_cache")
+        if cached is None or cached[0] is not points or cached[1] != points._version:
+            cached = (points, points._version, is_equidistant(points))
+            self.__dict__["_equidistant_cache"] = cached
+        return cached[2]
+
     def to_compute(self, tensor: Tensor) -> Tensor:
         """``tensor`` in :attr:`compute_dtype` (unchanged if that is ``None``); differentiable."""
         return tensor if self.compute_dtype is None else tensor.to(self.compute_dtype)

@@ -9,6 +9,7 @@ that a float32 layer then agrees with the same layer in float64.
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -200,3 +201,53 @@ def test_cov_mode_keeps_the_correlations_the_projection_gives_independent_inputs
     z = products.mean(0) / (products.std(0) / 40000**0.5)
     off = ~torch.eye(3, dtype=torch.bool)
     assert bool((z[:, off].abs() > 10).any())  # a dropped correlation would be caught
+
+
+def _gp_mean_by_hand(a: np.ndarray, layer: GPNLayer, points: np.ndarray) -> np.ndarray:
+    """``m_n(a) = k(a, V_n) (K(V_n, V_n) + diag(S_n) + jitter I)^-1 U_n`` in numpy, for
+    deterministic activations ``a [B, N]`` (the layer's mean output at zero input variance)."""
+    lengthscales = layer.lengthscales.detach().numpy()
+    targets = layer.targets.detach().numpy()
+    variances = layer.target_variances.detach().numpy()
+    out = np.empty_like(a)
+    for n in range(a.shape[1]):
+        v, ls = points[n], lengthscales[n]
+        gram = np.exp(-0.5 * (v[:, None] - v[None, :]) ** 2 / ls**2)
+        gram += np.diag(variances[n]) + layer.response.jitter * np.eye(len(v))
+        cross = np.exp(-0.5 * (a[:, n, None] - v[None, :]) ** 2 / ls**2)
+        out[:, n] = cross @ np.linalg.solve(gram, targets[n])
+    return out
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "in-place copy"])
+def test_uneven_fixed_points_written_after_construction_are_used(how):
+    """A default layer (even fixed grid) that receives uneven fixed points afterwards, from
+    the state dict of a layer trained with ``learn_inducing=True`` or by an in-place write,
+    must use those points: before 2026-11-29 it decided once, in ``__init__``, that its grid
+    was even, regenerated an even grid from the end points and answered with it (a mean
+    error of 0.94 on this layer; found by an outside audit)."""
+    dtype = torch.float64
+    torch.manual_seed(0)
+    layer = GPNLayer(2, 3, num_inducing=5, dtype=dtype)
+    uneven = torch.tensor([-2.0, -1.5, 0.0, 0.3, 2.0], dtype=dtype).expand(3, 5).clone()
+    if how == "load_state_dict":
+        state = layer.state_dict()
+        state["inducing_points"] = uneven
+        layer.load_state_dict(state)
+    else:
+        with torch.no_grad():
+            layer.inducing_points.copy_(uneven)
+    torch.testing.assert_close(layer.compute_inducing_points(), uneven, rtol=0, atol=0)
+    x = torch.randn(4, 2, dtype=dtype)
+    out = layer.propagate(x, "meanvar")
+    activations = (x @ layer.weight).detach().numpy()
+    want = _gp_mean_by_hand(activations, layer, uneven.numpy())
+    np.testing.assert_allclose(out.mean.detach().numpy(), want, rtol=1e-7, atol=1e-9)
+    # and back to an even grid: the fast path again, with the same answers as a fresh layer
+    even = torch.linspace(-2.0, 2.0, 5, dtype=dtype).expand(3, 5).clone()
+    with torch.no_grad():
+        layer.inducing_points.copy_(even)
+    assert layer._equidistant
+    want = _gp_mean_by_hand(activations, layer, even.numpy())
+    out = layer.propagate(x, "meanvar")
+    np.testing.assert_allclose(out.mean.detach().numpy(), want, rtol=1e-7, atol=1e-9)
