@@ -242,6 +242,7 @@ class GPNLayerBase(GPNModule):
             raise TypeError(f"options {sorted(response_options)} need a response class")
         self.response = response
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+        self._decide_equidistant()  # here, not inside the first training step
 
     def _upgrade_state_dict(self, state_dict: dict, prefix: str, *args) -> None:
         """Load v0.1 state dicts, which kept the response's parameters on the layer."""
@@ -277,6 +278,11 @@ class GPNLayerBase(GPNModule):
         that points loaded from a state dict, for example those of a layer trained with
         ``learn_inducing=True``, are never replaced by an even grid between their end points.
         """
+        return self._decide_equidistant()
+
+    def _decide_equidistant(self) -> bool | None:
+        """:attr:`_equidistant`, decided again only if the buffer changed (a decision reads
+        the points back: a device sync, so :meth:`__init__` makes the first one)."""
         if self.learn_inducing:
             return None
         points = self.inducing_points
