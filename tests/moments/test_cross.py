@@ -130,9 +130,8 @@ def _pair_cov(mu, cov, points, lengthscales, beta, kappa, **options):
     """``"cov"``-mode output covariance ``[2, 2]`` of one sample of two units whose activations
     have means ``mu`` and covariance ``cov``."""
     moments = Moments(torch.tensor([mu], dtype=F64), cov=torch.tensor(cov).unsqueeze(0))
-    return response_moments(moments, points, lengthscales, beta, kappa, None, "cov", **options).cov[
-        0
-    ]
+    out = response_moments(moments, points, lengthscales, beta, kappa, None, "cov", **options)
+    return out.cov[0]
 
 
 @pytest.mark.parametrize("ls, s, mu, v, rho", SERVED)
