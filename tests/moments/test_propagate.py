@@ -337,8 +337,6 @@ def test_virtual_observation_weights_refuse_bad_arguments_naming_them(bad, messa
 def test_virtual_observation_weights_take_numpy_and_tensor_jitter_without_a_sync():
     """A np.float32 jitter was refused (TypeError); a tensor jitter was read back with .item()
     on every call, validation or not."""
-    import numpy as np
-
     from pyro_gpn import settings
     from pyro_gpn.moments.weights import _check_weight_arguments
     from tests.syncs import count_syncs
