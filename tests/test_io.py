@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -560,3 +561,64 @@ def test_concurrent_writers_of_one_file_never_share_a_temporary(tmp_path):
     assert _temporaries(tmp_path) == []
     final = load_json(path, require_checksum=False)  # a complete document from one writer
     assert final["i"] == 29 and final["pad"] == "x" * 5000
+
+
+def test_overwriting_a_damaged_file_never_vouches_for_it(tmp_path, monkeypatch):
+    """The old digest is kept beside the new one only while the old data still match it: a
+    file damaged on disk and then overwritten by a write that dies before the data replace
+    still fails verification (its damaged bytes never get a digest of their own)."""
+    path = tmp_path / "metrics.json"
+    _save("json", path, version=0)
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError):
+        verify(path)
+    calls = {"n": 0}
+    real = os.replace
+
+    def crashing(src, dst):
+        calls["n"] += 1
+        if Path(dst) == path:
+            raise KeyboardInterrupt  # the process dies before the data replace
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        _save("json", path, version=1)
+    monkeypatch.undo()
+    assert calls["n"] == 2
+    with pytest.raises(CorruptFileError, match="checksum mismatch"):
+        verify(path)
+    assert hashlib.sha256(bytes(data)).hexdigest() not in checksum_path(path).read_text()
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_the_data_and_then_the_folder_entry_reach_the_disk(tmp_path, monkeypatch, checksum):
+    """``fsync`` of the written bytes before the rename, and of the folder after the rename of
+    the data file, so that a power cut after the call returns keeps the new file (spied on
+    ``os.fsync`` / ``os.replace``: which inode each call touched, in order)."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        info = os.fstat(fd)
+        events.append(("fsync", stat.S_ISDIR(info.st_mode), info.st_ino))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", Path(dst).name, os.stat(src).st_ino))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = tmp_path / "data.bin"
+    for content in (b"first", b"second"):
+        events.clear()
+        atomic_write(path, lambda handle, content=content: handle.write(content), checksum=checksum)
+        assert path.read_bytes() == content
+        (data,) = [i for i, e in enumerate(events) if e[:2] == ("replace", "data.bin")]
+        assert ("fsync", False, events[data][2]) in events[:data]  # the bytes, before the rename
+        folder = os.stat(tmp_path).st_ino
+        assert ("fsync", True, folder) in events[data + 1 :]  # the folder, after it
+        assert events[-1] == ("fsync", True, folder)

@@ -11,6 +11,7 @@ and its sequential chains write nothing until every chain is done; running each 
 from __future__ import annotations
 
 import hashlib
+import io
 import sys
 import time
 import warnings
@@ -23,6 +24,7 @@ import torch
 from pyro.infer import MCMC
 from torch import Tensor
 
+from ..io import atomic_write
 from .nuts_kernel import RecordingNUTS
 
 __all__ = ["ChainSpec", "chain_key", "merge_chains", "run_chain", "run_chains"]
@@ -158,8 +160,11 @@ def run_chains(
 
     def finish(spec: ChainSpec, path: Path | None, result: dict) -> None:
         results[spec.chain] = result
-        if path is not None:
-            torch.save(result, path)
+        if path is not None:  # atomically: a failed save leaves no truncated file to load
+            buffer = io.BytesIO()
+            torch.save(result, buffer)
+            data = buffer.getbuffer()
+            atomic_write(path, lambda handle: handle.write(data), checksum=False)
         if spec.progress_every:
             print(
                 f"chain {spec.chain + 1}/{spec.num_chains} done: {result['wall_s']:.0f} s wall, "

@@ -214,6 +214,9 @@ def laplace_inverse_mass(
     """
     out = []
     for hess in potential_hessians(model, x_train, y_train, x_test, params):
+        if not torch.isfinite(hess).all():  # a non-finite start: eigh raises on all-NaN
+            out.append(torch.eye(hess.shape[-1], dtype=hess.dtype))
+            continue
         evals, evecs = torch.linalg.eigh(hess)
         if not torch.isfinite(evals).all():
             out.append(torch.eye(hess.shape[-1], dtype=hess.dtype))

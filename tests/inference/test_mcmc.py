@@ -757,3 +757,65 @@ def test_a_run_predicts_in_chunks_of_draws(monkeypatch):
     p = result.posterior_predictive["p_test"]
     torch.testing.assert_close(p, p_test.reshape(p.shape), rtol=1e-12, atol=0)
     assert p.shape[0] == 10
+
+
+@pytest.mark.parametrize(
+    ("shortfall", "warns"),
+    [
+        ({}, False),
+        ({"max_rhat": 1.02}, True),
+        ({"min_ess_bulk": 150.0}, True),
+        ({"divergence_rate": 0.01}, True),
+        ({"quantities": ()}, False),
+    ],
+)
+def test_the_warning_follows_every_part_of_the_standard(monkeypatch, shortfall, warns):
+    """run_nuts warns when its report falls short of any part of the standard -- r-hat above
+    1.01, bulk ESS below 100 per chain, 1 % or more divergent transitions -- and not when all
+    are met or nothing identified was checked (hand-made reports in place of the run's)."""
+    from pyro_gpn.diagnostics import ConvergenceReport
+
+    fields = dict(
+        quantities=("y_test",),
+        max_rhat=1.005,
+        min_ess_bulk=250.0,
+        divergence_rate=0.0,
+        num_chains=2,
+        num_draws=4,
+        rhat_threshold=1.01,
+        ess_threshold=200.0,
+        divergence_threshold=0.01,
+    )
+    report = ConvergenceReport(**(fields | shortfall))
+    monkeypatch.setattr(NUTSResult, "convergence", lambda self: report)
+    x, y, x_test = sine_data(4, 1)
+    args = dict(num_samples=4, warmup_steps=0, num_chains=1, init="uniform", jit_compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_nuts(NonParametricGPN([1, 1]), x, y, x_test, **args)
+    assert any(issubclass(w.category, ConvergenceWarning) for w in caught) == warns
+
+
+def test_laplace_metric_stays_at_each_chains_start(monkeypatch):
+    """``metric="laplace"``: each chain starts from its own dense matrix and keeps it through a
+    warm-up long enough for a mass-matrix window (only the step size adapts)."""
+    from pyro_gpn.inference import nuts_chains
+
+    kernels = []
+
+    class Spy(nuts_chains.RecordingNUTS):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            kernels.append(self)
+
+    monkeypatch.setattr(nuts_chains, "RecordingNUTS", Spy)
+    x, y, x_test = sine_data(6, 2)
+    args = dict(num_samples=2, warmup_steps=24, num_chains=2, init_steps=5, max_tree_depth=3)
+    run_nuts(NonParametricGPN([1, 1]), x, y, x_test, metric="laplace", **args)
+    assert len(kernels) == 2
+    assert not torch.equal(kernels[0].inverse_mass[0], kernels[1].inverse_mass[0])
+    for kernel in kernels:
+        (given,) = kernel.inverse_mass
+        (final,) = kernel.mass_matrix_adapter.inverse_mass_matrix.values()
+        assert given.shape == (2, 2)
+        torch.testing.assert_close(final, given, rtol=0, atol=0)

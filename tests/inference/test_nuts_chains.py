@@ -3,8 +3,14 @@ draws as the sequential path, progress lines, and the merged multi-chain ``MCMC`
 
 from __future__ import annotations
 
+import errno
+import io
+import os
+import warnings
+
 import pytest
 import torch
+from pyro.infer import MCMC, NUTS
 
 from pyro_gpn.inference import nuts_chains
 from pyro_gpn.inference.mcmc import run_nuts
@@ -133,3 +139,77 @@ def test_progress_lines(capsys):
 def test_bad_workers_raise():
     with pytest.raises(ValueError, match="workers"):
         run_chains([], workers=0)
+
+
+def test_every_seed_and_chain_pair_has_its_own_draws():
+    """Chain ``c`` of seed ``s`` is seeded by the pair: a rerun repeats it, and neighbouring
+    pairs whose sum agrees (seed 0 chain 1, seed 1 chain 0) are different chains, so runs with
+    consecutive seeds share no chain."""
+    x, y, _ = _data()
+    model = NonParametricGPN([1, 1])
+    base = dict(model=model.model, args=(x, y, None), num_samples=3, warmup_steps=2, num_chains=2)
+
+    def draws(seed, chain):
+        return nuts_chains.run_chain(ChainSpec(**base, seed=seed, chain=chain))["samples"]["W1"]
+
+    torch.testing.assert_close(draws(0, 1), draws(0, 1), rtol=0, atol=0)
+    assert not torch.equal(draws(0, 1), draws(1, 0))
+    assert not torch.equal(draws(2, 0), draws(1, 1))
+
+
+def test_the_merged_run_keeps_each_chains_draws_and_divergences():
+    """``merge_chains`` stacks the chains in order and keeps every chain's own diagnostics
+    (here hand-made divergences), as Pyro's multi-chain ``MCMC`` reports them."""
+    model = NonParametricGPN([1, 1])
+    w = torch.arange(12, dtype=F64).reshape(2, 1, 6, 1, 1)
+    divergent = [[], [2, 5]]
+    chains = [
+        {
+            "samples": {"W1": w[c], "sigma1": torch.full((1, 6, 1), 0.1 * (c + 1), dtype=F64)},
+            "diagnostics": {"divergences": divergent[c], "acceptance rate": 0.9},
+        }
+        for c in range(2)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        template = MCMC(NUTS(model.model), num_samples=6, warmup_steps=0, num_chains=2)
+    mcmc = nuts_chains.merge_chains(chains, template)
+    torch.testing.assert_close(mcmc.get_samples(group_by_chain=True)["W1"], w[:, 0])
+    assert mcmc.diagnostics()["divergences"] == {"chain 0": [], "chain 1": [2, 5]}
+
+
+def test_a_chain_file_is_written_atomically(tmp_path, monkeypatch):
+    """A save that fails half-way (a full disk) leaves no chain file behind, so that the next
+    run reruns the chain instead of finding a truncated file that cannot be loaded."""
+    x, y, _ = _data()
+    spec = ChainSpec(
+        model=NonParametricGPN([1, 1]).model,
+        args=(x, y, None),
+        num_samples=3,
+        warmup_steps=2,
+        seed=0,
+        chain=0,
+        num_chains=1,
+    )
+    real_save = torch.save
+
+    def disk_full(obj, target, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer)
+        half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+        if isinstance(target, (str, os.PathLike)):
+            with open(target, "wb") as handle:
+                handle.write(half)
+        else:
+            target.write(half)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="space"):
+        run_chains([spec], checkpoint_dir=tmp_path)
+    monkeypatch.undo()
+    assert list(tmp_path.glob("chain0-*")) == []
+    (result,) = run_chains([spec], checkpoint_dir=tmp_path)
+    (saved,) = tmp_path.glob("chain0-*.pt")
+    loaded = torch.load(saved, weights_only=False)
+    torch.testing.assert_close(loaded["samples"]["W1"], result["samples"]["W1"])

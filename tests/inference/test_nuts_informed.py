@@ -188,3 +188,27 @@ def test_whitened_samples_and_twin():
             x, wvalues["W1"], wvalues["sigma1"], 1.0, wvalues["W2"], model.jitter
         )
         torch.testing.assert_close(chol @ wvalues["Za2_train"], a["value"][:, 0])
+
+
+def test_the_whitened_twin_has_no_anchor_and_the_whitened_density():
+    """``twin(model, "whitened")`` of an anchored model drops the anchor: with the same draw
+    its log density is a fresh whitened model's (``Za2_train`` in place of ``Ea2_train``)."""
+    x, y, _ = _data(5, 0)
+    model = NonParametricGPN([1, 2, 1], activations="likelihood-informed")
+    model.set_activation_anchor(torch.linspace(-1, 1, 5, dtype=F64), 3.0)
+    white = twin(model, "whitened")
+    assert white.activations == "whitened" and white.activation_anchor is None
+    assert model.activation_anchor is not None
+    g = torch.Generator().manual_seed(6)
+    values = {
+        "W1": torch.randn(2, 1, generator=g, dtype=F64),
+        "sigma1": 0.1 + torch.rand(2, generator=g, dtype=F64),
+        "W2": torch.randn(1, 2, generator=g, dtype=F64),
+        "sigma2": 0.1 + torch.rand(1, generator=g, dtype=F64),
+        "Za2_train": torch.randn(5, generator=g, dtype=F64),
+    }
+    densities = [
+        poutine.trace(poutine.condition(m.model, values)).get_trace(x, y).log_prob_sum()
+        for m in (white, NonParametricGPN([1, 2, 1]))
+    ]
+    torch.testing.assert_close(densities[0], densities[1], rtol=0, atol=1e-12)

@@ -85,3 +85,23 @@ def test_per_site_starting_diagonals_land_on_their_coordinates():
         if matrix.dim() == 2:
             assert names == block
             torch.testing.assert_close(matrix, torch.diag(want))
+
+
+def test_per_site_starting_diagonals_keep_each_blocks_structure():
+    """The per-unit sites' block stays a dense ``[D, D]`` matrix (the given diagonal, zeros
+    elsewhere) and the per-row sites' block a vector: the structure ``full_mass`` asked for."""
+    from pyro_gpn.models.nonparametric import NonParametricGPN
+
+    model = NonParametricGPN([1, 2, 1])
+    x = torch.linspace(-1, 1, 6, dtype=F64)[:, None]
+    y = torch.sin(3 * x[:, 0])
+    block = tuple(sorted(model.parameter_sites()))
+    sizes = {"W1": 2, "W2": 2, "sigma1": 2, "sigma2": 1, "Za2_train": 6}
+    given = {k: torch.full((n,), 0.5 + i, dtype=F64) for i, (k, n) in enumerate(sizes.items())}
+    kernel = RecordingNUTS(model.model, full_mass=[block], inverse_mass=[given])
+    kernel.setup(0, x, y, None)
+    blocks = kernel.mass_matrix_adapter.inverse_mass_matrix
+    assert set(blocks) == {block, ("Za2_train",)}
+    dense = torch.diag(torch.cat([given[k] for k in block]))
+    torch.testing.assert_close(blocks[block], dense, rtol=0, atol=0)
+    torch.testing.assert_close(blocks[("Za2_train",)], given["Za2_train"], rtol=0, atol=0)

@@ -6,16 +6,19 @@ from __future__ import annotations
 import inspect
 import math
 
+import numpy as np
 import pyro.distributions as dist
 import pytest
 import scipy.stats
 import torch
 
 from pyro_gpn.data import synthetic_1d
+from pyro_gpn.inference import nuts_setup
 from pyro_gpn.inference.mcmc import INITS, run_nuts
 from pyro_gpn.inference.nuts_setup import (
     fit_initial_params,
     hessian_diagonal_inverse_mass,
+    laplace_inverse_mass,
     noise_prior_medians,
     potential_hessians,
 )
@@ -203,3 +206,48 @@ def test_default_start_does_not_overfit_the_noise():
     top_overfit = torch.linalg.eigvalsh(h_overfit)[-1]
     assert top_default < 2e4
     assert top_overfit > 10 * top_default
+
+
+def test_laplace_metric_is_the_inverse_of_the_clamped_hessian(monkeypatch):
+    """Per chain, ``V diag(1 / max(lambda_i, min_curvature)) V^T`` of its Hessian
+    ``V diag(lambda) V^T`` (NumPy): the inverse where the curvature exceeds the floor, the
+    floor's scale along flat and negatively curved directions (not a flipped curvature)."""
+    rng = np.random.default_rng(0)
+    basis, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    evals = np.array([-3.0, 0.2, 4.0, 50.0])
+    hessians = [
+        torch.tensor(basis @ np.diag(evals) @ basis.T, dtype=F64),
+        7.0 * torch.eye(4, dtype=F64),
+    ]
+    monkeypatch.setattr(nuts_setup, "potential_hessians", lambda *args: hessians)
+    for floor in (1.0, 0.1):
+        first, second = laplace_inverse_mass(None, None, None, None, {}, min_curvature=floor)
+        want = basis @ np.diag(1 / np.maximum(evals, floor)) @ basis.T
+        np.testing.assert_allclose(first.numpy(), want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(second.numpy(), np.eye(4) / 7.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("entry", [math.nan, math.inf])
+def test_laplace_metric_of_a_non_finite_hessian_is_the_identity(monkeypatch, entry):
+    """A start where the potential is not finite has a non-finite Hessian (every entry NaN,
+    or some infinite): its chain falls back to the identity metric instead of failing in the
+    eigendecomposition (torch's ``eigh`` raises on an all-NaN matrix)."""
+    whole = torch.full((3, 3), entry, dtype=F64)
+    some = torch.eye(3, dtype=F64)
+    some[0, 1] = some[1, 0] = entry
+    monkeypatch.setattr(nuts_setup, "potential_hessians", lambda *args: [whole, some])
+    for metric in laplace_inverse_mass(None, None, None, None, {}):
+        torch.testing.assert_close(metric, torch.eye(3, dtype=F64), rtol=0, atol=0)
+
+
+def test_fit_starts_are_uniform_within_the_radius():
+    """With no Adam step the starts are the uniform draws themselves: inside ``(-radius,
+    radius)`` on every coordinate, spread over the whole interval (a Kolmogorov-Smirnov test
+    against ``U(-radius, radius)``, scipy), not ``(0, radius)`` nor a fixed width."""
+    x, y = _synthetic(10)
+    starts = fit_initial_params(
+        NonParametricGPN([1, 2, 1]), x, y, num_chains=8, steps=0, radius=0.5, seed=1
+    )
+    values = torch.cat([v.reshape(-1) for v in starts.values()]).numpy()
+    assert abs(values).max() < 0.5 and values.min() < -0.4 and values.max() > 0.4
+    assert scipy.stats.kstest(values, scipy.stats.uniform(-0.5, 1.0).cdf).pvalue > 0.01

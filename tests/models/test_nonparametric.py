@@ -573,3 +573,36 @@ def test_activation_anchor_is_checked():
     with pytest.raises(ValueError, match="anchor"):
         poutine.trace(gpn.model).get_trace(x, y)
     assert gpn.activation_sites(with_test=True) == ["Ea2_train", "Ea2_test"]
+
+
+def test_weight_prior_is_fan_in_scaled():
+    """``W^l_{mn} ~ N(0, weight_scale^2 / M_l)``: every layer's weight site has the log density
+    of that normal (scipy), fan-ins 3 and 4 so that ``1 / M`` and ``1 / sqrt(M)`` differ."""
+    import scipy.stats
+
+    x, y, _ = _data(num_train=4, m=3)
+    gpn = NonParametricGPN([3, 4, 1], weight_scale=1.5, collapse=False)
+    trace = poutine.trace(gpn.model).get_trace(x, y)
+    trace.compute_log_prob()
+    for name, fan_in in (("W1", 3), ("W2", 4)):
+        value = trace.nodes[name]["value"].numpy()
+        want = scipy.stats.norm(0.0, 1.5 / math.sqrt(fan_in)).logpdf(value).sum()
+        assert float(trace.nodes[name]["log_prob_sum"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_classification_jitter_is_the_latent_functions_variance():
+    """Classification: the last layer's latent function over the rows is ``L z`` with
+    ``L L^T = K_w(X, X) + (classification_jitter + jitter) I`` -- the jitter is a variance --
+    against a NumPy Cholesky factor of that matrix."""
+    x, _, _ = _data(num_train=5, m=2)
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    gpn = NonParametricGPN([2, 1], likelihood="bernoulli", classification_jitter=0.25)
+    w = torch.tensor([[0.7, -1.3]], dtype=F64)
+    z = torch.tensor([[0.5, -1.0, 0.3, 1.2, -0.4]], dtype=F64)
+    conditioned = poutine.condition(gpn.model, {"W1": w, "Z1_train": z})
+    logits = poutine.trace(conditioned).get_trace(x, labels).nodes["y_train"]["fn"].logits
+    xs = x.numpy()
+    proj = (xs[:, None, :] - xs[None, :, :]) @ w.numpy()[0]
+    cov = np.exp(-0.5 * proj**2) + (0.25 + gpn.jitter) * np.eye(5)
+    want = np.linalg.cholesky(cov) @ z.numpy()[0]
+    np.testing.assert_allclose(logits.numpy(), want, rtol=1e-10, atol=1e-12)
