@@ -226,7 +226,9 @@ def run_nuts(
             (default): silent.
         checkpoint_dir: save every finished chain there and reuse saved chains of the same
             settings (:func:`~pyro_gpn.inference.nuts_chains.chain_key`), so that an
-            interrupted run resumes with the chains it has not finished.
+            interrupted run resumes with the chains it has not finished; each file is
+            written atomically with a checksum and verified before use (a damaged one is
+            reported and its chain run again).
         check_convergence: judge the run by :meth:`NUTSResult.convergence` (r-hat <= 1.01 and
             bulk ESS >= 100 per chain on the test predictions and the output noise,
             divergences < 1 %) and warn (:class:`~pyro_gpn.diagnostics.ConvergenceWarning`)

@@ -11,7 +11,6 @@ and its sequential chains write nothing until every chain is done; running each 
 from __future__ import annotations
 
 import hashlib
-import io
 import sys
 import time
 import warnings
@@ -24,7 +23,7 @@ import torch
 from pyro.infer import MCMC
 from torch import Tensor
 
-from ..io import atomic_write
+from ..io import CorruptFileError, load_torch, save_torch
 from .nuts_kernel import RecordingNUTS
 
 __all__ = ["ChainSpec", "chain_key", "merge_chains", "run_chain", "run_chains"]
@@ -139,8 +138,11 @@ def run_chains(
     """Run the chains, ``workers`` at a time (``1``: in this process, one after another; more:
     in spawned worker processes), and return their :func:`run_chain` results in chain order.
 
-    With ``checkpoint_dir``, every finished chain is saved there as ``chain{c}-{key}.pt``
-    (:func:`chain_key`) and a chain whose file exists is loaded instead of run again.
+    With ``checkpoint_dir``, every finished chain is saved there atomically as
+    ``chain{c}-{key}.pt`` (:func:`chain_key`) with its SHA-256 in ``chain{c}-{key}.pt.sha256``,
+    and a chain whose file exists is loaded instead of run again, after checking it against its
+    checksum. A file that fails the check, has no checksum or cannot be loaded is reported (a
+    ``UserWarning`` naming it and why) and its chain is run again, overwriting it.
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -151,8 +153,9 @@ def run_chains(
     todo = []
     for spec in specs:
         path = None if folder is None else folder / f"chain{spec.chain}-{chain_key(spec)}.pt"
-        if path is not None and path.exists():
-            results[spec.chain] = torch.load(path, weights_only=False)
+        saved = None if path is None or not path.exists() else _load_chain(path)
+        if saved is not None:
+            results[spec.chain] = saved
             if spec.progress_every:
                 print(f"chain {spec.chain + 1}: loaded {path}", file=sys.stderr, flush=True)
         else:
@@ -160,11 +163,8 @@ def run_chains(
 
     def finish(spec: ChainSpec, path: Path | None, result: dict) -> None:
         results[spec.chain] = result
-        if path is not None:  # atomically: a failed save leaves no truncated file to load
-            buffer = io.BytesIO()
-            torch.save(result, buffer)
-            data = buffer.getbuffer()
-            atomic_write(path, lambda handle: handle.write(data), checksum=False)
+        if path is not None:  # atomically, with a checksum: a failed save leaves no file
+            save_torch(result, path)
         if spec.progress_every:
             print(
                 f"chain {spec.chain + 1}/{spec.num_chains} done: {result['wall_s']:.0f} s wall, "
@@ -186,6 +186,22 @@ def run_chains(
             for spec, path, future in futures:
                 finish(spec, path, future.result())
     return [results[s.chain] for s in specs]
+
+
+def _load_chain(path: Path) -> dict | None:
+    """The saved chain at ``path`` after checking it against its checksum, or ``None`` (with a
+    warning naming the file and why) when it is damaged, unverifiable or not a chain."""
+    try:
+        result = load_torch(path, weights_only=False)
+        if not isinstance(result, dict) or not {"samples", "diagnostics", "stats"} <= result.keys():
+            raise CorruptFileError(path, "does not hold a chain's samples and diagnostics")
+    except CorruptFileError as e:
+        warnings.warn(
+            f"the saved chain {path} cannot be used ({e}); running its chain again",
+            stacklevel=3,
+        )
+        return None
+    return result
 
 
 def merge_chains(results: list[dict], template: MCMC) -> MCMC:

@@ -36,7 +36,8 @@ def _run(**kwargs):
 def test_checkpoints_resume_without_rerunning(tmp_path, monkeypatch):
     first = _run(checkpoint_dir=tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 2 and files[0].startswith("chain0-") and files[1].startswith("chain1-")
+    assert len(files) == 4 and [f.split("-")[0] for f in files] == ["chain0"] * 2 + ["chain1"] * 2
+    assert [f.rsplit(".", 1)[-1] for f in files] == ["pt", "sha256"] * 2  # each with its checksum
 
     def fail(spec):
         raise AssertionError("a checkpointed chain was run again")
@@ -65,6 +66,30 @@ def test_one_lost_chain_is_rerun_alone(tmp_path, monkeypatch):
     again = _run(checkpoint_dir=tmp_path)
     assert calls == [1]
     torch.testing.assert_close(again.samples["W1"], first.samples["W1"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no checksum", "not a chain"])
+def test_a_damaged_chain_file_is_reported_and_its_chain_rerun(tmp_path, monkeypatch, damage):
+    first = _run(checkpoint_dir=tmp_path)
+    (bad,) = tmp_path.glob("chain1-*.pt")
+    if damage == "truncated":  # bytes lost after the checksum was written
+        bad.write_bytes(bad.read_bytes()[:100])
+    elif damage == "no checksum":
+        (tmp_path / f"{bad.name}.sha256").unlink()
+    else:  # a valid, verified torch file that holds something else
+        nuts_chains.save_torch({"samples": {}}, bad)
+    calls = []
+    real = nuts_chains.run_chain
+    monkeypatch.setattr(
+        nuts_chains, "run_chain", lambda spec: calls.append(spec.chain) or real(spec)
+    )
+    with pytest.warns(UserWarning, match=f"saved chain {bad}.*running its chain again"):
+        again = _run(checkpoint_dir=tmp_path)
+    assert calls == [1]  # chain 0's verified file is used, chain 1 runs again
+    torch.testing.assert_close(again.samples["W1"], first.samples["W1"])
+    calls.clear()
+    _run(checkpoint_dir=tmp_path)  # the rerun wrote a verifiable file: nothing runs now
+    assert calls == []
 
 
 def test_chain_key_depends_on_what_sets_the_draws():
