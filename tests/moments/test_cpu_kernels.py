@@ -484,3 +484,172 @@ def test_the_kernels_refuse_shapes_they_would_read_past():
         cpu_response_meanvar(mu, v, V, lam, beta, C, torch.ones(5, dtype=F64))
     with pytest.raises(ValueError, match="v must have shape"):
         cpu_response_meanvar(mu, v[:, :2], V, lam, beta, C)
+
+
+# ---------------------------------------------------------------------------------------------
+# mutation audit: branches the tests above did not reach
+# ---------------------------------------------------------------------------------------------
+def _reference_meanvar(mu, v, V, lam, beta, C, noise):
+    with backend("reference"):
+        out = response_moments(
+            Moments(mu, var=v, validate=False), V, lam, beta, C, noise, "meanvar",
+            equidistant=True,
+        )  # fmt: skip
+    return out.mean, out.var
+
+
+def test_clamped_variances_carry_no_gradient():
+    """Rows whose noise-free variance ``1 - tr[(C - beta beta^T) Omega] - mean^2`` is negative
+    (a ``C`` too large for the activation: clamped at 0) get no gradient through it, general,
+    narrow and deterministic rows alike, as the reference path's ``clamp_min``; the unclamped
+    rows of the same units keep theirs."""
+    mu, v, V, _, _, lam, noise = make(29, 4, 9, seed=13)
+    g = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        v[::3] = 0.0  # deterministic rows among the others
+        v[1::3] *= 1e-4  # narrow rows
+    C = (4.0 * torch.eye(9, dtype=F64)).expand(4, 9, 9).clone().requires_grad_()
+    beta = (0.3 * torch.randn(4, 9, generator=g, dtype=F64)).requires_grad_()
+    leaves = [mu, v, lam, beta, C, noise]
+    out_f, g_f = projected_grads(cpu_response_meanvar(mu, v, V, lam, beta, C, noise), leaves)
+    out_r, g_r = projected_grads(_reference_meanvar(mu, v, V, lam, beta, C, noise), leaves)
+    clamped = out_r[1] == noise.detach()
+    for rows in (v == 0, (v > 0) & (v < 1e-4), v >= 1e-4):  # every kind of row is clamped
+        assert (clamped & rows).any() and (~clamped & rows).any()
+    assert_close_all(out_f, out_r, what="outputs")
+    assert_close_all(g_f, g_r, what="grads")
+
+
+def _quadrature_torch(mu, v, V, lam, beta, C, noise, nodes=100):
+    """Output mean and variance by Gauss-Hermite quadrature (``nodes`` nodes) over
+    ``a ~ N(mu, v)`` of the mean function ``alpha^T beta`` and the conditional variance
+    ``1 - alpha^T C alpha`` written out in PyTorch: differentiable, independent of the closed
+    form and of the kernels' node tiers."""
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    z, w = torch.tensor(z, dtype=F64), torch.tensor(w / w.sum(), dtype=F64)
+    a = mu[..., None] + v.sqrt()[..., None] * z  # [S, N, Q]
+    alpha = torch.exp(-0.5 * (a[..., None] - V[:, None, :]) ** 2 / lam[:, None, None] ** 2)
+    m = (alpha * beta[:, None, :]).sum(-1)
+    C = C.expand(mu.shape[1], -1, -1)
+    s = 1 - torch.einsum("snqr,nrt,snqt->snq", alpha, C, alpha)
+    mean = (w * m).sum(-1)
+    return mean, (w * s).sum(-1) + (w * (m - mean[..., None]) ** 2).sum(-1) + noise
+
+
+def _narrow_layer(shared: bool = False, lengthscale: float = 0.6, target_var: float = 1e-6):
+    """A layer whose narrow rows take Gauss-Hermite (``K + S`` ill-conditioned, ``|beta|`` up
+    to 2.5e5: the closed form's error bound fails on 47 and 48 of the 48 activations), each
+    node tier's ``sqrt(v) / lambda`` in each unit (0.03 to 1.15), activations across the grid,
+    each in two consecutive rows."""
+    _, _, V, U, Svar, lam, noise = make(
+        1, 3, 14, shared, seed=17, lengthscale=lengthscale, target_var=target_var
+    )
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam, 1e-9)
+    ratios = torch.tensor([0.03, 0.08, 0.15, 0.3, 0.6, 0.9, 1.05, 1.15], dtype=F64)
+    offsets = torch.tensor([0.0, 0.05, 0.11], dtype=F64)
+    mu = torch.linspace(-1.9, 1.9, 16, dtype=F64)[:, None] + offsets
+    v = (ratios.repeat(2)[:, None] * lam.detach()) ** 2 * torch.ones(1, 3, dtype=F64)
+    # every row twice: runs of equal rows copy their outputs and the path they took
+    mu, v = mu.repeat_interleave(2, 0), v.repeat_interleave(2, 0)
+    leaves = [mu, v, lam.detach(), beta.detach(), kappa.detach(), noise.detach()]
+    return V, [t.clone().requires_grad_() for t in leaves]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_narrow_rows_against_quadrature_with_gradients(shared):
+    """The narrow rows' Gauss-Hermite variances (per-row node tiers, the spread of the mean
+    function) and every gradient (``mu``, ``v``, ``lambda``, ``beta``, ``C``, noise) against
+    autograd through 100-node quadrature written out in PyTorch."""
+    V, leaves = _narrow_layer(shared)
+    mu, v, lam, beta, C, noise = leaves
+    out_f, g_f = projected_grads(cpu_response_meanvar(mu, v, V, lam, beta, C, noise), leaves)
+    out_q, g_q = projected_grads(_quadrature_torch(mu, v, V, lam, beta, C, noise), leaves)
+    # both carry the rounding of |beta|^2-sized terms (measured: 2e-7 of the largest gradient),
+    # and the node tiers their error (measured: 1.3e-5 in the lengthscale's gradient)
+    assert_close_all(out_f, out_q, rtol=1e-6, atol=1e-7, what="outputs")
+    assert_close_all(g_f, g_q, rtol=5e-5, atol=2e-6, what="grads")
+    # the variance's slopes in the activations element by element (measured: 3e-5), the rows
+    # copied from their equal predecessors included (they take its path backward too: the
+    # closed form's slopes are wrong by up to 1e-3 here)
+    _, var = cpu_response_meanvar(mu, v, V, lam, beta, C, noise)
+    slopes = torch.autograd.grad(var.sum(), (mu, v))
+    want = torch.autograd.grad(_quadrature_torch(mu, v, V, lam, beta, C, noise)[1].sum(), (mu, v))
+    for got, expected in zip(slopes, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=2e-4, atol=0)
+
+
+def test_one_node_slope_below_the_deterministic_rows_lengthscale():
+    """``d var / dv`` at ``v = 0`` in a unit too short for the deterministic rows
+    (``lambda < h / 34.6``: the general rows' one Gauss-Hermite node, which carries the
+    slope ``m'(x)^2 + s''(x) / 2`` explicitly), against autograd's derivatives of the mean
+    function and the conditional variance written out. The activations sit where
+    ``s(x) = 1 - alpha^T C alpha`` is a few 1e-9 (``C = (1 + eps) I``), so that the closed
+    form's error bound fails and the node is taken, and ``s''`` has its ``d^2`` term."""
+    R, lam = 14, torch.tensor([0.008, 0.007], dtype=F64)  # h = 4 / 13: h / 34.6 = 0.0089
+    V = torch.linspace(-2, 2, R, dtype=F64).expand(2, R).clone()
+    eps = torch.tensor([0.01, 0.02], dtype=F64)
+    C = torch.diag_embed((1 + eps)[:, None].expand(2, R)).contiguous()
+    beta = 1e-3 * torch.randn(2, R, generator=torch.Generator().manual_seed(0), dtype=F64)
+    # s(x) = 1 - (1 + eps) exp(-d^2 / lambda^2) vanishes at d = lambda sqrt(log(1 + eps))
+    offset = lam * torch.log1p(eps).sqrt() + 1e-10
+    mu = V[0, 2:12:3, None] + torch.stack([offset, -offset])[:, None]  # [2, 4, 2] -> rows
+    mu = mu.reshape(-1, 2)
+    a = mu.clone().requires_grad_()
+    alpha = torch.exp(-0.5 * (a.unsqueeze(-1) - V) ** 2 / lam[:, None] ** 2)
+    m = (alpha * beta).sum(-1)
+    s = 1 - torch.einsum("snr,nrt,snt->sn", alpha, C, alpha)
+    assert 0 < float(s.detach().min()) and float(s.detach().max()) < 1e-7
+    (dm,) = torch.autograd.grad(m.sum(), a, retain_graph=True)
+    (ds,) = torch.autograd.grad(s.sum(), a, create_graph=True)
+    (d2s,) = torch.autograd.grad(ds.sum(), a)
+    want = dm.square() + 0.5 * d2s
+    v = torch.zeros_like(mu, requires_grad=True)
+    _, var = cpu_response_meanvar(mu, v, V, lam, beta, C, None)
+    (dv,) = torch.autograd.grad(var.sum(), v)
+    torch.testing.assert_close(dv, want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("regime", [{}, {"lengthscale": 1.0, "target_var": 1e-4}])
+def test_float32_inputs_get_float64_algebra(regime):
+    """Float32 inputs are cast to float64 on entry: the outputs and gradients are the float64
+    reference path's on the same values, to float32 rounding (on a grid equidistant in float32,
+    17 points at spacing 1/4), also where the variance cancels ``|beta|^2``-sized terms."""
+    leaves = make(31, 6, 17, seed=5, dtype=torch.float32, **regime)
+    mu, v, V, U, Svar, lam, noise = leaves
+    kappa, beta = cpu_virtual_observation_weights(V, U, Svar, lam)
+    assert kappa.dtype == beta.dtype == torch.float32
+    kappa, beta = kappa.detach().requires_grad_(), beta.detach().requires_grad_()
+    inputs = [mu, v, lam, beta, kappa, noise]
+    out_f, g_f = projected_grads(cpu_response_meanvar(mu, v, V, lam, beta, kappa, noise), inputs)
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    m, s = _reference_meanvar(*wide[:2], V.double(), *wide[2:])
+    out_r, g_r = projected_grads((m, s), wide)
+    assert all(t.dtype == torch.float32 for t in (*out_f, *g_f))
+    assert_close_all(out_f, out_r, rtol=2e-7, atol=2e-7, what="outputs")
+    assert_close_all(g_f, g_r, rtol=2e-7, atol=2e-7, what="grads")
+
+
+def test_deterministic_rows_where_the_odd_midpoint_factor_overflows():
+    """Deterministic activations in units with ``lambda < h / 53`` (``exp(h^2 / (4 lambda^2))``
+    beyond float64's range, so the one-progression rows cannot serve them): the variances
+    ``1 - alpha^T C alpha`` against extended precision, the means and every gradient against
+    the reference path; activations within a few lengthscales of the inducing points."""
+    R = 14
+    _, _, V, U, Svar, lam, noise = make(1, 3, R, seed=23)
+    with torch.no_grad():
+        lam.copy_(torch.tensor([0.004, 0.005, 0.0055], dtype=F64))  # h = 4 / 13: h / 53 = 0.0058
+    g = torch.Generator().manual_seed(23)
+    mu = V[0, torch.randint(0, R, (24, 3), generator=g)] + 0.01 * torch.randn(24, 3, generator=g)
+    leaves = [mu.requires_grad_(), torch.zeros_like(mu).requires_grad_(), V, U, Svar, lam, noise]
+    out_f, g_f = run(leaves, True, jitter=1e-9)
+    out_r, g_r = run(leaves, False, jitter=1e-9)
+    assert_close_all(out_f, out_r, rtol=1e-11, atol=1e-13, what="outputs")
+    assert_close_all(g_f, g_r, rtol=1e-9, atol=1e-11, what="grads")
+    kappa, _ = cpu_virtual_observation_weights(V, U, Svar, lam, 1e-9)
+    ld = np.longdouble
+    mu_, V_, lam_ = (t.detach().numpy().astype(ld) for t in (mu, V, lam))
+    alpha = np.exp(-0.5 * (mu_[..., None] - V_) ** 2 / lam_[:, None] ** 2)
+    want = 1 - np.einsum("snr,nrt,snt->sn", alpha, kappa.detach().numpy().astype(ld), alpha)
+    assert 0.1 < float(want.max() - want.min())  # activations near and between the points
+    got = out_f[1].numpy() - noise.detach().numpy()
+    np.testing.assert_allclose(got.astype(ld), want, rtol=0, atol=1e-12)

@@ -508,3 +508,109 @@ def test_whitened_against_quadrature(lengthscale, scale):
         want_mean, want_var = _quadrature_moments(mu, v, lengthscale, chol, m, T)
         assert abs(float(mean_f[i, 0]) - want_mean) <= 1e-8 * math.sqrt(want_var), (mu, v)
         assert abs(float(var_f[i, 0]) - want_var) <= var_tol * want_var, (mu, v)
+
+
+# --------------------------------------------------------------------------------------------
+# mutation audit: branches the tests above did not reach
+# --------------------------------------------------------------------------------------------
+def test_whitened_accepts_every_k_above_the_square_root_of_eps():
+    """``well_posed`` bounds ``tr(K^-1)`` by ``R`` times ``1 / sqrt(eps)``: a ``K`` whose
+    smallest eigenvalue is at least ``sqrt(eps)`` (jitter 2e-8) passes however many of its
+    eigenvalues are that small (here five, ``tr(K^-1)`` 3.4 times ``1 / sqrt(eps)``), and
+    its variances agree with the reference path's."""
+    from pyro_gpn.moments._numba_params import MAX_MEAN_INVERSE_EIGENVALUE
+    from pyro_gpn.moments.cpu_layer import cpu_variational_layer_response
+    from pyro_gpn.moments.propagate import response_moments
+
+    jitter = 2e-8
+    mu, v, V, m, T, lam, noise = make_whitened(6, 3, 14, seed=4, lengthscale=1.5)
+    with torch.no_grad():
+        lam.fill_(1.5)
+    K = torch.exp(-0.5 * (V[0, :, None] - V[0]) ** 2 / 1.5**2)
+    inverse_trace = float(torch.linalg.inv(K + jitter * torch.eye(14, dtype=F64)).trace())
+    assert MAX_MEAN_INVERSE_EIGENVALUE < inverse_trace < 14 * MAX_MEAN_INVERSE_EIGENVALUE
+    out = cpu_variational_layer_response(mu, v, V, lam, m, T, noise, jitter, True)
+    with backend("reference"):
+        beta, khat = _reference_weights(V, lam, m, T, jitter)
+        want = response_moments(
+            Moments(mu, var=v, validate=False), V, lam, beta, khat, noise, "meanvar",
+            equidistant=True,
+        )  # fmt: skip
+    # cond(K) ~ 1e9: both paths carry its rounding (measured: 9e-11 and 4e-8)
+    torch.testing.assert_close(out[0], want.mean, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(out[1], want.var, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_narrow_rows_against_quadrature_with_gradients(shared):
+    """The fused layer where its narrow rows need Gauss-Hermite (``K + S`` ill-conditioned:
+    the closed form's error bound, from the magnitudes ``|kappa| + |beta| |beta|^T`` of its
+    terms, fails), values and the gradients of every input against autograd through the
+    reference path's weights and 100-node quadrature written out in PyTorch."""
+    from pyro_gpn.moments.cpu_layer import cpu_layer_response
+    from pyro_gpn.moments.propagate import virtual_observation_weights
+
+    from .test_cpu_kernels import _narrow_layer, _quadrature_torch
+
+    V, (mu, v, *_) = _narrow_layer(shared)
+    _, _, _, U, Svar, lam, noise = make(1, 3, 14, shared, 17, lengthscale=0.6, target_var=1e-6)
+    leaves = [mu, v, U, Svar, lam, noise]
+    outs = cpu_layer_response(mu, v, V, lam, U, Svar, noise, 1e-9, True)
+    out_f, g_f = projected_grads(outs, leaves)
+    with backend("reference"):
+        kappa, beta = virtual_observation_weights(V, U, Svar, lam, 1e-9)
+    out_q, g_q = projected_grads(_quadrature_torch(mu, v, V, lam, beta, kappa, noise), leaves)
+    assert_close_all(out_f, out_q, rtol=1e-6, atol=1e-7, what="outputs")
+    assert_close_all(g_f, g_q, rtol=5e-5, atol=2e-6, what="grads")
+
+
+@pytest.mark.parametrize("mode", ["mean", "meanvar"])
+@pytest.mark.parametrize("regime", [{}, {"lengthscale": 1.0, "target_var": 1e-4}])
+def test_float32_inputs_get_float64_algebra(regime, mode):
+    """The fused layer casts float32 inputs to float64 on entry: outputs and every gradient
+    are the float64 reference path's on the same values to float32 rounding (a grid
+    equidistant in float32: 17 points at spacing 1/4), also with an ill-conditioned
+    ``K + S``, whose variance cancels ``|beta|^2``-sized terms."""
+    leaves32 = make(31, 6, 17, seed=5, dtype=torch.float32, **regime)
+    leaves64 = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves32]
+    out_f, g_f = run_layer(leaves32, mode)
+    out_r, g_r = run(leaves64, False, mode)
+    assert all(t is None or t.dtype == torch.float32 for t in (*out_f, *g_f))
+    assert_close_all(out_f, out_r, rtol=2e-7, atol=2e-7, what="outputs")
+    assert_close_all(g_f, g_r, rtol=2e-7, atol=2e-7, what="grads")
+
+
+@pytest.mark.parametrize("kind", ["observations", "whitened"])
+def test_refined_rows_follow_the_trace_of_the_inverse(kind):
+    """With ``refine``, the rows returned are :func:`~pyro_gpn.moments.quadrature.explicit_c_rows`
+    of the node's variances with ``||L^-1||_F^2 = tr(K_C^-1)`` of ``C``'s factor (``K + S``
+    for virtual observations, ``K + jitter I`` for the whitened ``Khat``), computed here by
+    ``torch.linalg.inv``. The whitened ``q`` is nearly collapsed but for one whitened
+    coordinate (``T = 1`` there), so that ``tr(Khat)`` is 10% below ``tr(K^-1)`` and would
+    select fewer rows."""
+    from pyro_gpn.moments.cpu_layer import layer_response
+    from pyro_gpn.moments.quadrature import explicit_c_rows
+
+    options = {"lengthscale": 2.0, "v_scale": 0.01, "mu_scale": 1.0}
+    if kind == "whitened":
+        mu, v, V, first, second, lam, _ = make_whitened(64, 4, 14, seed=7, scale=0.003, **options)
+        second = second.detach().clone()
+        second[:, -1, -1] = 1.0
+        jitter, diagonal = 1e-6, torch.full((4, 14), 1e-6, dtype=F64)
+    else:
+        mu, v, V, first, second, lam, _ = make(64, 4, 14, seed=7, target_var=1e-6, **options)
+        jitter, diagonal = 1e-9, second.detach() + 1e-9
+    mu, v, lam = mu.detach(), v.detach(), lam.detach()
+    _, var, rows = layer_response(kind, mu, v, V, lam, first, second, None, jitter, True, True)
+    gram = torch.exp(-0.5 * (V[:, :, None] - V[:, None, :]) ** 2 / lam[:, None, None] ** 2)
+    inverse = torch.linalg.inv(gram + torch.diag_embed(diagonal))
+    eps = torch.finfo(F64).eps
+    want = explicit_c_rows(var, v, lam, inverse.diagonal(dim1=-2, dim2=-1).sum(-1), eps)
+    assert 10 < int(want.sum()) < want.numel() - 10
+    assert rows is not None and torch.equal(rows, want)
+    if kind == "whitened":  # the trace of Khat would select fewer
+        eye = torch.eye(14, dtype=F64)
+        root = torch.linalg.inv(torch.linalg.cholesky(gram + jitter * eye))  # L^-1
+        khat = root.mT @ (eye - second @ second.mT) @ root
+        other = explicit_c_rows(var, v, lam, khat.diagonal(dim1=-2, dim2=-1).sum(-1), eps)
+        assert int(other.sum()) < int(want.sum())

@@ -217,3 +217,26 @@ def test_coefficients_refuse_learnable_points_and_bad_shapes():
         cpu_hermite_coefficients(mean, var, points.clone().requires_grad_(True), ls, beta, 3)
     with pytest.raises(ValueError, match="beta must have a leading size of 1 or 3"):
         cpu_hermite_coefficients(mean, var, points, ls, torch.ones(2, 6, dtype=F64), 3)
+
+
+def test_truncation_rule_refuses_a_pair_at_rho_one():
+    """``|rho| = 1`` exactly with both coefficient bounds nonzero (the series does not
+    converge; ``log(1 - q) = -inf``): not served, as by the tensor rule, whichever the sign
+    and however large the units' margins; just below 1 the pair is served or not by its bound
+    alone."""
+    from pyro_gpn.moments.cpu_mehler import cpu_mehler_terms
+
+    cov = torch.zeros(3, 3, 3, dtype=F64)
+    cov[0, 0, 1] = cov[0, 1, 0] = 1.0
+    cov[1, 1, 2] = cov[1, 2, 1] = -1.0
+    cov[2, 0, 2] = cov[2, 2, 0] = 1.0 - 1e-9
+    scale = torch.ones(3, 3, dtype=F64)
+    per_unit = torch.tensor([[0.5, 2.0, 40.0], [300.0, 1.0, 300.0], [30.0, 0.0, 30.0]], dtype=F64)
+    ratio = cov.masked_fill(torch.eye(3, dtype=torch.bool), 0)
+    _, want = cross._mehler_terms(ratio, per_unit)
+    _, terms, every = cpu_mehler_terms(
+        cov, scale, per_unit, cross.MEHLER_RTOL, cross.MEHLER_MAX_TERMS
+    )
+    assert torch.equal(terms, want)
+    assert terms[0, 0, 1] == terms[0, 1, 0] == -1 and terms[1, 1, 2] == -1 and not every
+    assert terms[2, 0, 2] > 0  # margins of 30 on both units: served just below 1
