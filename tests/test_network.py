@@ -162,3 +162,45 @@ def test_bad_input_raises(call, match):
 def test_bad_construction_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GPNNet(**kwargs)
+
+
+def test_layer_noise_and_the_gaussian_heads_noise_follow_the_options():
+    # gaussian head: the last layer is noise-free (F^L) and the head holds sigma, initialised
+    # from noise_std_init, one per output or one shared with share="layer"
+    net = GPNNet([2, 3, 2], head="gaussian", noise_std_init=0.3, dtype=DT)
+    assert net.layers[0].noise_std is not None and net.layers[-1].noise_std is None
+    torch.testing.assert_close(net.noise_std, torch.tensor([0.3, 0.3], dtype=DT))
+    shared = GPNNet([2, 3, 2], head="gaussian", noise_std_init=0.3, share="layer", dtype=DT)
+    torch.testing.assert_close(shared.noise_std, torch.tensor([0.3], dtype=DT))
+    # softmax head: every GPN layer, the last included, adds its output noise
+    classifier = GPNNet([2, 3, 4], head="softmax", noise_std_init=0.3, dtype=DT)
+    for layer in classifier.layers:
+        torch.testing.assert_close(layer.noise_std, torch.full((3,), 0.3, dtype=DT))
+
+
+def test_default_targets_are_the_inducing_points():
+    # the recommended initialisation: U = V, an activation close to the identity
+    net = GPNNet([2, 3, 2], head="gaussian", dtype=DT)
+    for layer in net.layers:
+        expected = torch.linspace(-2.0, 2.0, 14, dtype=DT).expand(layer.out_features, -1)
+        torch.testing.assert_close(layer.response.targets.detach(), expected)
+
+
+def test_penalty_defaults_are_the_papers_alpha_and_beta():
+    # L_S = sum_l 0.1 mean(sigmoid(1e-3 / S_l)) (eq:gpn_ls): two layers with every S = 2e-3
+    net = GPNNet([2, 3, 2], head="gaussian", target_variance_init=2e-3, dtype=DT)
+    expected = 2 * 0.1 / (1 + math.exp(-1e-3 / 2e-3))
+    assert net.penalty().item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_kl_divergence_is_the_sum_over_the_layers():
+    from pyro_gpn.layers import VariationalGPNLayer
+
+    torch.manual_seed(0)
+    net = GPNNet([2, 3, 2], head="gaussian", layer=VariationalGPNLayer, dtype=DT)
+    with torch.no_grad():  # move q(U) away from the prior: every layer's KL is positive
+        for parameter in net.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    terms = [float(layer.kl_divergence().detach()) for layer in net.layers]
+    assert all(term > 1e-3 for term in terms)
+    assert float(net.kl_divergence().detach()) == pytest.approx(math.fsum(terms), rel=1e-12)

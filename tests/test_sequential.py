@@ -281,3 +281,8 @@ def test_empty_batch_predicts_nothing_and_has_no_mean_loss():
     with pytest.raises(ValueError, match="x has 0 samples"):
         net.loss(torch.rand(0, 25), empty)
     assert net.expected_nll(torch.rand(0, 25), empty, reduction="none").shape == (0,)
+
+
+def test_gaussian_head_from_its_name_takes_noise_std_init():
+    net = GPNSequential([MomentLinear(2, 3, dtype=DT)], (2,), head="gaussian", noise_std_init=0.3)
+    torch.testing.assert_close(net.head.noise_std, torch.full((3,), 0.3, dtype=DT))

@@ -634,6 +634,27 @@ class TestCheckpoints:
             fit_svi(m.model, m.guide, x, y, num_steps=1, progress=False, **kwargs)
 
 
+class TestAuditedSettings:
+    def test_clip_norm_clamps_every_gradient(self):
+        # loss = c_t * theta with c = 100 then 1: clamped to [-1, 1] both gradients are 1, and
+        # Adam's bias-corrected steps on a constant gradient are lr each: theta = -2 lr (an
+        # unclipped 100 then 1 would give theta = -lr (1 + 0.677))
+        slopes = iter([100.0, 1.0])
+
+        def model(x, y, num_data=None):
+            theta = pyro.param("theta", torch.tensor(0.0, dtype=torch.float64))
+            pyro.factor("f", -next(slopes) * theta)
+
+        x = torch.zeros(3, dtype=torch.float64)
+        fit_svi(model, _empty, x, None, num_steps=2, lr=0.1, clip_norm=1.0, progress=False)
+        assert pyro.param("theta").item() == pytest.approx(-0.2, rel=1e-6)
+
+    def test_final_loss_is_the_mean_of_the_last_ten_losses(self):
+        result = SVIResult(losses=[float(i) for i in range(20)])
+        assert result.final_loss == pytest.approx(np.mean(np.arange(10, 20)))
+        assert SVIResult(losses=[1.0, 2.0, 6.0]).final_loss == pytest.approx(3.0)
+
+
 @pytest.mark.parametrize("bad", [0, True, 2.5])
 def test_num_steps_must_be_positive(bad):
     """``num_steps=0`` returned an empty loss history (``fit_vgpn`` refuses it too)."""

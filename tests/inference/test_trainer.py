@@ -384,6 +384,7 @@ def test_evaluate_metrics():
         ({"lr": 0.0}, "lr"),
         ({"min_lr": 1.0}, "min_lr"),
         ({"lr_factor": 1.0}, "lr_factor"),
+        ({"eval_batch_size": 0}, "eval_batch_size"),
         ({"task": "ranking"}, "task"),
         ({"device": "meta"}, "device"),
         ({"seed": -1}, "seed must be a non-negative integer"),
@@ -541,3 +542,73 @@ def test_evaluate_checks_the_labels_once_not_per_batch(monkeypatch):
     calls.clear()
     evaluate(FixedPredictor(), torch.randn(4, 3), torch.tensor([0, 1, 2, 1]), batch_size=1)
     assert len(calls) == 2  # the dtype on entry, the range with the first prediction
+
+
+# ---------------------------------------------------------------------------------- audit
+class ModeAwarePredictor(nn.Module):
+    """Predicts ``x`` in ``eval()`` mode and ``x + 10`` in ``train()`` mode (a stand-in for
+    dropout), with unit variance."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        shift = 10.0 if self.training else 0.0
+        return Moments(x + shift + 0 * self.w, var=torch.ones_like(x), validate=False)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluate_predicts_in_eval_mode_and_restores_the_mode(training):
+    mean = torch.tensor([[0.0], [1.0], [2.0]])
+    target = torch.tensor([[0.5], [1.0], [1.0]])
+    model = ModeAwarePredictor().train(training)
+    metrics = evaluate(model, mean, target)
+    assert metrics["rmse"] == pytest.approx(math.sqrt((0.25 + 0 + 1) / 3))
+    assert model.training is training
+
+
+def test_evaluate_multi_output_regression_averages_rmse_over_entries_and_ll_over_samples():
+    # S = 3 samples of D = 2 outputs, in batches of 2: the RMSE is over all 6 entries, the
+    # log-likelihood a mean over the 3 samples of the sum over the 2 outputs
+    mean = torch.tensor([[0.0, 1.0], [1.0, -1.0], [2.0, 0.5]])
+    target = torch.tensor([[0.5, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    metrics = evaluate(FixedPredictor(var=0.25), mean, target, batch_size=2)
+    errors = (mean - target).numpy()
+    assert metrics["rmse"] == pytest.approx(math.sqrt((errors**2).sum() / 6))
+    density = -0.5 * math.log(2 * math.pi * 0.25) - errors**2 / (2 * 0.25)
+    assert metrics["log_likelihood"] == pytest.approx(density.sum() / 3)
+
+
+def test_validation_loss_weights_each_batch_by_its_rows():
+    # 10 validation rows in batches of 4 (4 + 4 + 2): the loss of a batch is mean(y_batch)
+    # (y_i = i^2, w stays 0), so the row-weighted mean is sum_i i^2 / 10 = 28.5 whatever the
+    # evaluation batch size (the mean of the batch means would be 35.83)
+    data = _indexed_rows(10)
+    for eval_batch_size in (4, 10):
+        result = Trainer(
+            RecordingModel(), _config(max_epochs=1, batch_size=4, eval_batch_size=eval_batch_size)
+        ).fit(data, data)
+        assert result.history[0]["val_loss"] == pytest.approx(28.5, rel=1e-6)
+
+
+def test_plateau_schedule_stops_at_the_configured_min_lr():
+    # min_lr=1e-4: 1e-3 for the first and 3 bad evaluations, 1e-4 for 3 more, then a further
+    # reduction is due but forbidden: 1 + 2 * 3 = 7 epochs
+    model = ScriptedModel([1.0])
+    result = Trainer(model, _config(max_epochs=100, batch_size=4, min_lr=1e-4)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    assert result.stop_reason == "min_lr" and result.epochs == 7
+    lrs = [row["lr"] for row in result.history]
+    assert lrs == pytest.approx([1e-3] * 4 + [1e-4] * 3, rel=1e-9)
+
+
+def test_resume_with_another_min_lr_is_refused(tmp_path):
+    # min_lr shapes the schedule (when training stops): not a resumable change
+    Trainer(ScriptedModel([1.0]), _config(tmp_path, max_epochs=2, batch_size=4)).fit(
+        _dummy_data(), _dummy_data()
+    )
+    changed = _config(tmp_path, max_epochs=3, batch_size=4, min_lr=1e-4)
+    with pytest.raises(ValueError, match="min_lr"):
+        Trainer(ScriptedModel([1.0]), changed).fit(_dummy_data(), _dummy_data(), resume=True)

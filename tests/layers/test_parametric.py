@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -181,3 +182,31 @@ def test_bad_input_raises(call, match):
 def test_bad_construction_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GPNLayer(3, 4, **kwargs)
+
+
+def test_default_target_variance_and_fixed_variances():
+    # the paper's S = sqrt(0.1) per virtual observation; learn_target_variances=False keeps
+    # them out of the parameters
+    layer = GPNLayer(2, 3, num_inducing=5, dtype=torch.float64)
+    torch.testing.assert_close(
+        layer.target_variances.detach(), torch.full((3, 5), math.sqrt(0.1), dtype=torch.float64)
+    )
+    fixed = GPNLayer(2, 3, num_inducing=5, learn_target_variances=False, dtype=torch.float64)
+    names = {name for name, _ in fixed.named_parameters()}
+    assert not any("target_variances" in name for name in names)
+    assert any("target_variances" in name for name, _ in layer.named_parameters())
+
+
+def test_jitter_enters_the_virtual_observation_solve():
+    # mu(a) = k(a, V) (K(V, V) + diag(S) + jitter I)^-1 U, written out with NumPy; a large
+    # jitter so that it matters
+    layer = GPNLayer(1, 1, num_inducing=4, jitter=0.5, targets_init="identity", dtype=torch.float64)
+    v = np.linspace(-2.0, 2.0, 4)
+    ls = 0.4
+    gram = np.exp(-((v[:, None] - v[None, :]) ** 2) / (2 * ls**2))
+    gram += np.eye(4) * (math.sqrt(0.1) + 0.5)
+    a = np.array([-1.0, 0.3, 1.7])
+    k = np.exp(-((a[:, None] - v[None, :]) ** 2) / (2 * ls**2))
+    expected = k @ np.linalg.solve(gram, v)
+    mean, _ = layer.conditional(torch.tensor(a)[:, None])
+    np.testing.assert_allclose(mean.detach().numpy()[:, 0], expected, rtol=1e-10)

@@ -334,3 +334,29 @@ class TestTraining:
         probs = gpn.sample_predictive(x, num_samples=30)["probs"].mean(0)
         accuracy = (probs.argmax(-1) == y).float().mean().item()
         assert accuracy > 0.9
+
+
+def test_penalty_factor_of_a_minibatch_is_scaled_by_num_data():
+    # a batch of 4 of num_data = 12: the factor is -12 L_S, with
+    # L_S = sum_l alpha mean(sigmoid(beta / S_l)) (eq:gpn_ls, alpha 0.2, beta 0.01) by hand
+    torch.manual_seed(7)
+    gpn = ParametricGPN(
+        [2, 3, 2], head="gaussian", dtype=DTYPE, penalty_alpha=0.2, penalty_beta=1e-2
+    )
+    x, y = _regression_data()
+    trace = poutine.trace(gpn.model).get_trace(x[:4], y[:4], num_data=12)
+    trace.compute_log_prob()
+    by_hand = sum(
+        0.2 * (1 / (1 + torch.exp(-1e-2 / layer.target_variances.detach()))).mean()
+        for layer in gpn.network.layers
+    )
+    factor = trace.nodes["target_variance_penalty"]["log_prob"]
+    assert float(factor.detach()) == pytest.approx(-12 * float(by_hand), rel=1e-10)
+
+
+def test_penalty_factor_only_when_the_targets_are_observed():
+    # a training term: the model that generates y has no penalty factor
+    gpn = ParametricGPN([2, 3, 2], head="gaussian", dtype=DTYPE)
+    x, y = _regression_data()
+    assert "target_variance_penalty" not in poutine.trace(gpn.model).get_trace(x).nodes
+    assert "target_variance_penalty" in poutine.trace(gpn.model).get_trace(x, y).nodes
