@@ -10,6 +10,8 @@ mean function ``m(a) = alpha(a)^T beta`` and the conditional variance ``1 - alph
 written out at the nodes in float64.
 
     python benchmarks/gh_tiers.py            # a few seconds
+    python benchmarks/gh_tiers.py --broad    # past the narrow regime: the fused parametric
+                                             # layer node (cpu_layer_response) at 1.2 to 2
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ def quadrature_variance(mu, v, points, ls, beta, kappa, nodes: int) -> torch.Ten
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jitter", type=float, default=1e-6)
+    p.add_argument("--broad", action="store_true", help="the broad regime, through the layer node")
     a = p.parse_args()
+    if a.broad:
+        broad(a.jitter)
+        return
     backends = ["reference"] + (["cpu"] if numba_available() else [])
     print(f"tiers {GH_TIERS[1:]}; jitter {a.jitter}; backends {backends}")
     for lengthscale, target_var in UNITS:
@@ -91,6 +97,32 @@ def main() -> None:
                 f"  sqrt(v)/lambda {ratio}: tier {tier_nodes} nodes; needed for 1e-6 / 1e-7: "
                 f"{need[0]} / {need[1]}; library's error: {', '.join(lib)}"
             )
+
+
+def broad(jitter: float) -> None:
+    """Past ``GH_MAX_STD_RATIO`` (the closed form, no node rule): the fused parametric layer's
+    autograd node (``cpu_layer_response``: weights, rows and the layer's refinement) against the
+    300-node rule on the same units."""
+    from pyro_gpn.moments.cpu_layer import cpu_layer_response
+
+    for lengthscale, target_var in UNITS:
+        g = torch.Generator().manual_seed(17)
+        points = torch.linspace(-2, 2, 14, dtype=F64).expand(3, -1).clone()
+        targets = torch.randn(3, 14, generator=g, dtype=F64)
+        svar = target_var * (0.5 + torch.rand(3, 14, generator=g, dtype=F64))
+        ls = lengthscale * (0.8 + 0.4 * torch.rand(3, generator=g, dtype=F64))
+        kappa, beta = cpu_virtual_observation_weights(points, targets, svar, ls, jitter)
+        row = []
+        for ratio in (1.2, 1.26, 1.3, 1.5, 2.0):
+            mu = torch.linspace(-2.5, 2.5, 41, dtype=F64)[:, None] + torch.tensor(
+                [0.0, 0.05, 0.11], dtype=F64
+            )
+            v = (ratio * ls) ** 2 * torch.ones(41, 3, dtype=F64)
+            with torch.no_grad():
+                ref = quadrature_variance(mu, v, points, ls, beta, kappa, 300)
+                _, var = cpu_layer_response(mu, v, points[:1], ls, targets, svar, None, jitter)
+            row.append(f"{ratio}: {float(((var - ref).abs() / ref.abs()).max()):.1e}")
+        print(f"lambda {lengthscale}, S {target_var}: " + "; ".join(row))
 
 
 if __name__ == "__main__":
