@@ -112,10 +112,21 @@ def test_meanvar_float32_matches_quadrature(ls, s, kind, v, mu):
 
 
 @pytest.mark.parametrize("ratio", [r for r, _ in GH_TIERS] + [GH_MAX_STD_RATIO * 1.01, 1.5])
-@pytest.mark.parametrize("ls, s, kind", [(2.0, 1e-6, "rough"), (1.2, 1e-4, "smooth")])
+@pytest.mark.parametrize(
+    "ls, s, kind",
+    [
+        (2.0, 1e-6, "rough"),
+        (1.2, 1e-4, "smooth"),
+        (0.6, 1e-6, "rough"),
+        (1.0, 1e-6, "rough"),
+        (0.8, 1e-6, "rough"),
+    ],
+)
 def test_every_node_tier_and_the_closed_form_beyond_are_accurate_in_float64(ratio, ls, s, kind):
     """At each tier's largest ``sqrt(v) / lambda`` (its fewest nodes per width) and just past
-    the narrow regime, for ill-conditioned units (lambda / h = 6.5 and 3.9)."""
+    the narrow regime, for ill-conditioned units (lambda / h = 6.5, 3.9, 1.95, 3.25 and 2.6;
+    those near 2 with the smallest target variance need the most nodes: tiers of 32 / 48 / 64
+    nodes at 0.75 / 1 / 1.25 were off by up to 1.65e-5 at lambda / h = 1.95 and 2.6)."""
     unit = Unit.make(ls, s, kind, F64)
     for mu in (-0.5, 1.9):
         v = (ratio * ls) ** 2
