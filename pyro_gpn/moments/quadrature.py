@@ -37,11 +37,12 @@ GH_MAX_STD_RATIO = 1.25
 
 #: Gauss-Hermite node counts of the narrow regime: ``(ratio, nodes)``, the first row whose
 #: ratio is at least the largest ``sqrt(v) / lambda`` of the narrow samples in the call gives the
-#: node count (measured in float64 against a 300-node rule at each tier's largest ratio, on
-#: units with ``lambda / h`` from 1.3 to 6 and ``S`` down to 1e-6 with the default jitter: <= 1e-7
-#: relative; the hardest, ``lambda / h = 2``, ``S = 1e-6``, ``|beta|`` ~1e5, needs 24 nodes at
-#: 0.4, 48 at 0.75, 64 at 1 and 96 at 1.25, where 20 / 32 / 48 / 64 were off by up to 2e-5,
-#: ``docs/results/accuracy.md``). Deterministic activations (``v = 0``) need one node.
+#: node count. Measured in float64 at each tier's largest ratio, on units with ``lambda / h``
+#: from 1.3 to 6 and ``S`` down to 1e-6 with the default jitter: each tier's rule is within 1e-7
+#: relative of a 300-node rule. The hardest, ``lambda / h = 2``, ``S = 1e-6``, ``|beta|`` ~1e5,
+#: needs 24 nodes at 0.4, 48 at 0.75, 64 at 1 and 96 at 1.25, where 20 / 32 / 48 / 64 were off
+#: by up to 3.4e-5 (``docs/results/accuracy.md``, "Node tiers"). Deterministic activations
+#: (``v = 0``) need one node.
 GH_TIERS: tuple[tuple[float, int], ...] = (
     (0.0, 1),
     (0.1, 8),
