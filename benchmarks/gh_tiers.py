@@ -33,14 +33,23 @@ UNITS = ((0.4, 1e-2), (0.6, 1e-6), (1.0, 1e-6), (1.8, 1e-6))
 
 
 def unit(lengthscale: float, target_var: float, jitter: float, seed: int = 17):
-    """One layer of three units: points ``[3, R]``, lengthscales ``[3]``, ``beta``, ``C``."""
+    """One layer of three units: points ``[3, R]``, lengthscales ``[3]``, targets and target
+    variances ``[3, R]``, and their ``beta`` and ``C``."""
     g = torch.Generator().manual_seed(seed)
     points = torch.linspace(-2, 2, 14, dtype=F64).expand(3, -1).clone()
     targets = torch.randn(3, 14, generator=g, dtype=F64)
     svar = target_var * (0.5 + torch.rand(3, 14, generator=g, dtype=F64))
     ls = lengthscale * (0.8 + 0.4 * torch.rand(3, generator=g, dtype=F64))
     kappa, beta = cpu_virtual_observation_weights(points, targets, svar, ls, jitter)
-    return points, ls, beta.detach(), kappa.detach()
+    return points, ls, targets, svar, beta.detach(), kappa.detach()
+
+
+def activations(ratio: float, ls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """41 x 3 means in [-2.5, 2.5] and the variances of ``sqrt(v) / lambda = ratio``."""
+    mu = torch.linspace(-2.5, 2.5, 41, dtype=F64)[:, None] + torch.tensor(
+        [0.0, 0.05, 0.11], dtype=F64
+    )
+    return mu, (ratio * ls) ** 2 * torch.ones(41, 3, dtype=F64)
 
 
 def quadrature_variance(mu, v, points, ls, beta, kappa, nodes: int) -> torch.Tensor:
@@ -66,13 +75,10 @@ def main() -> None:
     backends = ["reference"] + (["cpu"] if numba_available() else [])
     print(f"tiers {GH_TIERS[1:]}; jitter {a.jitter}; backends {backends}")
     for lengthscale, target_var in UNITS:
-        points, ls, beta, kappa = unit(lengthscale, target_var, a.jitter)
+        points, ls, _, _, beta, kappa = unit(lengthscale, target_var, a.jitter)
         print(f"lambda {lengthscale}, S {target_var}: max |beta| {float(beta.abs().max()):.1e}")
         for ratio, tier_nodes in GH_TIERS[1:]:
-            mu = torch.linspace(-2.5, 2.5, 41, dtype=F64)[:, None] + torch.tensor(
-                [0.0, 0.05, 0.11], dtype=F64
-            )
-            v = (ratio * ls) ** 2 * torch.ones(41, 3, dtype=F64)
+            mu, v = activations(ratio, ls)
             ref = quadrature_variance(mu, v, points, ls, beta, kappa, 300)
 
             def err(var, ref=ref):
@@ -106,18 +112,10 @@ def broad(jitter: float) -> None:
     from pyro_gpn.moments.cpu_layer import cpu_layer_response
 
     for lengthscale, target_var in UNITS:
-        g = torch.Generator().manual_seed(17)
-        points = torch.linspace(-2, 2, 14, dtype=F64).expand(3, -1).clone()
-        targets = torch.randn(3, 14, generator=g, dtype=F64)
-        svar = target_var * (0.5 + torch.rand(3, 14, generator=g, dtype=F64))
-        ls = lengthscale * (0.8 + 0.4 * torch.rand(3, generator=g, dtype=F64))
-        kappa, beta = cpu_virtual_observation_weights(points, targets, svar, ls, jitter)
+        points, ls, targets, svar, beta, kappa = unit(lengthscale, target_var, jitter)
         row = []
         for ratio in (1.2, 1.26, 1.3, 1.5, 2.0):
-            mu = torch.linspace(-2.5, 2.5, 41, dtype=F64)[:, None] + torch.tensor(
-                [0.0, 0.05, 0.11], dtype=F64
-            )
-            v = (ratio * ls) ** 2 * torch.ones(41, 3, dtype=F64)
+            mu, v = activations(ratio, ls)
             with torch.no_grad():
                 ref = quadrature_variance(mu, v, points, ls, beta, kappa, 300)
                 _, var = cpu_layer_response(mu, v, points[:1], ls, targets, svar, None, jitter)

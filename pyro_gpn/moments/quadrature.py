@@ -30,8 +30,8 @@ __all__ = [
 
 #: The narrow regime: activation standard deviation at most this multiple of the lengthscale
 #: (beyond it the closed form is accurate: float64 relative error <= 1e-6 from the ratio 1.2 in
-#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0; but up to 2.7e-5 just past
-#: 1.25 with an explicit ``C`` at ``lambda / h = 3.25``, ``S = 1e-6``: accuracy.md, "Node tiers").
+#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0; but up to 1.7e-5 just past
+#: 1.25 in the fused layer at ``lambda / h`` ~3, ``S = 1e-6``: accuracy.md, "Node tiers").
 GH_MAX_STD_RATIO = 1.25
 
 
