@@ -155,14 +155,13 @@ def _with_factored_rows(
     tr(K^-1)`` (``L`` its factor, :meth:`~pyro_gpn.layers.base.Response.variance_factor`),
     which the closed form's own error bound does not see. Where the variance returned (with the
     output noise, if it is added) is small against it -- a nearly collapsed posterior or tiny
-    target variances at a long lengthscale, without noise: variances ~1e-6 with ``tr(K^-1)``
-    ~1e7 -- and the activation narrow (``sqrt(v) <= 1.25 lambda``), the rows are evaluated
-    again at Gauss-Hermite nodes through the factors (``1 - x^T M x``, ``x = L^-1 alpha(a)``):
-    the float64 variances of narrow activations then agree with quadrature to 4.4e-7 relative
-    where the explicit ``C`` lost up to 8.2e-4 (``tests/layers/test_respond.py``,
-    ``docs/results/accuracy.md``). Broader activations keep the closed form (Gauss-Hermite
-    needs too many nodes there), and so do other rows and whole layers whose units are well
-    conditioned. The decision costs one
+    target variances at a long lengthscale, without noise: variances ~1e-6 with ``tr(K^-1)`` ~1e7 --
+    and the activation narrow (``sqrt(v) <= NODE_MAX_STD_RATIO lambda``, 2.5), the rows are
+    evaluated again at quadrature nodes through the factors (``1 - x^T M x``, ``x = L^-1
+    alpha(a)``): the float64 variances of narrow activations then agree with quadrature to 4.4e-7
+    relative where the explicit ``C`` lost up to 8.2e-4 (``tests/layers/test_respond.py``,
+    ``docs/results/accuracy.md``). Broader activations keep the closed form, and so do other rows
+    and whole layers whose units are well conditioned. The decision costs one
     ``R x R`` factorisation per unit without gradient (``inverse_trace``, once per sequence
     for a recurrent layer: :class:`ResponseParts`) and one read-back (a device
     synchronisation on a GPU); nothing where the fused CPU layer makes it (``rows``, bool

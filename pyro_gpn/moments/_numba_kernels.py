@@ -379,9 +379,19 @@ def grid_origin_spacing(V, n, R):
 
 
 @njit(inline="always", **_OPTS)
+def largest_tier(offs):
+    """The most nodes of one node tier (tier ``t`` at ``offs[t]:offs[t + 1]``): the size of the
+    per-unit node buffers, indexed by a node's place in its tier."""
+    q = 1
+    for t in range(offs.shape[0] - 1):
+        q = max(q, offs[t + 1] - offs[t])
+    return q
+
+
+@njit(inline="always", **_OPTS)
 def row_buffers(Q):
-    """One unit's work arrays of :func:`meanvar_fwd` / :func:`meanvar_bwd`: the ``Q``
-    Gauss-Hermite mean values, the block's exponent arguments, exponentials and :func:`vexp`
+    """One unit's work arrays of :func:`meanvar_fwd` / :func:`meanvar_bwd`: the mean values at
+    a tier's ``Q`` quadrature nodes, the block's exponent arguments, exponentials and :func:`vexp`
     scratch (``8 BLOCK``), and the anchors of both sums (``BLOCK``)."""
     return (
         np.empty(Q),
@@ -450,7 +460,7 @@ def deterministic_row(x, h, R, j0, ex, off, nb, b, pcw, e, moments):
     of the mean's: ``G_{2r} = E_r^2``, ``G_{2r+1} = c_odd E_r E_{r+1}``
     (``c_odd = exp(h^2 / (4 lambda^2))``, folded into the weights ``pcw`` of
     :func:`deterministic_setup`). So the row needs the exponentials of one progression instead
-    of two, and no Gauss-Hermite node.
+    of two, and no quadrature node.
 
     Returns ``(m, m1, m2, q, q1, q2)``; with ``moments``, ``m_j = sum_r b_r E_r d_r^j``
     (``d_r = x - r h``) and ``q_j = sum_k pc_k G_k d_k^j`` (``d_k = x - k h / 2``), else zeros.
@@ -529,7 +539,7 @@ def block_deterministic(v, n, s_lo, nb):
 
 @njit(inline="always", **_OPTS)
 def node_buffers(Q, R):
-    """One unit's work arrays of the Gauss-Hermite rows (up to ``Q`` nodes): the nodes' mean
+    """One unit's work arrays of the quadrature rows (up to ``Q`` nodes): the nodes' mean
     values and moments, the anchors of both sums, the exponent arguments, exponentials and
     :func:`vexp` scratch (``8 Q``), and the mean sums' exponentials ``[Q, R]``."""
     return (
@@ -550,7 +560,7 @@ def node_buffers(Q, R):
 
 @njit(inline="always", **_OPTS)
 def node_exponentials(x, sd, zs, lo, hi, h, R, K, l2, ja, da, jb, db, args, ex, tbuf, ebuf):
-    """Anchors and progression exponentials of both Gaussian sums at the Gauss-Hermite nodes
+    """Anchors and progression exponentials of both Gaussian sums at the quadrature nodes
     ``x + sd zs[i]``, ``i = lo..hi - 1`` (node ``c = i - lo``): the mean's (spacing ``h``, ``R``
     centres, width ``2 lambda^2``) at ``ex[c + j nq]``, the conditional variance's (spacing
     ``h / 2``, ``K`` centres, width ``lambda^2``) at ``ex[4 nq + c + j nq]``, ``nq = hi - lo``,
@@ -576,13 +586,13 @@ def meanvar_fwd(
 ):  # fmt: skip
     """Means and variances. ``P`` midpoint weights of ``C - beta beta^T``, ``PA`` those of
     ``|C| + |beta| |beta|^T`` (the magnitudes of the closed form's terms), ``PC`` those of ``C``;
-    ``zs``, ``ws`` the concatenated Gauss-Hermite rules of the node tiers (tier ``t`` at
+    ``zs``, ``ws`` the concatenated quadrature rules of the node tiers (tier ``t`` at
     ``offs[t]:offs[t + 1]``, for ``v / lambda^2 <= tier_r2[t]``).
 
     Per (sample, unit): the closed form ``1 - tr[(C - beta beta^T) Omega] - mean^2`` where the
     activation is broad (``v > ratio2 lambda^2``) or where its rounding-error bound
     ``err_scale (1 + tr[PA-terms] + mean^2)`` is at most ``rtol`` times its value (``how = 0``);
-    otherwise Gauss-Hermite with that row's node tier (``how = t + 1``), the exponentials of all
+    otherwise quadrature with that row's node tier (``how = t + 1``), the exponentials of all
     its nodes' Gaussian sums evaluated together (:func:`node_exponentials`). Deterministic
     activations (``v = 0``) take the one-node rule by :func:`deterministic_row` (``how = 1``, as
     the first tier's one node) in units with ``h^2 / (4 lambda^2) <= DETERMINISTIC_MAX_SHIFT``.
@@ -590,7 +600,7 @@ def meanvar_fwd(
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
-    Q = zs.shape[0]
+    Q = largest_tier(offs)
     dummy = np.zeros(1)
     for n in prange(N):
         x0, h = grid_origin_spacing(V, n, R)
@@ -654,7 +664,7 @@ def meanvar_fwd(
                 )
                 pr = 1.0 - a2 * t0 - mn * mn
                 if tier >= 0 and not err_scale * (1.0 + a2 * ta + mn * mn) <= rtol * pr:
-                    # narrow and the closed form not provably accurate: Gauss-Hermite over
+                    # narrow and the closed form not provably accurate: quadrature over
                     # a = m + sqrt(v) z with this row's node tier
                     sd = math.sqrt(vv) if vv > 0.0 else 0.0
                     lo = offs[tier]
@@ -675,12 +685,12 @@ def meanvar_fwd(
                             xi, 0.5 * h, K, bj[c], bd[c], nex, 4 * nq + c, nq, pc, pc, dummy, 0.0,
                             False, False,
                         )  # fmt: skip
-                        mvals[i] = mi
+                        mvals[c] = mi
                         mbar += ws[i] * mi
                         eq += ws[i] * (1.0 - qi)
                     spread = 0.0
                     for i in range(lo, hi):
-                        d = mvals[i] - mbar
+                        d = mvals[i - lo] - mbar
                         spread += ws[i] * d * d
                     pr = eq + spread
                     how[s, n] = tier + 1
@@ -704,7 +714,7 @@ def meanvar_bwd(
     S, N = mu.shape
     R = V.shape[1]
     K = P.shape[1]
-    Q = zs.shape[0]
+    Q = largest_tier(offs)
     for n in prange(N):
         x0, h = grid_origin_spacing(V, n, R)
         lm = unit_row(lam, n)
@@ -803,7 +813,7 @@ def meanvar_bwd(
                             xi = x + sd * zs[i]
                             c = i - lo
                             # the node's mean sum, its moments and exponentials (for the spread)
-                            e_i = evals[i]
+                            e_i = evals[c]
                             for k in range(R):
                                 e_i[k] = 0.0
                             mi, m1, m2 = gsum_pre(
@@ -813,9 +823,9 @@ def meanvar_bwd(
                                 xi, 0.5 * h, K, bj[c], bd[c], nex, 4 * nq + c, nq, pc, pc, acc_pc,
                                 -G * ws[i], True, False,
                             )  # fmt: skip
-                            mvals[i] = mi
-                            m1vals[i] = m1
-                            m2vals[i] = m2
+                            mvals[c] = mi
+                            m1vals[c] = m1
+                            m2vals[c] = m2
                             mbar += ws[i] * mi
                             # -w_i dq_i/da = 2 w_i q1 / l2 ; -w_i dq_i/dl2 = -w_i q2 / l2^2
                             da = 2.0 * ws[i] * q1 / l2
@@ -824,14 +834,15 @@ def meanvar_bwd(
                             gl2 -= G * ws[i] * q2 / (l2 * l2)
                         if hi - lo > 1:  # one node: no spread
                             for i in range(lo, hi):
-                                coef = 2.0 * ws[i] * (mvals[i] - mbar)
+                                c = i - lo
+                                coef = 2.0 * ws[i] * (mvals[c] - mbar)
                                 # the mean sum's gradient: its exponentials, recorded above
                                 gc = G * coef
-                                e_i = evals[i]
+                                e_i = evals[c]
                                 for k in range(R):
                                     acc_b[k] += gc * e_i[k]
-                                m1 = m1vals[i]
-                                m2 = m2vals[i]
+                                m1 = m1vals[c]
+                                m2 = m2vals[c]
                                 da = -coef * m1 / l2
                                 da_sum += da
                                 dz_sum += da * zs[i]
@@ -842,7 +853,7 @@ def meanvar_bwd(
                         elif hi - lo == 1:
                             # v = 0 (a unit without deterministic_row): the slope
                             # m'(x)^2 + s''(x) / 2 that the node's sqrt(v) does not carry
-                            mp = m1vals[lo] / l2
+                            mp = m1vals[0] / l2
                             gv += G * (mp * mp + (q0 - 2.0 * q2 / l2) / l2)
                     else:
                         c2 = l2 + 2.0 * vv

@@ -24,7 +24,7 @@ The backend is chosen per thread with the :func:`backend` context manager:
   float64 (the layers' default compute dtype), in every mode: the kernels evaluate the
   closed-form mean and variance, and
   :func:`~pyro_gpn.moments.propagate.response_moments` replaces the narrow-regime rows whose
-  closed form is not provably accurate by their Gauss-Hermite variance and adds a full
+  closed form is not provably accurate by their quadrature variance and adds a full
   covariance's off-diagonal by Mehler's series, exactly as on the reference path;
   ``"cpu"`` for float32/float64 CPU tensors with fixed equidistant inducing points when Numba is
   installed, else ``"reference"``. Never raises.

@@ -121,23 +121,17 @@ def _k(name: str):
 
 
 @functools.cache
-def _gauss_hermite_rule(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    z, w = np.polynomial.hermite_e.hermegauss(num_nodes)
-    return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
-
-
-@functools.cache
 def _tier_rules() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The Gauss-Hermite rules of every node tier of
-    :data:`~pyro_gpn.moments.propagate.GH_TIERS`, concatenated: nodes, weights, offsets
+    """The quadrature rules of every node tier of
+    :data:`~pyro_gpn.moments.quadrature.NODE_TIERS`, concatenated: nodes, weights, offsets
     ``[T + 1]`` and each tier's largest ``v / lambda^2`` ``[T]``."""
-    from .propagate import GH_TIERS
+    from .quadrature import NODE_TIERS, node_rule
 
-    rules = [_gauss_hermite_rule(nodes) for _, nodes in GH_TIERS]
+    rules = [node_rule(t) for t in range(len(NODE_TIERS))]
     offs = np.cumsum([0] + [len(z) for z, _ in rules]).astype(np.int64)
     zs = np.ascontiguousarray(np.concatenate([z for z, _ in rules]))
     ws = np.ascontiguousarray(np.concatenate([w for _, w in rules]))
-    r2 = np.array([ratio**2 for ratio, _ in GH_TIERS])
+    r2 = np.array([ratio**2 for ratio, _, _ in NODE_TIERS])
     return zs, ws, offs, r2
 
 
@@ -165,9 +159,9 @@ def _units(num_units: int, *params: Tensor | None) -> int:
 
 
 def _ratio2() -> float:
-    from .propagate import GH_MAX_STD_RATIO
+    from .quadrature import NODE_MAX_STD_RATIO
 
-    return float(GH_MAX_STD_RATIO) ** 2
+    return float(NODE_MAX_STD_RATIO) ** 2
 
 
 def _closed_form_rtol() -> float:

@@ -24,7 +24,7 @@ Both are
   the midpoint decay, not ``R^2``; the parametric means-only backward solves with the Cholesky
   factor instead of forming ``kappa``), then one pass per (sample, unit)
   (:func:`~pyro_gpn.moments._numba_kernels.meanvar_fwd` / ``meanvar_bwd``, with the per-row
-  closed-form / Gauss-Hermite rule of ``docs/results/accuracy.md``).
+  closed-form / quadrature rule of ``docs/results/accuracy.md``).
 
 Inducing points are fixed and equidistant (not differentiated). Everything is computed in
 float64.

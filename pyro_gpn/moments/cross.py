@@ -10,7 +10,7 @@ Two evaluations of the same quantity, ``Cov[m_n(a_n), m_m(a_m)]`` for the mean f
   ``O(N^2 K)`` for the pairs, instead of ``O(N^2 R^2)``. A proven bound on its truncation error
   picks the number of terms and sends the pairs it cannot bound to the second evaluation.
 * :func:`_lambda_entries`: ``Lambda`` contracted with ``beta`` per pair (``[R, R]``), or
-  Gauss-Hermite nodes of the conditional where both units are narrow, for the pairs the
+  quadrature nodes of the conditional where both units are narrow, for the pairs the
   series leaves; chunked and checkpointed so that the per-pair tensors are never all held at
   once.
 """
@@ -24,7 +24,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from .backend import cpu_kernels_evaluate
-from .quadrature import _NodeValues, gauss_hermite
+from .quadrature import _NodeValues
 
 __all__ = [
     "COV_CHUNK_ELEMENTS",
@@ -236,6 +236,8 @@ def _lambda_entries_chunk(
     beta: Tensor,
     centred: Tensor | None,
     std: Tensor | None,
+    nodes: Tensor | None,
+    weights: Tensor | None,
     narrow: Tensor | None,
 ) -> Tensor:
     r"""``Cov[f_n, f_m]`` of the entries ``(s, n, m)`` (``entries`` ``[3, E]``, ``n != m``),
@@ -254,12 +256,12 @@ def _lambda_entries_chunk(
     ``D = lambda_n^2 lambda_m^2 + lambda_n^2 Sigma_mm + lambda_m^2 Sigma_nn
     + (Sigma_nn Sigma_mm - Sigma_nm^2)`` (no cancellation as the correlation nears +-1).
 
-    *Narrow* pairs (both units narrow, see :func:`response_moments`): with the Gauss-Hermite
-    nodes ``a_ni`` of ``a_n`` and the mean function's centred values there (``centred``),
-    ``Cov = sum_i w_i (m_n(a_ni) - E m_n) (g_m(a_ni) - E g_m)`` where
-    ``g_m(x) = E[m_m(a_m) | a_n = x]`` is ``psi^T beta_m`` under the conditional Gaussian
-    ``N(mu_m + Sigma_nm / Sigma_nn (x - mu_n), Sigma_mm - Sigma_nm^2 / Sigma_nn)``: linear
-    forms in ``beta`` only, consistent with the diagonal's Gauss-Hermite variance.
+    *Narrow* pairs (both units narrow, see :func:`response_moments`): with the quadrature nodes
+    ``a_ni = mu_n + sd_n z_i`` (``nodes`` ``z [G]``, ``weights`` ``w [G]``) of ``a_n`` and the mean
+    function's centred values there (``centred``), ``Cov = sum_i w_i (m_n(a_ni) - E m_n) (g_m(a_ni)
+    - E g_m)`` where ``g_m(x) = E[m_m(a_m) | a_n = x]`` is ``psi^T beta_m`` under the conditional
+    Gaussian ``N(mu_m + Sigma_nm / Sigma_nn (x - mu_n), Sigma_mm - Sigma_nm^2 / Sigma_nn)``: linear
+    forms in ``beta`` only, consistent with the diagonal's quadrature variance.
     """
     num_units = mean.shape[-1]
     sample, n, m = entries
@@ -283,7 +285,7 @@ def _lambda_entries_chunk(
     if centred is None:
         return broad
 
-    z, w = gauss_hermite(centred.shape[-1], mean.dtype, mean.device)
+    z, w = nodes, weights
     std_n = std[sample, n]
     slope = torch.where(std_n > 0, cross / torch.where(std_n > 0, std_n, 1), 0)  # Sigma_nm / sd_n
     cond_var = (var_m - slope.square()).clamp_min(0)
@@ -319,7 +321,11 @@ def _lambda_entries(
     num_points = inducing_points.shape[-1]
     per_entry = num_points * max(num_points, nodes.centred.shape[-1] if nodes is not None else 0)
     chunk = max(1, COV_CHUNK_ELEMENTS // per_entry)
-    extra = (None, None, None) if nodes is None else (nodes.centred, nodes.std, narrow)
+    extra = (
+        (None,) * 5
+        if nodes is None
+        else (nodes.centred, nodes.std, nodes.nodes, nodes.weights, narrow)
+    )
     args = (mean, cov, out_mean, inducing_points, lengthscales, beta, *extra)
     num_entries = entries.shape[-1]
     if chunk >= num_entries:

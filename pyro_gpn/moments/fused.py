@@ -54,7 +54,7 @@ when ``K + S`` is ill-conditioned (``docs/results/accuracy.md``).
 Gradients are first order only (``once_differentiable``). Inputs must be all float32 or all
 float64 and on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``;
 :func:`pyro_gpn.moments.backend.select_backend` decides when these functions are used. They
-evaluate the closed form as written; the narrow regime's Gauss-Hermite variance
+evaluate the closed form as written; the narrow regime's quadrature variance
 (:mod:`pyro_gpn.moments.quadrature`) is applied on top of them by
 :func:`pyro_gpn.moments.propagate.response_moments`.
 """

@@ -1,7 +1,7 @@
 """The default dtype of the GPN moment algebra (issue 13, ``docs/results/accuracy.md``).
 
 * :data:`DEFAULT_COMPUTE_DTYPE` -- float64. With the stable algebra of
-  :func:`pyro_gpn.moments.response_moments` (Gauss-Hermite variance in the narrow regime,
+  :func:`pyro_gpn.moments.response_moments` (quadrature variance in the narrow regime,
   Cholesky factors instead of an explicit ``C``) float64 is accurate to 6.5e-7 relative (variance)
   and 1.1e-7 (mean) against quadrature over the whole grid, lengthscales up to 16 inducing
   spacings and target variances down to 1e-6.

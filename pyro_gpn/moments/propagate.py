@@ -45,7 +45,8 @@ Cost structure (paper, section "Computational and Model Complexity"):
 Numerics (issue 13, ``docs/results/accuracy.md``): ``beta`` has huge alternating entries when
 ``K + S`` is ill-conditioned, and the closed-form variance cancels terms of size ``|beta|^2``.
 Where the activation is narrow against the kernel the variance is therefore evaluated by
-Gauss-Hermite quadrature of the (well-conditioned) mean function and conditional variance
+quadrature (Gauss-Hermite or trapezoidal) of the (well-conditioned) mean function and
+conditional variance
 (:func:`response_moments`); ``Lambda``'s exponent is completed to a square so that no factor
 overflows.
 """
@@ -71,12 +72,12 @@ from .gaussian import Moments
 from .midpoint import gaussian_sum, is_equidistant, midpoint_expansion
 from .quadrature import (
     CLOSED_FORM_RTOL,
-    GH_MAX_STD_RATIO,
-    GH_TIERS,
+    NODE_MAX_STD_RATIO,
+    NODE_TIERS,
     _node_values,
     closed_form_error_scale,
     gauss_hermite,
-    gauss_hermite_nodes,
+    node_tier,
     node_variance_rows,
 )
 from .weights import safe_cholesky, virtual_observation_weights
@@ -84,16 +85,16 @@ from .weights import safe_cholesky, virtual_observation_weights
 __all__ = [
     "CLOSED_FORM_RTOL",
     "COV_CHUNK_ELEMENTS",
-    "GH_MAX_STD_RATIO",
-    "GH_TIERS",
     "MODES",
+    "NODE_MAX_STD_RATIO",
+    "NODE_TIERS",
     "Mode",
     "closed_form_error_scale",
     "gauss_hermite",
-    "gauss_hermite_nodes",
     "gaussian_sum",
     "is_equidistant",
     "midpoint_expansion",
+    "node_tier",
     "response_moments",
     "safe_cholesky",
     "virtual_observation_weights",
@@ -171,10 +172,10 @@ def response_moments(
             ``1 - x^T M x`` with ``x = L^-1 alpha(a)``.
 
     Numerics (``docs/results/accuracy.md``): the variance is computed per sample and unit in
-    one of two regimes. *Broad* (``v > (GH_MAX_STD_RATIO * lambda)^2``): the closed form
+    one of two regimes. *Broad* (``v > (NODE_MAX_STD_RATIO * lambda)^2``): the closed form
     ``1 - tr[(C - beta beta^T) Omega] - mu^2``, exact in exact arithmetic and accurate when the
-    Gaussian is wide against the kernel. *Narrow*: Gauss-Hermite quadrature with
-    :data:`GH_TIERS` nodes of the centred spread of ``m(a)`` and of the conditional variance
+    Gaussian is wide against the kernel. *Narrow*: quadrature with the rule and nodes of
+    :data:`NODE_TIERS` of the centred spread of ``m(a)`` and of the conditional variance
     (:func:`_node_values`), which does not cancel the ``|beta|^2``-sized terms that make the
     closed form lose up to all digits when ``K + S`` is ill-conditioned. The mean is always the
     closed form ``psi^T beta`` (a linear form in ``beta``). ``"cov"`` mode uses the same
@@ -372,13 +373,13 @@ def _from_closed_form(
 ) -> Moments:
     """The output :class:`Moments` from the closed-form means and noise-free variances
     ``[S, N]`` (the reference path's or the Triton kernels'): the narrow regime's rows whose
-    closed form is not provably accurate replaced by Gauss-Hermite (:func:`_narrow_regime`),
+    closed form is not provably accurate replaced by quadrature (:func:`_narrow_regime`),
     clamped at 0; then the noise, and in ``"cov"`` mode the diagonal or, for a full activation
     covariance, the off-diagonal (:func:`_with_cross_covariance`). ``response`` is
     ``(inducing_points, lengthscales, beta, variance_reduction)``, ``factors``
     ``(variance_cholesky, variance_inner, equidistant)`` as for :func:`response_moments`."""
     mean, var = activations.mean, activations.variance
-    # narrow regime: Gauss-Hermite nodes of a ~ N(mean, var), centred spread of m(a), with each
+    # narrow regime: quadrature nodes of a ~ N(mean, var), centred spread of m(a), with each
     # row's node tier, where the closed form is not provably accurate
     _, narrow = _narrow_rows(var, response[1])
     out_var = _narrow_regime(out_var, narrow, out_mean, mean, var, *response, *factors)
@@ -433,7 +434,7 @@ def _lambda_cross_covariance(
     factors: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
     """``out_cov`` ``[S, N, N]`` with the pairs ``unbounded`` (a symmetric boolean mask)
-    replaced by their covariances through ``Lambda``, or the narrow regime's Gauss-Hermite
+    replaced by their covariances through ``Lambda``, or the narrow regime's quadrature
     nodes where both units are narrow (:func:`~pyro_gpn.moments.cross._lambda_entries`): the
     cost is that of those pairs. ``response`` is ``(inducing_points, lengthscales, beta,
     variance_reduction)``, ``factors`` ``(variance_cholesky, variance_inner)`` as for
@@ -445,8 +446,8 @@ def _lambda_cross_covariance(
     ratio2, narrow = _narrow_rows(var, lengthscales)
     nodes = None
     if bool(narrow.any()):
-        num_nodes = gauss_hermite_nodes(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
-        nodes = _node_values(mean, var, *response, *factors, num_nodes)
+        tier = node_tier(float(ratio2.detach().where(narrow, 0).amax()) ** 0.5)
+        nodes = _node_values(mean, var, *response, *factors, tier)
     entries = torch.stack([local, n, m])
     values = cross._lambda_entries(
         entries, mean, cov, inducing_points, lengthscales, beta, out_mean[rows], nodes, narrow
@@ -457,9 +458,9 @@ def _lambda_cross_covariance(
 
 def _narrow_rows(var: Tensor, lengthscales: Tensor) -> tuple[Tensor, Tensor]:
     """``(v / lambda^2, mask)`` of the narrow regime's rows ``[S, N]``: ``sqrt(v) <=
-    GH_MAX_STD_RATIO lambda`` (the rows whose variance may need Gauss-Hermite)."""
+    NODE_MAX_STD_RATIO lambda`` (the rows whose variance may need quadrature nodes)."""
     ratio2 = var / lengthscales.square()
-    return ratio2, ratio2 <= GH_MAX_STD_RATIO**2
+    return ratio2, ratio2 <= NODE_MAX_STD_RATIO**2
 
 
 def _narrow_regime(
@@ -477,7 +478,7 @@ def _narrow_regime(
     equidistant: bool | None,
 ) -> Tensor:
     """``out_var`` ``[S, N]`` (the closed-form variance, noise-free) with the ``narrow`` rows
-    whose closed form is not provably accurate replaced by their Gauss-Hermite variance
+    whose closed form is not provably accurate replaced by their quadrature variance
     (:func:`node_variance_rows`): every narrow row when ``variance_cholesky`` is given, else
     those whose rounding-error bound (:func:`closed_form_error_scale` times the magnitude of the
     closed form's terms, ``1 + tr[(|C| + |beta| |beta|^T) Omega] + mean^2``) exceeds

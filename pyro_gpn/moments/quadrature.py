@@ -1,57 +1,82 @@
 r"""The narrow regime of the output variance (issue 13, ``docs/results/accuracy.md``).
 
 Where the activation ``a ~ N(mu, v)`` is narrow against the lengthscale
-(``sqrt(v) <= GH_MAX_STD_RATIO lambda``) and the closed form
+(``sqrt(v) <= NODE_MAX_STD_RATIO lambda``) and the closed form
 ``1 - tr[(C - beta beta^T) Omega] - mu^2`` is not provably accurate (its rounding-error bound,
 :func:`closed_form_error_scale`, exceeds :data:`CLOSED_FORM_RTOL` of its value: ``K + S``
 ill-conditioned, ``|beta|^2`` huge), ``Var f = E[1 - alpha(a)^T C alpha(a)] + Var[m(a)]`` is
-evaluated by Gauss-Hermite quadrature with the node count of each row's ``sqrt(v) / lambda``
-(:data:`GH_TIERS`)."""
+evaluated at quadrature nodes of ``a``, with the rule and node count of each row's
+``sqrt(v) / lambda`` (:data:`NODE_TIERS`): Gauss-Hermite for the narrowest, the trapezoidal
+rule beyond."""
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
     "CLOSED_FORM_RTOL",
     "EXPLICIT_C_ERROR_FACTOR",
-    "GH_MAX_STD_RATIO",
-    "GH_TIERS",
+    "NODE_MAX_STD_RATIO",
+    "NODE_TIERS",
+    "TRAPEZOID_HALF_WIDTH",
     "closed_form_error_scale",
     "explicit_c_rows",
     "gauss_hermite",
-    "gauss_hermite_nodes",
+    "node_rule",
+    "node_tier",
     "node_variance_rows",
 ]
 
 
-#: The narrow regime: activation standard deviation at most this multiple of the lengthscale
-#: (beyond it the closed form is accurate: float64 relative error <= 1e-6 from the ratio 1.2 in
-#: the hardest regimes of ``docs/results/accuracy.md``, 2e-6 at 1.0; but up to 1.7e-5 just past
-#: 1.25 in the fused layer at ``lambda / h`` ~3, ``S = 1e-6``: accuracy.md, "Node tiers").
-GH_MAX_STD_RATIO = 1.25
+#: The narrow regime: activation standard deviation at most this multiple of the lengthscale.
+#: Beyond it the closed form serves, within 6e-7 in float64 for units with ``lambda / h`` up to
+#: 7 and ``S`` down to 1e-6 (up to 2e-6 at ``lambda / h`` 6.5 to 10), against a 3,001-node
+#: trapezoidal reference (``benchmarks/node_tiers.py --broad``; ``docs/results/accuracy.md``,
+#: "The narrow regime to 6 lambda"). Where the regime ended at 1.25 the closed form was off by
+#: up to 3e-5 just past it, and UCI fits of the default network have 44-66 % of the first
+#: layer's rows there.
+NODE_MAX_STD_RATIO = 6.0
 
 
-#: Gauss-Hermite node counts of the narrow regime: ``(ratio, nodes)``, the first row whose
-#: ratio is at least the largest ``sqrt(v) / lambda`` of the narrow samples in the call gives the
-#: node count. Measured in float64 at each tier's largest ratio, on units with ``lambda / h``
-#: from 1.3 to 6 and ``S`` down to 1e-6 with the default jitter: each tier's rule is within 1e-7
-#: relative of a 300-node rule. The hardest, ``lambda / h = 2``, ``S = 1e-6``, ``|beta|`` ~1e5,
-#: needs 24 nodes at 0.4, 48 at 0.75, 64 at 1 and 96 at 1.25, where 20 / 32 / 48 / 64 were off
-#: by up to 3.4e-5 (``docs/results/accuracy.md``, "Node tiers"). Deterministic activations
-#: (``v = 0``) need one node.
-GH_TIERS: tuple[tuple[float, int], ...] = (
-    (0.0, 1),
-    (0.1, 8),
-    (0.2, 12),
-    (0.4, 24),
-    (0.75, 48),
-    (1.0, 64),
-    (1.25, 96),
+#: Node tiers of the narrow regime: ``(ratio, nodes, rule)``; the first row whose ratio is at
+#: least a row's ``sqrt(v) / lambda`` gives its rule: ``"gauss-hermite"`` (exact for
+#: polynomials: the fewest nodes where the Gaussian is narrow against the kernel) or
+#: ``"trapezoid"`` (equally spaced on ``[-TRAPEZOID_HALF_WIDTH, TRAPEZOID_HALF_WIDTH]``
+#: standard deviations with Gaussian weights: geometrically convergent for these analytic
+#: integrands, where Gauss-Hermite needed 96 nodes at 1.25 and its rules of 250 and 300 nodes
+#: disagree by 1e-2 at 4). Measured in float64 by ``benchmarks/node_tiers.py`` on units with
+#: ``lambda / h`` from 1.3 to 8 and ``S`` down to 1e-6 with the default jitter: each
+#: trapezoidal tier has at least 10 % more nodes than the fewest within 1e-9 relative of a
+#: 3,001-node rule on [-10, 10] (37, 45, 51, 59, 73, 87, 103, 133, 165, 197 from 0.75 to 6),
+#: and the library's variances are within 4.3e-9 of it at every tier's largest ratio from 0.4
+#: to 5 (4.3e-8 at 6, where rows round to the broad side; 7.9e-7 at 0.1, where the variances
+#: are small and ``alpha^T C alpha`` with an explicit ill-conditioned ``C`` differs by that
+#: much between evaluation orders). Deterministic activations (``v = 0``) need one node.
+NODE_TIERS: tuple[tuple[float, int, str], ...] = (
+    (0.0, 1, "gauss-hermite"),
+    (0.1, 8, "gauss-hermite"),
+    (0.2, 12, "gauss-hermite"),
+    (0.4, 24, "gauss-hermite"),
+    (0.75, 45, "trapezoid"),
+    (1.0, 51, "trapezoid"),
+    (1.25, 57, "trapezoid"),
+    (1.5, 65, "trapezoid"),
+    (2.0, 81, "trapezoid"),
+    (2.5, 97, "trapezoid"),
+    (3.0, 113, "trapezoid"),
+    (4.0, 145, "trapezoid"),
+    (5.0, 177, "trapezoid"),
+    (6.0, 209, "trapezoid"),
 )
+
+
+#: Half-width in standard deviations of the trapezoidal tiers' nodes: the Gaussian's mass
+#: beyond it is 1.2e-15.
+TRAPEZOID_HALF_WIDTH = 8.0
 
 
 #: The closed-form variance is used in the narrow regime too wherever its rounding-error bound
@@ -80,21 +105,18 @@ EXPLICIT_C_ERROR_FACTOR = 1.0
 
 def explicit_c_rows(variance, activation_variance, lengthscales, inverse_trace, eps: float):
     """The rows ``[S, N]`` whose variance an explicit ``C`` cannot give to
-    :data:`CLOSED_FORM_RTOL`, and Gauss-Hermite nodes through ``C``'s factors can.
+    :data:`CLOSED_FORM_RTOL`, and quadrature nodes through ``C``'s factors can.
 
-    ``C = L^-T M L^-1`` formed explicitly carries an absolute error of about
-    ``eps ||L^-1||_F^2 = eps tr(K^-1)`` (``EXPLICIT_C_ERROR_FACTOR`` times it, measured), which
-    the closed form's own rounding bound (:func:`closed_form_error_scale`) does not see: the rows
-    whose ``variance`` (``[S, N]``, as returned, with any output noise) is below it divided by
+    ``C = L^-T M L^-1`` formed explicitly carries an absolute error of about ``eps ||L^-1||_F^2 =
+    eps tr(K^-1)`` (``EXPLICIT_C_ERROR_FACTOR`` times it, measured), which the closed form's own
+    rounding bound (:func:`closed_form_error_scale`) does not see: the rows whose ``variance``
+    (``[S, N]``, as returned, with any output noise) is below it divided by
     :data:`CLOSED_FORM_RTOL`, among the narrow ones (``activation_variance [S, N] <=
-    (GH_MAX_STD_RATIO lambda)^2``, ``lengthscales [N | 1]``): broader activations need more
-    nodes than Gauss-Hermite handles accurately (64 to 256 nodes at ``sqrt(v) = 3 lambda``
-    err by up to 4.7e-2, erratically: ``benchmarks/factored_rows_probe.py nodes``), and keep
-    the closed form. ``inverse_trace [N | 1]`` is ``||L^-1||_F^2``. One rule for NumPy arrays
-    (the fused CPU layer decides inside its node) and tensors (the other paths): operators
-    only."""
+    (NODE_MAX_STD_RATIO lambda)^2``, ``lengthscales [N | 1]``): broader activations keep the closed
+    form, as everywhere. ``inverse_trace [N | 1]`` is ``||L^-1||_F^2``. One rule for NumPy arrays
+    (the fused CPU layer decides inside its node) and tensors (the other paths): operators only."""
     threshold = (EXPLICIT_C_ERROR_FACTOR * eps / CLOSED_FORM_RTOL) * inverse_trace
-    narrow = activation_variance <= (GH_MAX_STD_RATIO * lengthscales) ** 2
+    narrow = activation_variance <= (NODE_MAX_STD_RATIO * lengthscales) ** 2
     return (variance < threshold) & narrow
 
 
@@ -107,12 +129,41 @@ def closed_form_error_scale(num_points: int, dtype: torch.dtype) -> float:
     return 4.0 * (2 * num_points + 8) * torch.finfo(dtype).eps
 
 
-def gauss_hermite_nodes(std_ratio: float) -> int:
-    """Node count of :data:`GH_TIERS` for the largest ``sqrt(v) / lambda`` of a call."""
-    for ratio, nodes in GH_TIERS:
+def node_tier(std_ratio: float) -> int:
+    """Index into :data:`NODE_TIERS` of the tier for a ``sqrt(v) / lambda`` (the last tier's
+    beyond it)."""
+    for t, (ratio, _, _) in enumerate(NODE_TIERS):
         if std_ratio <= ratio:
-            return nodes
-    return GH_TIERS[-1][1]
+            return t
+    return len(NODE_TIERS) - 1
+
+
+@functools.cache
+def _rule(num_nodes: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``z`` and weights ``w`` (summing to 1) of a rule for ``E[g(Z)]``, ``Z ~ N(0, 1)``."""
+    if rule == "gauss-hermite":
+        z, w = np.polynomial.hermite_e.hermegauss(num_nodes)
+    elif rule == "trapezoid":
+        z = np.linspace(-TRAPEZOID_HALF_WIDTH, TRAPEZOID_HALF_WIDTH, num_nodes)
+        w = np.exp(-0.5 * z * z)
+    else:
+        raise ValueError(f"rule must be 'gauss-hermite' or 'trapezoid', got {rule!r}")
+    return np.ascontiguousarray(z), np.ascontiguousarray(w / w.sum())
+
+
+def node_rule(tier: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``z`` and weights ``w`` (summing to 1, each ``[G]``) of :data:`NODE_TIERS` tier
+    ``tier``: ``E[g(Z)] ~ sum_i w_i g(z_i)`` for ``Z ~ N(0, 1)``."""
+    _, num_nodes, rule = NODE_TIERS[tier]
+    return _rule(num_nodes, rule)
+
+
+@functools.lru_cache(maxsize=64)
+def _node_rule_tensors(
+    tier: int, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    z, w = node_rule(tier)
+    return torch.tensor(z, dtype=dtype, device=device), torch.tensor(w, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=16)
@@ -122,13 +173,10 @@ def gauss_hermite(
     """Probabilists' Gauss-Hermite rule: nodes ``z`` and weights ``w`` (summing to 1) with
     ``E[g(Z)] ~ sum_i w_i g(z_i)`` for ``Z ~ N(0, 1)``, exact for polynomials of degree
     ``< 2 num_nodes``. Each ``[num_nodes]``."""
-    import numpy as np
-
-    nodes, weights = np.polynomial.hermite_e.hermegauss(num_nodes)
-    weights = weights / weights.sum()
+    z, w = _rule(num_nodes, "gauss-hermite")
     return (
-        torch.tensor(nodes, dtype=dtype, device=device),
-        torch.tensor(weights, dtype=dtype, device=device),
+        torch.tensor(z, dtype=dtype, device=device),
+        torch.tensor(w, dtype=dtype, device=device),
     )
 
 
@@ -139,12 +187,16 @@ def _safe_sqrt(x: Tensor) -> Tensor:
 
 
 class _NodeValues:
-    """The mean function at the Gauss-Hermite nodes of each activation (narrow regime)."""
+    """The mean function at the quadrature nodes ``a_i = mu + sqrt(v) z_i`` of each activation
+    (narrow regime)."""
 
-    def __init__(self, centred: Tensor, variance: Tensor, std: Tensor, weights: Tensor):
+    def __init__(
+        self, centred: Tensor, variance: Tensor, std: Tensor, nodes: Tensor, weights: Tensor
+    ):
         self.centred = centred  # [S, N, G]: m(a_i) - sum_i w_i m(a_i)
         self.variance = variance  # [S, N]: E[1 - alpha^T C alpha] + Var[m(a)], noise-free
         self.std = std  # [S, N]
+        self.nodes = nodes  # [G]: z_i
         self.weights = weights  # [G]
 
 
@@ -161,21 +213,21 @@ def node_variance_rows(
     variance_inner: Tensor | None,
 ) -> Tensor:
     r"""``out_var`` ``[S, N]`` with the entries ``rows`` (bool ``[S, N]``) replaced by their
-    Gauss-Hermite variance (:func:`_node_values`), each with the node count of its own
-    ``sqrt(v) / lambda`` (:data:`GH_TIERS`): the rows of one tier are gathered, evaluated with
+    quadrature variance (:func:`_node_values`), each with the rule of its own
+    ``sqrt(v) / lambda`` (:data:`NODE_TIERS`): the rows of one tier are gathered, evaluated with
     their units' parameters and scattered back."""
     num_units = mean.shape[-1]
     ls2 = lengthscales.expand(num_units).square()
     std_ratio = (var.detach() / ls2.detach()).clamp_min(0).sqrt()
-    bounds = torch.tensor([r for r, _ in GH_TIERS], dtype=std_ratio.dtype, device=mean.device)
-    tier = torch.searchsorted(bounds, std_ratio.contiguous()).clamp_max(len(GH_TIERS) - 1)
+    bounds = torch.tensor([r for r, _, _ in NODE_TIERS], dtype=std_ratio.dtype, device=mean.device)
+    tier = torch.searchsorted(bounds, std_ratio.contiguous()).clamp_max(len(NODE_TIERS) - 1)
     points = inducing_points.expand(num_units, -1)
     beta = beta.expand(num_units, -1)
     flat = out_var.reshape(-1)
     for t in tier[rows].unique().tolist():
         sel = (rows & (tier == t)).reshape(-1).nonzero().squeeze(-1)
         unit = sel % num_units
-        z, w = gauss_hermite(GH_TIERS[t][1], mean.dtype, mean.device)
+        z, w = _node_rule_tensors(t, mean.dtype, mean.device)
         m_sel = mean.reshape(-1)[sel]
         std = _safe_sqrt(var.reshape(-1)[sel])
         nodes = m_sel.unsqueeze(-1) + std.unsqueeze(-1) * z  # [P, G]
@@ -196,7 +248,7 @@ def node_variance_rows(
             reduction = variance_reduction.expand(num_units, -1, -1)[unit]
             quad = ((alpha @ reduction) * alpha).sum(-1)
         value = ((1 - quad) + centred.square()) @ w
-        if GH_TIERS[t][1] == 1:  # deterministic rows: one node, whose sqrt(v) has no slope
+        if NODE_TIERS[t][1] == 1:  # deterministic rows: one node, whose sqrt(v) has no slope
             v_sel = var.reshape(-1)[sel]
             slope = _deterministic_variance_slope(
                 diff, alpha, ls2[unit], beta[unit], reduction, chol, inner, solved
@@ -250,9 +302,10 @@ def _node_values(
     variance_reduction: Tensor,
     variance_cholesky: Tensor | None,
     variance_inner: Tensor | None = None,
-    num_nodes: int = GH_TIERS[-1][1],
+    tier: int = len(NODE_TIERS) - 1,
 ) -> _NodeValues:
-    r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` by Gauss-Hermite.
+    r"""``Var[f] = E[1 - alpha(a)^T C alpha(a)] + E[(m(a) - E m)^2]`` at the nodes of
+    :data:`NODE_TIERS` tier ``tier``.
 
     With ``a_i = mu + sqrt(v) z_i``: ``m_i = alpha(a_i)^T beta`` (a linear form: accurate
     however large and alternating ``beta`` is), ``q_i = alpha(a_i)^T C alpha(a_i)`` or, given
@@ -263,7 +316,7 @@ def _node_values(
     ``|beta|^2``.
     """
     num_units = mean.shape[-1]
-    z, w = gauss_hermite(num_nodes, mean.dtype, mean.device)
+    z, w = _node_rule_tensors(tier, mean.dtype, mean.device)
     std = _safe_sqrt(var)
     nodes = mean.unsqueeze(-1) + std.unsqueeze(-1) * z  # [S, N, G]
     points = inducing_points.expand(num_units, -1)
@@ -286,4 +339,4 @@ def _node_values(
         reduction = variance_reduction.expand(num_units, -1, -1)
         quad = torch.einsum("sngr,nrt,sngt->sng", alpha, reduction, alpha)
     variance = ((1 - quad) + centred.square()) @ w
-    return _NodeValues(centred, variance, std, w)
+    return _NodeValues(centred, variance, std, z, w)

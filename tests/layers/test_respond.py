@@ -163,19 +163,25 @@ def _wide_grid_variance(layer: GPNLayer, variance: float) -> float:
 
 @pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
 @pytest.mark.parametrize("kind", ["cpu", "reference"])
-@pytest.mark.parametrize(("lengthscale", "variance"), [(1.0, 9.0), (0.8, 9.0)])
-def test_broad_activations_keep_the_closed_form(kind, lengthscale, variance, monkeypatch):
-    """Activations broader than ``1.25 lambda`` are not refined: Gauss-Hermite with the
-    narrow regime's nodes erred by 1.9e-3 and 4.7e-3 here, where the closed form is within
-    4.5e-5 and 7.6e-7 (a review found it): the layer stays within 1e-4 of quadrature."""
+@pytest.mark.parametrize(
+    ("lengthscale", "variance", "refined"),
+    [(1.0, 9.0, True), (0.8, 9.0, True), (1.0, 30.0, False), (0.8, 40.0, False)],
+)
+def test_broad_activations_against_quadrature(kind, lengthscale, variance, refined, monkeypatch):
+    """Activations 3 and 3.75 lambda wide are refined at the trapezoidal nodes of their tier
+    (Gauss-Hermite with the old narrow regime's nodes erred by 1.9e-3 and 4.7e-3 here, and the
+    closed form that then served them by 4.5e-5 and 7.6e-7: a review found it). At 5.5 lambda
+    the variance (1e-3) is above the explicit ``C``'s error and the layer leaves the row to the
+    row kernels' own rule; past ``NODE_MAX_STD_RATIO lambda`` (7.9) the closed form serves.
+    Within 1e-8 of adaptive quadrature where refined, 1e-6 otherwise."""
     calls = _count_refined(monkeypatch)
     layer = _wide_grid_unit(lengthscale)
     want = _wide_grid_variance(layer, variance)
     acts = Moments(torch.zeros(1, 1, dtype=F64), var=torch.full((1, 1), variance, dtype=F64))
     with backend(kind):
         got = float(respond(layer, acts, "meanvar", noise=False).var)
-    assert calls == []
-    assert abs(got - want) <= 1e-4 * want
+    assert calls == ([1] if refined else [])
+    assert abs(got - want) <= (1e-8 if refined else 1e-6) * want
 
 
 @pytest.mark.parametrize("kind", ["cpu", "reference"])
@@ -346,3 +352,42 @@ def test_layers_call_the_unchecked_implementations(monkeypatch, kind):
                 [3, 4, 1], head="gaussian", dtype=torch.float64, mode=mode, num_data=6
             )
             vgpn.loss(x, y).backward()
+
+
+@pytest.mark.parametrize("kind", ["cpu", "reference"])
+@pytest.mark.parametrize("ratio", [0.05, 1.26, 1.5, 2.0, 4.0])
+def test_ill_conditioned_units_across_the_regimes(kind, ratio):
+    """Three units with random targets and ``S`` near the jitter (``lambda / h`` 2.6 to 3.9,
+    ``|beta|`` ~1e5), at ``sqrt(v) / lambda`` from 0.05 to 4: the layer's variance within 1e-6
+    of a 3,001-node trapezoidal rule through ``C``'s factor, written out here. Just past 1.25,
+    where the narrow regime used to end, the closed form was off by up to 1.7e-5."""
+    g = torch.Generator().manual_seed(17)
+    targets = torch.randn(3, R, generator=g, dtype=F64)
+    variances = 1e-6 * (0.5 + torch.rand(3, R, generator=g, dtype=F64))
+    ls = 0.8 + 0.4 * torch.rand(3, generator=g, dtype=F64)
+    layer = GPNLayer(1, 3, num_inducing=R, dtype=F64)
+    with torch.no_grad():
+        layer.response.targets.copy_(targets)
+        layer.response.target_variances = variances
+    layer.lengthscales = ls
+    mean = torch.linspace(-2.5, 2.5, 21, dtype=F64)[:, None] + torch.tensor([0.0, 0.05, 0.11])
+    var = (ratio * ls) ** 2 * torch.ones(21, 3, dtype=F64)
+    with backend(kind):
+        got = respond(layer, Moments(mean, var=var), "meanvar", noise=False).var.detach()
+    points = torch.tensor(V, dtype=F64)
+    gram = torch.exp(-0.5 * (points[:, None] - points) ** 2 / ls[:, None, None] ** 2)
+    chol = torch.linalg.cholesky(gram + torch.diag_embed(variances + layer.response.jitter))
+    beta = torch.cholesky_solve(targets.unsqueeze(-1), chol).squeeze(-1)  # [3, R]
+    z = torch.linspace(-10, 10, 3001, dtype=F64)
+    w = torch.exp(-0.5 * z * z)
+    w = w / w.sum()
+    want = torch.empty(21, 3, dtype=F64)
+    for n in range(3):
+        a = mean[:, n, None] + var[:, n, None].sqrt() * z  # [21, G]
+        alpha = torch.exp(-0.5 * (a[..., None] - points) ** 2 / ls[n] ** 2)  # [21, G, R]
+        m = alpha @ beta[n]
+        x = torch.linalg.solve_triangular(chol[n], alpha.reshape(-1, R).T, upper=False)
+        cond = 1 - x.square().sum(0).reshape(21, -1)
+        spread = m - (m @ w)[:, None]
+        want[:, n] = cond @ w + spread.square() @ w
+    assert float(((got - want).abs() / want).max()) < 1e-6

@@ -1,15 +1,24 @@
 """The narrow-regime variance (:mod:`pyro_gpn.moments.quadrature`): the closed-form error rule
-and the per-(sample, unit) Gauss-Hermite node tiers, in the reference path and the CPU kernels."""
+and the per-(sample, unit) node tiers (Gauss-Hermite, then trapezoidal), in the reference path
+and the CPU kernels."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import pyro_gpn.moments.propagate as propagate
 from pyro_gpn.moments import Moments, response_moments, virtual_observation_weights
 from pyro_gpn.moments.backend import backend, numba_available
-from pyro_gpn.moments.quadrature import GH_TIERS, _node_values, closed_form_error_scale
+from pyro_gpn.moments.quadrature import (
+    NODE_MAX_STD_RATIO,
+    NODE_TIERS,
+    _node_values,
+    closed_form_error_scale,
+    node_rule,
+    node_tier,
+)
 
 F64 = torch.float64
 
@@ -28,7 +37,7 @@ def _activations(ls: float, samples: int = 40, units: int = 3, seed: int = 1):
     """Means inside and outside the range; sd / lambda spread over every node tier."""
     g = torch.Generator().manual_seed(seed)
     mean = 3 * torch.randn(samples, units, generator=g, dtype=F64)
-    ratio = 1.25 * torch.rand(samples, units, generator=g, dtype=F64)
+    ratio = NODE_MAX_STD_RATIO * torch.rand(samples, units, generator=g, dtype=F64)
     ratio[::7] = 0.0  # deterministic rows: one node
     return mean, (ratio * ls).square()
 
@@ -64,8 +73,9 @@ def test_quadrature_only_where_the_closed_form_is_not_provably_accurate(
 
 @pytest.mark.parametrize("which", ["reference", "cpu"])
 def test_per_row_tiers_agree_with_the_widest_rule(which):
-    """Every row with its own node tier against all rows at the largest tier (64 nodes), on an
-    ill-conditioned unit where the nodes are used: values and the gradient w.r.t. the means."""
+    """Every row with its own node tier against all rows at the largest tier (209 trapezoidal
+    nodes), on an ill-conditioned unit where the nodes are used: values and the gradient
+    w.r.t. the means."""
     if which == "cpu" and not numba_available():
         pytest.skip("numba is not installed")
     points, ls, beta, kappa = _layer(1.2, 1e-4)
@@ -75,7 +85,7 @@ def test_per_row_tiers_agree_with_the_widest_rule(which):
         out = response_moments(Moments(mean, var=var), points, ls, beta, kappa, None, "meanvar")
     (grad,) = torch.autograd.grad(out.var.sum(), mean)
     m = mean.detach().requires_grad_(True)
-    wide = _node_values(m, var, points, ls, beta, kappa, None, None, GH_TIERS[-1][1]).variance
+    wide = _node_values(m, var, points, ls, beta, kappa, None, None, len(NODE_TIERS) - 1).variance
     (grad_wide,) = torch.autograd.grad(wide.clamp_min(0).sum(), m)
     torch.testing.assert_close(out.var, wide.clamp_min(0), rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(grad, grad_wide, rtol=1e-5, atol=1e-8)
@@ -100,3 +110,64 @@ def test_cpu_kernels_take_the_same_per_row_decisions_as_the_reference(lengthscal
     # same rule per row; the values differ by the rounding of alpha^T C alpha (midpoint form in
     # the kernels), which an explicit C amplifies by cond(K + S): 1.7e-7 at lambda / h = 6.5
     torch.testing.assert_close(outs["cpu"].var, outs["reference"].var, rtol=1e-6, atol=1e-12)
+
+
+def test_node_tiers_are_ordered_and_end_at_the_narrow_regimes_bound():
+    ratios = [ratio for ratio, _, _ in NODE_TIERS]
+    counts = [nodes for _, nodes, _ in NODE_TIERS]
+    assert ratios == sorted(ratios) and counts == sorted(counts)
+    assert ratios[-1] == NODE_MAX_STD_RATIO and counts[0] == 1
+    assert [node_tier(r) for r in ratios] == list(range(len(NODE_TIERS)))
+    assert node_tier(0.0) == 0 and node_tier(0.05) == 1 and node_tier(1e9) == len(NODE_TIERS) - 1
+
+
+@pytest.mark.parametrize("tier", range(1, len(NODE_TIERS)))
+def test_every_tiers_rule_integrates_against_the_standard_normal(tier):
+    """Weights summing to 1, ``E[Z^2] = 1``, ``E[Z^4] = 3`` and ``E[cos(t Z)] = exp(-t^2 / 2)``
+    at the frequency of a kernel bump at the tier's largest ratio (``t = ratio``: the
+    integrands ``alpha(mu + sqrt(v) z)`` vary on ``z``-scales of ``lambda / sqrt(v)``)."""
+    z, w = node_rule(tier)
+    ratio, nodes, rule = NODE_TIERS[tier]
+    assert z.shape == w.shape == (nodes,) and (w > 0).all()
+    assert abs(w.sum() - 1) < 1e-14
+    assert abs(w @ z**2 - 1) < 1e-12 and abs(w @ z**4 - 3) < 1e-11
+    assert abs(w @ np.cos(ratio * z) - np.exp(-(ratio**2) / 2)) < 1e-12
+
+
+def _explicit_reference(mean, var, points, ls, beta, kappa, nodes: int = 3001, half: float = 10.0):
+    """``Var[f]`` by a trapezoidal rule written out here, at ``nodes`` points on
+    ``[-half, half]`` standard deviations, with the explicit ``C = kappa``: ``[S, N]``."""
+    z = torch.linspace(-half, half, nodes, dtype=F64)
+    w = torch.exp(-0.5 * z * z)
+    w = w / w.sum()
+    a = mean[..., None] + var.sqrt()[..., None] * z  # [S, N, G]
+    alpha = torch.exp(-0.5 * (a[..., None] - points[:, None, :]) ** 2 / ls[:, None, None] ** 2)
+    m = torch.einsum("sngr,nr->sng", alpha, beta)
+    cond = 1 - torch.einsum("sngr,nrt,sngt->sng", alpha, kappa, alpha)
+    spread = m - (m * w).sum(-1, keepdim=True)
+    return (cond * w).sum(-1) + (spread.square() * w).sum(-1)
+
+
+@pytest.mark.parametrize("which", ["reference", "cpu"])
+@pytest.mark.parametrize("ratio", [1.26, 1.5, 2.0, 3.0, 4.5])
+def test_activations_past_the_old_narrow_bound_are_accurate_in_float64(which, ratio):
+    """``sqrt(v) / lambda`` from just past 1.25 (where the narrow regime used to end and the
+    closed form, about ``|beta|^2 eps`` off, missed 1e-6 by up to 30x on this layer) to 4.5:
+    quadrature where the closed form is not provably accurate, within 1e-7 of a 3,001-node
+    trapezoidal rule (converged: a 2,001-node rule on [-9.5, 9.5] agrees to 1e-10)."""
+    if which == "cpu" and not numba_available():
+        pytest.skip("numba is not installed")
+    g = torch.Generator().manual_seed(17)
+    points = torch.linspace(-2, 2, 14, dtype=F64).expand(3, -1).clone()
+    targets = torch.randn(3, 14, generator=g, dtype=F64)
+    variances = 1e-6 * (0.5 + torch.rand(3, 14, generator=g, dtype=F64))
+    ls = 0.8 + 0.4 * torch.rand(3, generator=g, dtype=F64)  # lambda / h 2.6 to 3.9
+    kappa, beta = virtual_observation_weights(points, targets, variances, ls, jitter=1e-6)
+    mean = torch.linspace(-2.5, 2.5, 21, dtype=F64)[:, None] + torch.tensor([0.0, 0.05, 0.11])
+    var = (ratio * ls) ** 2 * torch.ones(21, 3, dtype=F64)
+    ref = _explicit_reference(mean, var, points, ls, beta, kappa)
+    check = _explicit_reference(mean, var, points, ls, beta, kappa, 2001, 9.5)
+    assert float(((check - ref).abs() / ref).max()) < 1e-10
+    with backend(which):
+        out = response_moments(Moments(mean, var=var), points, ls, beta, kappa, None, "meanvar")
+    assert float(((out.var - ref).abs() / ref).max()) < 1e-7
