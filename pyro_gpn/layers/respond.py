@@ -156,7 +156,7 @@ def _with_factored_rows(
     which the closed form's own error bound does not see. Where the variance returned (with the
     output noise, if it is added) is small against it -- a nearly collapsed posterior or tiny
     target variances at a long lengthscale, without noise: variances ~1e-6 with ``tr(K^-1)`` ~1e7 --
-    and the activation narrow (``sqrt(v) <= NODE_MAX_STD_RATIO lambda``, 2.5), the rows are
+    and the activation narrow (``sqrt(v) <= NODE_MAX_STD_RATIO lambda``, 6), the rows are
     evaluated again at quadrature nodes through the factors (``1 - x^T M x``, ``x = L^-1
     alpha(a)``): the float64 variances of narrow activations then agree with quadrature to 4.4e-7
     relative where the explicit ``C`` lost up to 8.2e-4 (``tests/layers/test_respond.py``,

@@ -653,3 +653,24 @@ def test_deterministic_rows_where_the_odd_midpoint_factor_overflows():
     assert 0.1 < float(want.max() - want.min())  # activations near and between the points
     got = out_f[1].numpy() - noise.detach().numpy()
     np.testing.assert_allclose(got.astype(ld), want, rtol=0, atol=1e-12)
+
+
+def test_tier_rules_and_node_buffers_match_the_node_tiers():
+    """The kernels' concatenated rules (``_tier_rules``) against :data:`NODE_TIERS` read here:
+    tier ``t``'s nodes and weights at ``offs[t]:offs[t + 1]`` (offsets the running sum of the
+    tiers' node counts), ``tier_r2`` the squared ratios; and the per-unit node buffers sized
+    by ``largest_tier`` to the largest tier's count. Caught: a buffer one node short
+    (the largest tier then writes past it: no wrong value, a heap corruption that aborted a
+    later test only), shifted offsets, unsquared ratios."""
+    from pyro_gpn.moments.cpu_kernels import _k, _tier_rules
+    from pyro_gpn.moments.quadrature import NODE_TIERS, node_rule
+
+    zs, ws, offs, tier_r2 = _tier_rules()
+    counts = [nodes for _, nodes, _ in NODE_TIERS]
+    assert offs.tolist() == [sum(counts[:t]) for t in range(len(counts) + 1)]
+    for t, (ratio, _, _) in enumerate(NODE_TIERS):
+        z, w = node_rule(t)
+        np.testing.assert_array_equal(zs[offs[t] : offs[t + 1]], z)
+        np.testing.assert_array_equal(ws[offs[t] : offs[t + 1]], w)
+        assert tier_r2[t] == ratio**2
+    assert _k("largest_tier")(offs) == max(counts)

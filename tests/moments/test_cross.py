@@ -305,3 +305,30 @@ def test_lambda_fallback_with_unequal_lengthscales_matches_quadrature(monkeypatc
     scale = float(out_cov[0, 0] * out_cov[1, 1]) ** 0.5
     assert abs(float(out_cov[0, 1]) - brute) <= 1e-9 * scale
     assert float(out_cov[0, 1]) == float(out_cov[1, 0])
+
+
+@pytest.mark.parametrize("ratio", [2.0, 5.5])
+def test_narrow_pairs_past_the_old_bound_match_quadrature(monkeypatch, ratio):
+    """Both units narrow at ``sqrt(v) / lambda`` 2 and 5.5 (the trapezoidal tiers), ``K + S``
+    ill-conditioned (``S`` ~1e-6, ``|beta|`` ~6e5), every pair through the fallback: the nodes
+    of ``a_n`` are the diagonal tier's, and the covariance agrees with the brute-force
+    two-dimensional quadrature of the same ``beta`` to 1e-11 of ``sd f_n sd f_m`` (measured:
+    2.5e-13). Caught: the pairs' tier taken at half the ratio (off by 4e-11) or at the square
+    root of it (off by 1.6e-7 at 5.5)."""
+    monkeypatch.setattr(cross, "MEHLER_MAX_TERMS", 0)
+    g = torch.Generator().manual_seed(17)
+    points = POINTS.expand(2, -1).clone()
+    targets = torch.randn(2, 14, generator=g, dtype=F64)
+    variances = 1e-6 * (0.5 + torch.rand(2, 14, generator=g, dtype=F64))
+    ls = torch.tensor([0.8, 1.15], dtype=F64)
+    kappa, beta = virtual_observation_weights(points, targets, variances, ls, jitter=1e-6)
+    assert float(beta.abs().max()) > 1e5
+    v = [(ratio * float(lam)) ** 2 for lam in ls]
+    for mu in ((0.3, -0.4), (1.5, 0.2)):
+        c = 0.7 * math.sqrt(v[0] * v[1])
+        cov = np.array([[v[0], c], [c, v[1]]])
+        brute = _brute_force_cov(mu, cov, points.numpy(), ls.tolist(), beta.numpy())
+        with backend("reference"):
+            out_cov = _pair_cov(mu, cov, points, ls, beta, kappa)
+        scale = float(out_cov[0, 0] * out_cov[1, 1]) ** 0.5
+        assert abs(float(out_cov[0, 1]) - brute) <= 1e-11 * scale, mu

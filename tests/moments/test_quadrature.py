@@ -16,6 +16,7 @@ from pyro_gpn.moments.quadrature import (
     NODE_TIERS,
     _node_values,
     closed_form_error_scale,
+    explicit_c_rows,
     node_rule,
     node_tier,
 )
@@ -171,3 +172,91 @@ def test_activations_past_the_old_narrow_bound_are_accurate_in_float64(which, ra
     with backend(which):
         out = response_moments(Moments(mean, var=var), points, ls, beta, kappa, None, "meanvar")
     assert float(((out.var - ref).abs() / ref).max()) < 1e-7
+
+
+@pytest.mark.parametrize("tier", range(len(NODE_TIERS)))
+def test_each_tiers_rule_is_the_rule_it_names(tier):
+    """The nodes and weights of each tier, written out here: ``"trapezoid"`` equally spaced on
+    ``[-8, 8]`` with weights ``exp(-z^2 / 2)`` normalised; ``"gauss-hermite"`` exact for
+    ``E[Z^k]`` up to ``k = 2 nodes - 1`` (the defining property; ``(k - 1)!!`` for even ``k``).
+    Caught: a tier given the other rule at its node count (Gauss-Hermite's 45 nodes at 0.75
+    pass the moment checks above), a half-width of 6."""
+    ratio, nodes, rule = NODE_TIERS[tier]
+    z, w = node_rule(tier)
+    if rule == "trapezoid":
+        want_z = -8.0 + 16.0 * np.arange(nodes) / (nodes - 1)
+        want_w = np.exp(-0.5 * want_z**2)
+        np.testing.assert_allclose(z, want_z, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(w, want_w / want_w.sum(), rtol=1e-12, atol=0)
+    else:
+        assert rule == "gauss-hermite" and ratio <= 0.4
+        for k in range(0, min(2 * nodes, 30)):
+            even = float(np.prod(np.arange(k - 1 + k % 2, 0, -2, dtype=float)))  # E[Z^2j] >= k
+            want = 0.0 if k % 2 else even
+            assert abs(w @ z**k - want) <= 1e-12 * even, k
+        if nodes > 1:  # not exact one degree beyond: E[Z^(2 nodes)] is missed
+            want = float(np.prod(np.arange(2 * nodes - 1, 0, -2, dtype=float)))
+            assert abs(w @ z ** (2 * nodes) - want) > 1e-9 * want
+
+
+def test_deterministic_rows_slope_through_the_factor():
+    """``d var / dv`` at ``v = 0`` on the reference path given ``C``'s Cholesky factor (every
+    narrow row evaluated at the nodes, so the deterministic rows take the one-node tier and its
+    explicit slope ``m'(x)^2 + s''(x) / 2``), against autograd's derivatives of the mean
+    function and the conditional variance written out. Caught: ``v = 0`` sent to the next tier
+    (``searchsorted(..., right=True)``), whose nodes all sit at the mean and carry no slope."""
+    g = torch.Generator().manual_seed(3)
+    points = torch.linspace(-2, 2, 14, dtype=F64).expand(3, -1).clone()
+    targets = torch.randn(3, 14, generator=g, dtype=F64)
+    ls = torch.tensor([0.5, 0.7, 0.9], dtype=F64)
+    kappa, beta, chol = virtual_observation_weights(
+        points, targets, torch.full_like(points, 0.05), ls, with_cholesky=True
+    )
+    a = (1.5 * torch.randn(9, 3, generator=g, dtype=F64)).requires_grad_()
+    alpha = torch.exp(-0.5 * (a.unsqueeze(-1) - points) ** 2 / ls.square().unsqueeze(-1))
+    m = (alpha * beta).sum(-1)
+    s = 1 - torch.einsum("snr,nrt,snt->sn", alpha, kappa, alpha)
+    (dm,) = torch.autograd.grad(m.sum(), a, retain_graph=True)
+    (ds,) = torch.autograd.grad(s.sum(), a, create_graph=True)
+    (d2s,) = torch.autograd.grad(ds.sum(), a)
+    want = dm.square() + 0.5 * d2s
+    assert float(want.abs().max()) > 0.1
+    v = torch.zeros_like(a, requires_grad=True)
+    with backend("reference"):
+        var = response_moments(
+            Moments(a.detach(), var=v), points, ls, beta, kappa, None, "meanvar",
+            variance_cholesky=chol,
+        ).var  # fmt: skip
+    (dv,) = torch.autograd.grad(var.sum(), v)
+    torch.testing.assert_close(dv, want.detach(), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("lengthscale", [0.5, 1.0, 2.0])
+def test_activations_exactly_at_the_narrow_bound_are_narrow(monkeypatch, lengthscale):
+    """``sqrt(v) = NODE_MAX_STD_RATIO lambda`` exactly (``lambda`` a power of two: no rounding)
+    is in the narrow regime, as documented and as the CPU kernels' ``row_rule`` and
+    :func:`explicit_c_rows` take it: given ``C``'s factor every narrow row is evaluated at
+    nodes, so the row reaches :func:`node_variance_rows`; a hair beyond it does not."""
+    points, ls, beta, kappa = _layer(lengthscale, 1e-2, units=1)
+    _, _, chol = virtual_observation_weights(
+        points, torch.zeros_like(points), torch.full_like(points, 1e-2), ls, with_cholesky=True
+    )
+    seen = []
+    original = propagate.node_variance_rows
+
+    def spy(out_var, rows, *args):
+        seen.append(rows.clone())
+        return original(out_var, rows, *args)
+
+    monkeypatch.setattr(propagate, "node_variance_rows", spy)
+    bound = (NODE_MAX_STD_RATIO * lengthscale) ** 2
+    var = torch.tensor([[bound], [bound * (1 + 1e-12)]], dtype=F64)
+    mean = torch.tensor([[0.3], [0.3]], dtype=F64)
+    with backend("reference"):
+        response_moments(
+            Moments(mean, var=var), points, ls, beta, kappa, None, "meanvar",
+            variance_cholesky=chol,
+        )  # fmt: skip
+    assert len(seen) == 1 and seen[0].tolist() == [[True], [False]]
+    rows = explicit_c_rows(torch.zeros(2, 1, dtype=F64), var, ls, torch.ones(1, dtype=F64), 1.0)
+    assert rows.tolist() == [[True], [False]]
