@@ -12,11 +12,12 @@ the same units through its own path. The reference is independent of the library
 mean function ``m(a) = alpha(a)^T beta`` and the conditional variance ``1 - alpha(a)^T C
 alpha(a)`` (or ``1 - |L^-1 alpha(a)|^2`` through ``C``'s factor) written out in float64 at
 3,001 equally spaced nodes on [-10, 10] standard deviations (a 2,001-node rule on [-9.5, 9.5]
-agrees to 1e-11 or better in every case here; Gauss-Hermite rules of 250 and 300 nodes differ
-from each other by up to 1e-2 at ``sqrt(v) / lambda = 4``).
+agrees to 1.6e-12 or better from 1.25 to 6; Gauss-Hermite rules of 250 and 300 nodes differ
+from each other by up to 8.9e-3 at ``sqrt(v) / lambda = 4``: ``--references``).
 
     python benchmarks/node_tiers.py            # the tiers (a few seconds)
     python benchmarks/node_tiers.py --broad    # about two minutes
+    python benchmarks/node_tiers.py --references
     PYRO_GPN_UCI_DIR=../shared/datasets python benchmarks/node_tiers.py --trained boston kin8nm
 """
 
@@ -202,6 +203,31 @@ def broad(jitter: float) -> None:
     )
 
 
+def references(jitter: float) -> None:
+    """How far two rules of each kind agree: Gauss-Hermite of 250 and 300 nodes, and the
+    trapezoidal rule of 2,001 nodes on [-9.5, 9.5] and 3,001 on [-10, 10] (the reference), the
+    largest relative difference of the variance per ratio over :data:`UNITS`."""
+    ratios = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
+    worst = {r: [0.0, 0.0] for r in ratios}
+    for lengthscale, target_var in UNITS:
+        points, ls, _, _, beta, kappa = unit(lengthscale, target_var, jitter)
+        for ratio in ratios:
+            mu, v = activations(ratio, ls)
+            gh = [
+                quadrature_variance(mu, v, points, ls, beta, kappa, *rule(n, "gauss-hermite"))
+                for n in (250, 300)
+            ]
+            z = np.linspace(-9.5, 9.5, 2001)
+            w = np.exp(-0.5 * z * z)
+            coarse = quadrature_variance(mu, v, points, ls, beta, kappa, z, w / w.sum())
+            fine = quadrature_variance(mu, v, points, ls, beta, kappa, *reference_rule())
+            diffs = (relative_error(gh[0], gh[1]), relative_error(coarse, fine))
+            worst[ratio] = [max(a, b) for a, b in zip(worst[ratio], diffs)]
+    print("sqrt(v)/lambda: Gauss-Hermite 250 vs 300 / trapezoid 2,001 vs 3,001")
+    for ratio, (gh, tr) in worst.items():
+        print(f"  {ratio}: {gh:.1e} / {tr:.1e}")
+
+
 def trained(names: list[str], steps: int = 300) -> None:
     """Where a UCI fit's activations are: ``sqrt(v) / lambda`` of every row of each layer of
     ``VariationalGPN([D, 50, 1])`` (point weights and the default ``q(W)``) after ``steps``
@@ -248,10 +274,13 @@ def main() -> None:
     p.add_argument("--jitter", type=float, default=1e-6)
     p.add_argument("--broad", action="store_true", help="both sides of NODE_MAX_STD_RATIO")
     p.add_argument("--trained", nargs="+", metavar="SET", help="UCI fits' activation ratios")
+    p.add_argument("--references", action="store_true", help="how far two rules of a kind agree")
     a = p.parse_args()
     torch.set_num_threads(1)
     if a.trained:
         trained(a.trained)
+    elif a.references:
+        references(a.jitter)
     else:
         (broad if a.broad else tiers)(a.jitter)
 

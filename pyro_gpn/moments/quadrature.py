@@ -48,8 +48,8 @@ NODE_MAX_STD_RATIO = 6.0
 #: ``"trapezoid"`` (equally spaced on ``[-TRAPEZOID_HALF_WIDTH, TRAPEZOID_HALF_WIDTH]``
 #: standard deviations with Gaussian weights: geometrically convergent for these analytic
 #: integrands, where Gauss-Hermite needed 96 nodes at 1.25 and its rules of 250 and 300 nodes
-#: disagree by up to 1e-2 at 4). Measured in float64 by ``benchmarks/node_tiers.py`` on units with
-#: ``lambda / h`` from 1.3 to 8 and ``S`` down to 1e-6 with the default jitter: each
+#: disagree by up to 8.9e-3 at 4). Measured in float64 by ``benchmarks/node_tiers.py`` on units with
+#: ``lambda / h`` from 1.0 to 9.75 and ``S`` down to 1e-6 with the default jitter: each
 #: trapezoidal tier has 6 to 22 % more nodes than the fewest within 1e-9 relative of a
 #: 3,001-node rule on [-10, 10] (37, 45, 51, 59, 73, 87, 103, 133, 165, 197 from 0.75 to 6),
 #: and the library's variances are within 4.3e-9 of it at every tier's largest ratio from 0.4
