@@ -69,3 +69,20 @@ def gradcheck_parameters(
         return functional_call(outputs, state, ())
 
     assert_gradcheck(f, tuple(params.values()))
+
+
+def variance_slope_at_zero(
+    a: Tensor, points: Tensor, lengthscales: Tensor, beta: Tensor, kappa: Tensor
+) -> Tensor:
+    """``d Var[f] / dv`` at ``v = 0`` for activations ``a`` ``[S, N]``: ``m'(a)^2 + s''(a) / 2``
+    by autograd of the mean function ``m = alpha^T beta`` and the conditional variance
+    ``s = 1 - alpha^T C alpha`` written out (``points [N, R]``, ``lengthscales [N]``, ``beta
+    [N, R]``, ``C = kappa [N, R, R]``), independent of the library's closed forms."""
+    a = a.detach().clone().requires_grad_()
+    alpha = torch.exp(-0.5 * (a.unsqueeze(-1) - points) ** 2 / lengthscales.square().unsqueeze(-1))
+    m = (alpha * beta).sum(-1)
+    s = 1 - torch.einsum("snr,nrt,snt->sn", alpha, kappa, alpha)
+    (dm,) = torch.autograd.grad(m.sum(), a, retain_graph=True)
+    (ds,) = torch.autograd.grad(s.sum(), a, create_graph=True)
+    (d2s,) = torch.autograd.grad(ds.sum(), a)
+    return (dm.square() + 0.5 * d2s).detach()
