@@ -127,8 +127,8 @@ def _variants(mode: str, dt: str, be: str, baseline: str | None) -> list[str]:
         return []  # float32 algebra: the layer's Cholesky factors need the reference path
     out = [f"{mode}-{dt}-{be}"]
     # the baseline's kernels; for cov its reference path (before Mehler's series, the only one
-    # that had the cross term)
-    if baseline and (be == "reference" if mode == "cov" else be != "reference"):
+    # that had the cross term); in float32 its reference path too (the float32 layers' path)
+    if baseline and (be == "reference" if mode == "cov" else (be != "reference" or dt == "f32")):
         out.append(f"{mode}-{dt}-{be}@{baseline}")
     return out
 
