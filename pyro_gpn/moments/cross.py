@@ -285,18 +285,17 @@ def _lambda_entries_chunk(
     if centred is None:
         return broad
 
-    z, w = nodes, weights
     std_n = std[sample, n]
     slope = torch.where(std_n > 0, cross / torch.where(std_n > 0, std_n, 1), 0)  # Sigma_nm / sd_n
     cond_var = (var_m - slope.square()).clamp_min(0)
     width = ls2[m] + cond_var  # [E]
-    centre = mean[sample, m].unsqueeze(-1) + slope.unsqueeze(-1) * z  # [E, G]
+    centre = mean[sample, m].unsqueeze(-1) + slope.unsqueeze(-1) * nodes  # [E, G]
     expo = (centre.unsqueeze(-1) - points[m].unsqueeze(-2)).square()  # [E, G, R]
     expo = expo.mul_((-0.5 / width)[..., None, None]).exp_()
     cond_mean = (ls2[m] / width).sqrt().unsqueeze(-1) * torch.einsum("egr,er->eg", expo, beta[m])
-    cond_mean = cond_mean - (cond_mean @ w).unsqueeze(-1)
-    gh = (centred[sample, n] * cond_mean) @ w
-    return torch.where(narrow[sample, n] & narrow[sample, m], gh, broad)
+    cond_mean = cond_mean - (cond_mean @ weights).unsqueeze(-1)
+    at_nodes = (centred[sample, n] * cond_mean) @ weights
+    return torch.where(narrow[sample, n] & narrow[sample, m], at_nodes, broad)
 
 
 def _lambda_entries(

@@ -159,25 +159,28 @@ def node_rule(tier: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=64)
-def _node_rule_tensors(
-    tier: int, dtype: torch.dtype, device: torch.device
+def _rule_tensors(
+    num_nodes: int, rule: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    z, w = node_rule(tier)
+    z, w = _rule(num_nodes, rule)
     return torch.tensor(z, dtype=dtype, device=device), torch.tensor(w, dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=16)
+def _node_rule_tensors(
+    tier: int, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """:func:`node_rule` of tier ``tier`` as tensors."""
+    _, num_nodes, rule = NODE_TIERS[tier]
+    return _rule_tensors(num_nodes, rule, dtype, device)
+
+
 def gauss_hermite(
     num_nodes: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """Probabilists' Gauss-Hermite rule: nodes ``z`` and weights ``w`` (summing to 1) with
     ``E[g(Z)] ~ sum_i w_i g(z_i)`` for ``Z ~ N(0, 1)``, exact for polynomials of degree
     ``< 2 num_nodes``. Each ``[num_nodes]``."""
-    z, w = _rule(num_nodes, "gauss-hermite")
-    return (
-        torch.tensor(z, dtype=dtype, device=device),
-        torch.tensor(w, dtype=dtype, device=device),
-    )
+    return _rule_tensors(num_nodes, "gauss-hermite", dtype, device)
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:
